@@ -1,0 +1,28 @@
+"""torch_ir: weight-free IR extraction from PyTorch, a reference executor and a verifier.
+
+    >>> import torch, torch_ir
+    >>> with torch.device("meta"):
+    ...     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    >>> ir = torch_ir.extract_ir(model, (torch.randn(2, 4),), model_name="mlp")
+    >>> [n.op_type for n in ir.nodes]
+    ['aten.linear.default', 'aten.relu.default']
+"""
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    ExecutionError, ExtractionError, InputMismatchError, IRValidationError, TorchIRError,
+    UnsupportedOpError, WeightsMismatchError,
+)
+from .executor import IRExecutor  # noqa: E402
+from .frontends import extract_ir, from_exported_program  # noqa: E402
+from .ir import NPU_IR, OpNode, TensorMeta, load_ir  # noqa: E402
+from .ops import register_op  # noqa: E402
+from .weights import load_state_dict, match_weights, save_weights  # noqa: E402
+
+__all__ = [
+    "NPU_IR", "ExecutionError", "ExtractionError", "IRExecutor", "IRValidationError", "InputMismatchError",
+    "OpNode", "TensorMeta", "TorchIRError", "UnsupportedOpError", "WeightsMismatchError", "__version__",
+    "extract_ir", "from_exported_program", "load_ir", "load_state_dict", "match_weights", "register_op",
+    "save_weights",
+]

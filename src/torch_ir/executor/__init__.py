@@ -1,0 +1,5 @@
+"""The reference executor."""
+
+from .executor import IRExecutor
+
+__all__ = ["IRExecutor"]

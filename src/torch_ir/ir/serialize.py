@@ -1,0 +1,135 @@
+"""NPU_IR <-> JSON. The data classes know nothing of this module.
+
+Attribute values are JSON already (the frontends encode dtypes, symbols and the like as tagged
+objects such as ``{"dtype": "float32"}``), so this codec is a plain walk over the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .core import NPU_IR, OpNode, TensorMeta
+from .validate import IRValidationError, check_document, check_integrity
+
+IR_VERSION = "1.0"
+FORMAT = "torch_ir"
+
+
+def tensor_to_dict(t: TensorMeta) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+    for key in ("role", "layout", "quant"):
+        value = getattr(t, key)
+        if value is not None:
+            d[key] = value
+    return d
+
+
+def tensor_from_dict(d: dict[str, Any]) -> TensorMeta:
+    return TensorMeta(
+        name=d["name"], shape=list(d["shape"]), dtype=d["dtype"],
+        role=d.get("role"), layout=d.get("layout"), quant=d.get("quant"),
+    )
+
+
+def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "ir_version": IR_VERSION,
+        "model_name": ir.model_name,
+        "producer": dict(ir.producer),
+        "graph_inputs": [tensor_to_dict(t) for t in ir.graph_inputs],
+        "graph_outputs": [tensor_to_dict(t) for t in ir.graph_outputs],
+        "weights": [tensor_to_dict(t) for t in ir.weights],
+        "weight_name_mapping": dict(ir.weight_name_mapping),
+        "weight_aliases": {k: list(v) for k, v in ir.weight_aliases.items()},
+        "constants": [tensor_to_dict(t) for t in ir.constants],
+        "constant_values": dict(ir.constant_values),
+        "symbols": {k: dict(v) for k, v in ir.symbols.items()},
+        "mutations": dict(ir.mutations),
+        "nodes": [
+            {
+                "name": n.name,
+                "op_type": n.op_type,
+                "inputs": [tensor_to_dict(t) for t in n.inputs],
+                "outputs": [tensor_to_dict(t) for t in n.outputs],
+                "attrs": n.attrs,
+            }
+            for n in ir.nodes
+        ],
+        "metadata": ir.metadata,
+    }
+
+
+def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
+    """Build an NPU_IR from its JSON form, refusing malformed documents with the bad field's path."""
+    check_document(doc, source=source)
+    ir = NPU_IR(
+        model_name=doc["model_name"],
+        producer=dict(doc.get("producer", {})),
+        graph_inputs=[tensor_from_dict(t) for t in doc["graph_inputs"]],
+        graph_outputs=[tensor_from_dict(t) for t in doc["graph_outputs"]],
+        weights=[tensor_from_dict(t) for t in doc["weights"]],
+        weight_name_mapping=dict(doc.get("weight_name_mapping", {})),
+        weight_aliases={k: list(v) for k, v in doc.get("weight_aliases", {}).items()},
+        constants=[tensor_from_dict(t) for t in doc.get("constants", [])],
+        constant_values=dict(doc.get("constant_values", {})),
+        symbols={k: dict(v) for k, v in doc.get("symbols", {}).items()},
+        mutations=dict(doc.get("mutations", {})),
+        nodes=[
+            OpNode(
+                name=n["name"], op_type=n["op_type"],
+                inputs=[tensor_from_dict(t) for t in n["inputs"]],
+                outputs=[tensor_from_dict(t) for t in n["outputs"]],
+                attrs=dict(n.get("attrs", {})),
+            )
+            for n in doc["nodes"]
+        ],
+        metadata=dict(doc.get("metadata", {})),
+    )
+    check_integrity(ir, source=source)
+    return ir
+
+
+def save_ir(ir: NPU_IR, path: str | os.PathLike, *, indent: int | None = None) -> None:
+    """Write ``ir`` as JSON. The file appears whole or not at all (temp file + rename)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(
+            f"cannot save IR to {str(path)!r}: directory {str(path.parent)!r} does not exist; "
+            "create it first (mkdir -p) or choose another path"
+        )
+    check_integrity(ir, source=f"IR {ir.model_name!r} being saved to {path}")
+    text = json.dumps(ir_to_dict(ir), indent=indent, allow_nan=False)
+    atomic_write_text(path, text)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_ir(path: str | os.PathLike) -> NPU_IR:
+    """Read an IR JSON file written by :meth:`NPU_IR.save`, checking it field by field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"IR file {str(path)!r} does not exist")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise IRValidationError(f"{path}: not a text (UTF-8) file: {e}") from None
+    except json.JSONDecodeError as e:
+        raise IRValidationError(
+            f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "the file is corrupt or truncated; extract or save the IR again"
+        ) from None
+    return ir_from_dict(doc, source=str(path))

@@ -1,0 +1,162 @@
+"""Checks for IR documents and IR objects.
+
+``check_document`` walks a parsed JSON document and names the path of the first bad field
+(``nodes[12].inputs[0].shape: expected list of int or str``). ``check_integrity`` is the structural
+checker the passes run after every rewrite: unique names, every tensor defined before use with
+the shape and dtype it was defined with, graph outputs produced, weights declared.
+``schema.json`` beside this file documents the same format for other tools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import ROLES, NPU_IR, OpNode
+
+SUPPORTED_MAJOR = 1
+
+
+class IRValidationError(ValueError):
+    """An IR file or object breaks a rule of the format; the message names where and which."""
+
+
+def _fail(source: str, path: str, rule: str) -> None:
+    raise IRValidationError(f"{source}: {path}: {rule}")
+
+
+# -- document (JSON) level -------------------------------------------------------------------------
+
+def _check_tensor(t: Any, path: str, source: str) -> None:
+    if not isinstance(t, dict):
+        _fail(source, path, f"expected an object with name/shape/dtype, got {type(t).__name__}")
+    for key in ("name", "shape", "dtype"):
+        if key not in t:
+            _fail(source, f"{path}.{key}", "missing required field")
+    if not isinstance(t["name"], str) or not t["name"]:
+        _fail(source, f"{path}.name", "expected a non-empty string")
+    shape = t["shape"]
+    if not isinstance(shape, list) or not all(
+        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape
+    ):
+        _fail(source, f"{path}.shape", "expected list of int or str (non-negative sizes or symbols)")
+    if not isinstance(t["dtype"], str):
+        _fail(source, f"{path}.dtype", "expected a dtype name string such as 'float32'")
+    role = t.get("role")
+    if role is not None and role not in ROLES:
+        _fail(source, f"{path}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+
+
+def _check_list(doc: dict, key: str, source: str, required: bool = True) -> list:
+    if key not in doc:
+        if required:
+            _fail(source, key, "missing required field")
+        return []
+    value = doc[key]
+    if not isinstance(value, list):
+        _fail(source, key, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _check_str_map(doc: dict, key: str, source: str) -> None:
+    value = doc.get(key, {})
+    if not isinstance(value, dict) or not all(isinstance(v, (str, list)) for v in value.values()):
+        _fail(source, key, "expected an object mapping names to names")
+
+
+def check_document(doc: Any, *, source: str = "<dict>") -> None:
+    """Raise IRValidationError naming the first field of ``doc`` that breaks the format."""
+    if not isinstance(doc, dict):
+        _fail(source, "$", f"expected a JSON object at the top level, got {type(doc).__name__}")
+    version = doc.get("ir_version")
+    if not isinstance(version, str):
+        _fail(source, "ir_version", "missing; this is not an IR file written by torch_ir")
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        major = -1
+    if major != SUPPORTED_MAJOR:
+        _fail(
+            source, "ir_version",
+            f"version {version!r} is not supported (this torch_ir reads {SUPPORTED_MAJOR}.x); "
+            "re-extract the model with this version of torch_ir",
+        )
+    if not isinstance(doc.get("model_name"), str):
+        _fail(source, "model_name", "expected a string")
+    for key in ("graph_inputs", "graph_outputs", "weights"):
+        for i, t in enumerate(_check_list(doc, key, source)):
+            _check_tensor(t, f"{key}[{i}]", source)
+    for i, t in enumerate(_check_list(doc, "constants", source, required=False)):
+        _check_tensor(t, f"constants[{i}]", source)
+    for key in ("weight_name_mapping", "weight_aliases", "mutations"):
+        _check_str_map(doc, key, source)
+    for i, node in enumerate(_check_list(doc, "nodes", source)):
+        path = f"nodes[{i}]"
+        if not isinstance(node, dict):
+            _fail(source, path, "expected an object")
+        for key in ("name", "op_type"):
+            if not isinstance(node.get(key), str) or not node[key]:
+                _fail(source, f"{path}.{key}", "expected a non-empty string")
+        for key in ("inputs", "outputs"):
+            for j, t in enumerate(_check_list(node, key, f"{source}: {path}")):
+                _check_tensor(t, f"{path}.{key}[{j}]", source)
+        if not isinstance(node.get("attrs", {}), dict):
+            _fail(source, f"{path}.attrs", "expected an object of attribute values")
+
+
+# -- object level ------------------------------------------------------------------------------------
+
+def _node_context(ir: NPU_IR, index: int) -> str:
+    lo, hi = max(0, index - 1), min(len(ir.nodes), index + 2)
+    lines = [("> " if i == index else "  ") + f"[{i}] {ir.nodes[i].name}: {ir.nodes[i]}" for i in range(lo, hi)]
+    return "\n" + "\n".join(lines)
+
+
+def check_integrity(ir: NPU_IR, *, source: str | None = None) -> None:
+    """Structural checks on an IR object; the message shows the offending node and its neighbours."""
+    source = source or f"IR {ir.model_name!r}"
+    defined: dict[str, tuple[list, str]] = {}
+
+    def define(t, path: str) -> None:
+        if t.name in defined:
+            _fail(source, path, f"tensor name {t.name!r} is defined twice; names must be unique")
+        defined[t.name] = (list(t.shape), t.dtype)
+
+    for key in ("graph_inputs", "weights", "constants"):
+        for i, t in enumerate(getattr(ir, key)):
+            define(t, f"{key}[{i}]")
+    node_names: set[str] = set()
+    for i, node in enumerate(ir.nodes):
+        _check_node(ir, i, node, defined, node_names, source)
+        for j, t in enumerate(node.outputs):
+            define(t, f"nodes[{i}].outputs[{j}]")
+    for i, t in enumerate(ir.graph_outputs):
+        if t.name not in defined:
+            _fail(source, f"graph_outputs[{i}]", f"output {t.name!r} is never produced by any node or input")
+    weight_names = {w.name for w in ir.weights}
+    for name in ir.weight_name_mapping:
+        if name not in weight_names:
+            _fail(source, f"weight_name_mapping[{name!r}]", "maps a name that is not a declared weight")
+    for buf, value in ir.mutations.items():
+        if buf not in weight_names:
+            _fail(source, f"mutations[{buf!r}]", "mutated buffer is not a declared weight/buffer")
+        if value not in defined:
+            _fail(source, f"mutations[{buf!r}]", f"new value {value!r} is never produced")
+
+
+def _check_node(ir: NPU_IR, i: int, node: OpNode, defined: dict, node_names: set, source: str) -> None:
+    if node.name in node_names:
+        _fail(source, f"nodes[{i}].name", f"node name {node.name!r} is used twice{_node_context(ir, i)}")
+    node_names.add(node.name)
+    for j, t in enumerate(node.inputs):
+        if t.name not in defined:
+            _fail(
+                source, f"nodes[{i}].inputs[{j}]",
+                f"tensor {t.name!r} is used before it is defined (or never defined){_node_context(ir, i)}",
+            )
+        shape, dtype = defined[t.name]
+        if list(t.shape) != shape or t.dtype != dtype:
+            _fail(
+                source, f"nodes[{i}].inputs[{j}]",
+                f"{t.name!r} is used as {t.dtype}{list(t.shape)} but was defined as {dtype}{shape}"
+                f"{_node_context(ir, i)}",
+            )

@@ -1,0 +1,5 @@
+"""The op registry and the JSON form of attribute values."""
+
+from .registry import OpDef, is_supported, register_op, registered_ops, unregister_op
+
+__all__ = ["OpDef", "is_supported", "register_op", "registered_ops", "unregister_op"]

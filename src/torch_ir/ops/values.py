@@ -1,0 +1,115 @@
+"""The JSON form of non-tensor argument values, both ways, in one place.
+
+Plain ints, floats, bools, strings and None are themselves. Anything else is a one-key tagged
+object, so a reader never has to guess what a value is:
+
+=====================  ===================================  ==========================
+Python value           JSON                                 note
+=====================  ===================================  ==========================
+``torch.float32``      ``{"dtype": "float32"}``
+``torch.device("cpu")`` ``{"device": "cpu"}``                replaced by the executor's
+``torch.channels_last`` ``{"memory_format": "channels_last"}``
+``torch.strided``      ``{"layout": "strided"}``
+a SymInt ``s0*12``     ``{"sym": "12*s0"}``                  evaluated against the bound symbols
+``float("inf")``       ``{"float": "inf"}``                  JSON has no inf/nan
+=====================  ===================================  ==========================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+_MEMORY_FORMATS = {
+    str(f).removeprefix("torch."): f
+    for f in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d, torch.preserve_format)
+}
+_LAYOUTS = {str(x).removeprefix("torch."): x for x in (torch.strided, torch.sparse_coo, torch._mkldnn)}  # type: ignore[attr-defined]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r}; expected a torch dtype name such as 'float32'")
+    return dtype
+
+
+def sym_text(value: Any) -> int | dict[str, str]:
+    """An int for a concrete SymInt, else ``{"sym": expr}``."""
+    expr = value.node.expr if hasattr(value, "node") else value
+    if getattr(expr, "is_number", False) or isinstance(expr, int):
+        return int(expr)
+    return {"sym": str(expr)}
+
+
+def encode_value(value: Any) -> Any:
+    """Python/torch argument value -> JSON value (see the table above)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return sym_text(value)
+    if isinstance(value, torch.dtype):
+        return {"dtype": dtype_name(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.layout):
+        return {"layout": str(value).removeprefix("torch.")}
+    if isinstance(value, (list, tuple)):
+        return [encode_value(v) for v in value]
+    raise TypeError(f"cannot store argument value {value!r} of type {type(value).__name__} in the IR")
+
+
+def has_symbols(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "sym" in value
+    if isinstance(value, list):
+        return any(has_symbols(v) for v in value)
+    return False
+
+
+def eval_sym(expr: str, symbols: Mapping[str, int]) -> int:
+    """Evaluate a symbolic size such as ``"12*s0"`` or ``"floor(s0/2)"`` with bound symbols."""
+    env = {"floor": math.floor, "ceiling": math.ceil, "Max": max, "Min": min, "FloorDiv": lambda a, b: a // b,
+           "CeilToInt": math.ceil, "FloorToInt": math.floor, "TruncToInt": int, "Mod": lambda a, b: a % b}
+    env.update(symbols)
+    try:
+        result = eval(expr, {"__builtins__": {}}, env)  # noqa: S307 - expressions come from torch's sympy
+    except NameError as e:
+        raise ValueError(f"symbolic size {expr!r} uses an unbound symbol ({e}); bound: {dict(symbols)}") from None
+    return int(result)
+
+
+def decode_value(value: Any, symbols: Mapping[str, int] | None = None, device: torch.device | None = None) -> Any:
+    """JSON value -> Python/torch argument value. ``device`` replaces every stored device."""
+    if isinstance(value, list):
+        return [decode_value(v, symbols, device) for v in value]
+    if not isinstance(value, dict):
+        return value
+    (tag, payload), = value.items()
+    if tag == "dtype":
+        return dtype_from_name(payload)
+    if tag == "device":
+        return device if device is not None else torch.device(payload)
+    if tag == "memory_format":
+        return _MEMORY_FORMATS[payload]
+    if tag == "layout":
+        return _LAYOUTS[payload]
+    if tag == "float":
+        return float(payload)
+    if tag == "sym":
+        if symbols is None:
+            raise ValueError(f"symbolic size {payload!r} needs bound symbols")
+        return eval_sym(payload, symbols)
+    raise ValueError(f"unknown tagged attribute value {value!r}")
