@@ -15,7 +15,7 @@ import torch
 from ..errors import ExecutionError, InputMismatchError, UnsupportedOpError
 from ..ir import NPU_IR, OpNode, TensorMeta
 from ..ops.registry import bind_kernel, unsupported_message
-from ..ops.values import dtype_name, eval_sym
+from ..ops.values import decode_value, dtype_name, eval_sym
 from ..weights import WeightsSource, match_weights
 
 Inputs = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
@@ -105,6 +105,9 @@ class IRExecutor:
         for meta, value in zip(metas, values):
             _check_input(self.ir, meta, value, symbols)
             env[meta.name] = value.to(self.device)
+        for name, spec in self.ir.symbols.items():
+            if "expr" in spec:  # a symbol defined by other symbols (aten.item of a shape)
+                symbols[name] = decode_value(spec["expr"], symbols)
         return env, symbols
 
 

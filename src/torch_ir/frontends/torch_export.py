@@ -15,6 +15,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Node
 from torch.utils import _pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 
 from .. import __version__
 from ..errors import ExtractionError
@@ -29,6 +30,8 @@ _DROPPED_TARGETS = {
     torch.ops.aten.sym_constrain_range_for_size.default,
     torch.ops.aten._assert_async.msg,
 }
+# Ops that read a tensor's value into a Python scalar.
+_SCALAR_READS = {torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default}
 # Ops that return their first input unchanged in an inference graph.
 _IDENTITY_TARGETS = {torch.ops.aten.dropout.default, torch.ops.aten.detach.default, torch.ops.aten.alias.default}
 _INLINE_CONSTANT_LIMIT = 1 << 16  # elements; larger lifted constants are left to the weights file
@@ -62,9 +65,12 @@ def extract_ir(
     name = model_name or type(model).__name__
     if not allow_real_weights:
         _require_meta_weights(model, name)
-    args = tuple(_to_meta(a) for a in example_inputs) if isinstance(example_inputs, (tuple, list)) else (
-        _to_meta(example_inputs),)
-    kwargs = {k: _to_meta(v) for k, v in (example_kwargs or {}).items()}
+    # Inputs go where the weights are: meta normally, the real device behind the flag.
+    device = next((t.device for _, t in _named_state(model)), torch.device("meta"))
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    args = tuple(_to_device(a, device) for a in example_inputs)
+    kwargs = {k: _to_device(v, device) for k, v in (example_kwargs or {}).items()}
     if model.training:
         model = model.eval()  # dropout and batch-norm statistics as in inference
     try:
@@ -92,8 +98,8 @@ def from_exported_program(
 
 # -- inputs and weights ---------------------------------------------------------------------------
 
-def _to_meta(value: Any) -> Any:
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), value)
+def _to_device(value: Any, device: torch.device) -> Any:
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
 def _require_meta_weights(model: torch.nn.Module, name: str) -> None:
@@ -157,6 +163,7 @@ class _Converter:
         self.ep, self.model_name, self.model = ep, model_name, model
         self.metas: dict[Node, TensorMeta] = {}  # FX node -> tensor it defines (single-output nodes)
         self.alias: dict[Node, Node] = {}  # dropped identity node -> its input
+        self.derived: dict[str, Any] = {}  # unbacked symbol -> the shape expression it equals
         self.ir = NPU_IR(model_name=model_name, graph_inputs=[], graph_outputs=[], weights=[], nodes=[])
 
     def convert(self) -> NPU_IR:
@@ -176,6 +183,8 @@ class _Converter:
             "name": "torch_ir", "version": __version__, "frontend": "torch.export", "torch": torch.__version__,
         }
         self.ir.symbols = _symbols(self.ep)
+        for name, expr in self.derived.items():
+            self.ir.symbols[name] = {**self.ir.symbols.get(name, {}), "expr": expr}
         self.ir.weight_aliases = {
             k: v for k, v in _tied_names(self.model).items() if k in self.ir.weight_name_mapping.values()
         }
@@ -225,11 +234,32 @@ class _Converter:
                 "export it as a torch.library custom op so it can be registered with @register_op"
             )
         if not (_is_tensor(val) or isinstance(val, (tuple, list))):
+            if target in _SCALAR_READS:
+                self._bind_scalar_read(node, val)
             return  # a SymInt-valued ATen op (aten.sym_size.int, aten.item on a shape)
         if target in _IDENTITY_TARGETS:
             self.alias[node] = self._resolve(node.args[0])
             return
         self.ir.nodes.append(self._op_node(node, target, val))
+
+    def _bind_scalar_read(self, node: Node, val: Any) -> None:
+        """``aten.item`` of a tensor made from a shape (``torch.tensor(x.shape[1]).item()``).
+
+        Export gives the result a fresh (unbacked) symbol ``u0``; its value is the shape expression
+        the tensor was made from, so the symbol is recorded as derived from it. An ``item`` of
+        computed data has no such expression: that is data-dependent and cannot be extracted.
+        """
+        src = self._resolve(node.args[0])
+        if src.target is torch.ops.aten.scalar_tensor.default and isinstance(val, torch.SymInt):
+            shape_value = src.args[0]
+            self.derived[str(val.node.expr)] = sym_text(
+                shape_value.meta["val"] if isinstance(shape_value, Node) else shape_value
+            )
+            return
+        raise ExtractionError(
+            f"node {node.name!r} reads a tensor value into Python ({node.format_node()}): the model has "
+            "data-dependent control flow or shapes. Fix: keep the value a tensor, or use torch.cond/torch.where."
+        )
 
     def _resolve(self, node: Node) -> Node:
         while node in self.alias:
@@ -331,9 +361,8 @@ def _symbols(ep: ExportedProgram) -> dict[str, dict[str, int | None]]:
     out: dict[str, dict[str, int | None]] = {}
     for sym, vr in ep.range_constraints.items():
         def bound(x: Any) -> int | None:
-            try:
-                return int(x)
-            except (TypeError, ValueError, OverflowError):
-                return None  # int_oo: unbounded
+            if x in (int_oo, -int_oo) or getattr(x, "is_finite", True) is False:
+                return None  # unbounded
+            return int(x)
         out[str(sym)] = {"min": bound(vr.lower), "max": bound(vr.upper)}
     return out

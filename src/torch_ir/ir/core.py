@@ -83,7 +83,7 @@ class NPU_IR:  # noqa: N801 - the seed's name, kept so the seeds' code runs as w
     weight_aliases: dict[str, list[str]] = field(default_factory=dict)  # state-dict key -> tied keys
     constants: list[TensorMeta] = field(default_factory=list)
     constant_values: dict[str, Any] = field(default_factory=dict)  # name -> nested list (small ones)
-    symbols: dict[str, dict[str, int | None]] = field(default_factory=dict)  # "s0" -> {min, max}
+    symbols: dict[str, dict[str, Any]] = field(default_factory=dict)  # "s0" -> {min, max[, expr]}
     mutations: dict[str, str] = field(default_factory=dict)  # buffer (weight) name -> new value
     producer: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)

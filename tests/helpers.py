@@ -1,0 +1,34 @@
+"""The one place tests compare numbers: against the trusted implementation, dtype-aware."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+# (rtol, atol) per dtype; integers and bools compare exactly.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+
+def assert_outputs_close(actual: list[torch.Tensor], expected: Any, *, scale: float = 1.0) -> None:
+    """Compare IR outputs with the reference's (flattened in pytree order, as export flattens them)."""
+    expected = [t for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)]
+    assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        rtol, atol = TOLERANCES.get(e.dtype, (0.0, 0.0))
+        torch.testing.assert_close(a, e.detach(), rtol=rtol * scale, atol=atol * scale, msg=lambda m: f"output {i}: {m}")
+
+
+def build_pair(factory: Callable[[], torch.nn.Module], seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The same model twice: on the meta device (for extraction) and with seeded real weights."""
+    with torch.device("meta"):
+        meta = factory().eval()
+    torch.manual_seed(seed)
+    real = factory().eval()
+    return meta, real

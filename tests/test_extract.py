@@ -1,0 +1,172 @@
+"""extract_ir / from_exported_program: what real graphs contain, and the errors users get."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import torch_ir
+from torch_ir.weights import module_state
+
+from .helpers import assert_outputs_close, build_pair
+
+
+class Mutating(torch.nn.Module):
+    """In-place ops, dropout, no_grad (wrap_with_set_grad_enabled), a buffer written with index_copy_."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.5)
+        self.register_buffer("cache", torch.zeros(3, 4))
+        self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+    def forward(self, x, pos):
+        with torch.no_grad():
+            h = self.fc(x)
+        h = self.drop(h)
+        h.mul_(self.scale)
+        self.cache.index_copy_(0, pos, h)
+        return torch.relu_(h) + self.cache.sum(0)
+
+
+def test_buffer_mutation_is_recorded_and_replayed():
+    meta, real = build_pair(Mutating)
+    x, pos = torch.randn(1, 4), torch.tensor([1])
+    ir = torch_ir.extract_ir(meta, (x, pos))
+    assert [n.op_type for n in ir.nodes if "index_copy" in n.op_type] == ["aten.index_copy.default"]
+    assert list(ir.mutations) == ["b_cache"] and ir.weight_name_mapping["b_cache"] == "cache"
+    assert ir.tensor("b_cache").role == "kv"
+    assert not any(n.op_type.endswith("_") or "higher_order" in n.op_type for n in ir.nodes)
+    executor = torch_ir.IRExecutor(ir, module_state(real))
+    for step in range(2):
+        x, pos = torch.randn(1, 4), torch.tensor([step])
+        (out,) = executor.run([x, pos])
+        assert_outputs_close([out], [real(x, pos)])
+    torch.testing.assert_close(executor.state["b_cache"], real.cache)
+
+
+class MultiOut(torch.nn.Module):
+    def forward(self, x, y):
+        parts = torch.split(x, 2, dim=1)
+        values, indices = torch.topk(y, 2)
+        return torch.cat([parts[1], parts[0]], dim=1), values, indices, torch.where(x > 0, x, None or 0.0)
+
+
+def test_multi_output_ops_tensor_lists_and_scalars():
+    x, y = torch.randn(3, 4), torch.randn(3, 5)
+    ir = torch_ir.extract_ir(MultiOut(), (x, y))
+    split = next(n for n in ir.nodes if n.op_type.startswith("aten.split"))
+    assert len(split.outputs) == 2
+    cat = next(n for n in ir.nodes if n.op_type == "aten.cat.default")
+    assert cat.attrs["tensors"] == [0, 1]
+    outs = torch_ir.IRExecutor(ir).run([x, y])
+    assert_outputs_close(outs, MultiOut()(x, y))
+
+
+class Shapes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        n = torch.tensor(x.shape[1]).item()  # aten.item on a shape
+        return self.fc(x).reshape(b * t, 4) * n, torch.arange(t)
+
+
+def test_dynamic_shapes_become_symbols_and_bind_at_run_time():
+    meta, real = build_pair(Shapes)
+    dims = ({0: Dim("batch", min=1, max=16), 1: Dim("seq", min=2, max=64)},)
+    ir = torch_ir.extract_ir(meta, (torch.randn(2, 5, 4),), dynamic_shapes=dims)
+    batch, seq, _ = ir.graph_inputs[0].shape
+    assert isinstance(batch, str) and isinstance(seq, str)
+    assert ir.symbols[batch] == {"min": 1, "max": 16} and ir.symbols[seq] == {"min": 2, "max": 64}
+    executor = torch_ir.IRExecutor(ir, module_state(real))
+    for shape in [(3, 7, 4), (1, 2, 4)]:
+        x = torch.randn(shape)
+        assert_outputs_close(executor.run([x]), real(x))
+    with pytest.raises(torch_ir.InputMismatchError, match=r"outside the range \[2, 64\]"):
+        executor.run([torch.randn(2, 100, 4)])
+
+
+class KwargsModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.emb(input_ids) * attention_mask[..., None]
+
+
+def test_keyword_inputs():
+    meta, real = build_pair(KwargsModel)
+    kwargs = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 3)}
+    ir = torch_ir.extract_ir(meta, (), example_kwargs=kwargs)
+    assert [t.name for t in ir.graph_inputs] == ["input_ids", "attention_mask"]
+    out = torch_ir.IRExecutor(ir, module_state(real)).run(kwargs)
+    assert_outputs_close(out, real(**kwargs))
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+def test_tied_weights_load_from_either_name(tmp_path):
+    meta, real = build_pair(Tied)
+    ir = torch_ir.extract_ir(meta, (torch.tensor([[1, 2, 3]]),))
+    assert ir.weight_aliases == {"emb.weight": ["head.weight"]}
+    path = tmp_path / "w.safetensors"
+    torch_ir.save_weights(real.state_dict(), path)  # keeps one copy of the tied tensor
+    ids = torch.tensor([[3, 4, 5]])
+    for source in (path, {"head.weight": real.head.weight.detach()}, real.state_dict()):
+        assert_outputs_close(torch_ir.IRExecutor(ir, source).run([ids]), real(ids))
+
+
+def test_from_exported_program_uses_state_dict_keys():
+    meta, real = build_pair(Mutating)
+    ep = torch.export.export(real, (torch.randn(1, 4), torch.tensor([0])))
+    ir = torch_ir.from_exported_program(ep, "mutating")
+    assert set(ir.weight_name_mapping.values()) == {"fc.weight", "fc.bias", "cache", "scale"}
+    x, pos = torch.randn(1, 4), torch.tensor([2])
+    expected = real(x, pos)
+    real.cache.zero_()
+    assert_outputs_close(torch_ir.IRExecutor(ir, module_state(real)).run([x, pos]), expected)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+def test_real_weights_are_refused_with_the_fix():
+    with pytest.raises(torch_ir.ExtractionError, match=r"(?s)not on the meta device \(fc.weight.*torch.device\('meta'\)"):
+        torch_ir.extract_ir(Shapes(), (torch.randn(2, 3, 4),))
+
+
+def test_real_weights_accepted_behind_the_flag():
+    model = Shapes()
+    ir = torch_ir.extract_ir(model, (torch.randn(2, 3, 4),), allow_real_weights=True)
+    assert ir.weight_name_mapping == {"p_fc_weight": "fc.weight", "p_fc_bias": "fc.bias"}
+
+
+class Branchy(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def test_data_dependent_branch_says_what_to_do():
+    with pytest.raises(torch_ir.ExtractionError, match=r"data-dependent control flow.*torch.cond"):
+        torch_ir.extract_ir(Branchy(), (torch.randn(3),))
+
+
+def test_non_module_is_refused():
+    with pytest.raises(torch_ir.ExtractionError, match="expects a torch.nn.Module"):
+        torch_ir.extract_ir(lambda x: x, (torch.randn(2),))
