@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -22,7 +23,8 @@ def assert_outputs_close(actual: list[torch.Tensor], expected: Any, *, scale: fl
     assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
     for i, (a, e) in enumerate(zip(actual, expected)):
         rtol, atol = TOLERANCES.get(e.dtype, (0.0, 0.0))
-        torch.testing.assert_close(a, e.detach(), rtol=rtol * scale, atol=atol * scale, msg=lambda m: f"output {i}: {m}")
+        torch.testing.assert_close(a, e.detach(), rtol=rtol * scale, atol=atol * scale,
+                                   msg=lambda m, i=i: f"output {i}: {m}")
 
 
 def build_pair(factory: Callable[[], torch.nn.Module], seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -145,7 +145,8 @@ def test_from_exported_program_uses_state_dict_keys():
 # -- errors ----------------------------------------------------------------------------------------
 
 def test_real_weights_are_refused_with_the_fix():
-    with pytest.raises(torch_ir.ExtractionError, match=r"(?s)not on the meta device \(fc.weight.*torch.device\('meta'\)"):
+    expected = r"(?s)not on the meta device \(fc.weight.*torch.device\('meta'\)"
+    with pytest.raises(torch_ir.ExtractionError, match=expected):
         torch_ir.extract_ir(Shapes(), (torch.randn(2, 3, 4),))
 
 

@@ -132,7 +132,8 @@ def test_wrong_ir_version(small_ir, tmp_path):
 def test_undefined_tensor_is_named_with_its_node(small_ir):
     doc = ir_to_dict(small_ir)
     doc["nodes"][2]["inputs"][0]["name"] = "ghost"
-    with pytest.raises(IRValidationError, match=r"nodes\[2\]\.inputs\[0\]: tensor 'ghost' is used before it is defined"):
+    expected = r"nodes\[2\]\.inputs\[0\]: tensor 'ghost' is used before it is defined"
+    with pytest.raises(IRValidationError, match=expected):
         ir_from_dict(doc)
 
 

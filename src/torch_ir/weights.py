@@ -8,8 +8,9 @@ their names, and reports every problem in one error.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -143,19 +144,3 @@ def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> 
     finally:
         tmp.unlink(missing_ok=True)
 
-
-def random_weights(ir: NPU_IR, *, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random weights for every IR weight, keyed by state-dict key (for demos and tests)."""
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, Any] = {}
-    for meta in ir.weights:
-        dtype = dtype_from_name(meta.dtype)
-        shape = [int(d) for d in meta.shape]
-        if dtype.is_floating_point:
-            t = torch.randn(shape, generator=gen, dtype=torch.float32).mul_(0.02).to(dtype)
-        elif dtype == torch.bool:
-            t = torch.zeros(shape, dtype=dtype)
-        else:
-            t = torch.zeros(shape, dtype=dtype)
-        out[ir.weight_name_mapping.get(meta.name, meta.name)] = t
-    return out

@@ -8,14 +8,14 @@ verifier compares intermediate values.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from ..errors import ExecutionError, InputMismatchError, UnsupportedOpError
 from ..ir import NPU_IR, OpNode, TensorMeta
 from ..ops.registry import bind_kernel, unsupported_message
-from ..ops.values import decode_value, dtype_name, eval_sym
+from ..ops.values import decode_value, dtype_name
 from ..weights import WeightsSource, match_weights
 
 Inputs = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
@@ -118,14 +118,15 @@ def _check_input(ir: NPU_IR, meta: TensorMeta, value: object, symbols: dict[str,
     if dtype_name(value.dtype) != meta.dtype:
         raise InputMismatchError(f"{where} must have dtype {meta.dtype}, got {dtype_name(value.dtype)}")
     if value.dim() != len(meta.shape):
-        raise InputMismatchError(f"{where} must have shape {meta.shape} (rank {len(meta.shape)}), got {list(value.shape)}")
+        raise InputMismatchError(
+            f"{where} must have shape {meta.shape} (rank {len(meta.shape)}), got {list(value.shape)}")
     for axis, (want, got) in enumerate(zip(meta.shape, value.shape)):
         if isinstance(want, str) and want.isidentifier():
-            want = symbols.setdefault(want, got)
-            rng = ir.symbols.get(meta.shape[axis], {})
-            lo, hi = rng.get("min"), rng.get("max")
+            symbol, want = want, symbols.setdefault(want, got)
+            lo, hi = ir.symbols.get(symbol, {}).get("min"), ir.symbols.get(symbol, {}).get("max")
             if (lo is not None and got < lo) or (hi is not None and got > hi):
-                raise InputMismatchError(f"{where}: dim {axis} = {got} is outside the range [{lo}, {hi}] of {meta.shape[axis]}")
+                raise InputMismatchError(
+                    f"{where}: dim {axis} = {got} is outside the range [{lo}, {hi}] of symbol {symbol}")
         elif isinstance(want, str):
             continue  # an expression of symbols; checked by the ops that use it
         if got != want:
@@ -149,7 +150,3 @@ def _dead_after(ir: NPU_IR, keep: set[str]) -> list[list[str]]:
             dead[i].append(name)
     return dead
 
-
-def eval_shape(shape: Sequence[int | str], symbols: Mapping[str, int]) -> list[int]:
-    """A declared shape with its symbols bound."""
-    return [d if isinstance(d, int) else eval_sym(d, symbols) for d in shape]

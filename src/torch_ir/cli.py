@@ -1,0 +1,222 @@
+"""``torch-ir``: one command over the toolkit.
+
+    torch-ir demo                       extract -> save -> reload -> execute -> verify a built-in model
+    torch-ir extract resnet -o ir.json  weight-free extraction of a zoo model or package.module:factory
+    torch-ir inspect ir.json --mermaid  statistics, Mermaid DAG, Markdown report of an IR file
+    torch-ir verify bert                run the IR with seeded weights and compare with PyTorch eager
+    torch-ir zoo --category attention --output reports/   the report runner over the model zoo
+    torch-ir ops --markdown             the operator table (docs/operators.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def _progress(desc: str, total: int | None = None) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="step", leave=False, disable=None, file=sys.stderr)
+
+
+def _stage_printer(bar: tqdm):
+    def step(label: str) -> None:
+        bar.set_postfix_str(label)
+        bar.update(1)
+    return step
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .report import ir_statistics
+    from .zoo.runner import resolve_spec, run_model
+
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = resolve_spec(args.model)
+    with _progress(f"{spec.name}", total=7) as bar:
+        result = run_model(spec, out, _stage_printer(bar))
+    print(result.ir)
+    print()
+    print(ir_statistics(result.ir))
+    print()
+    print(result.report)
+    print()
+    timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.timings.items())
+    print(f"timings: {timings}")
+    print(f"wrote: {', '.join(str(f) for f in result.files)}")
+    print(f"verification {'PASSED' if result.ok else 'FAILED'}")
+    return 0 if result.ok else 1
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from .frontends import extract_ir
+    from .report import ir_statistics
+    from .weights import module_state, save_weights
+    from .zoo.runner import resolve_spec
+
+    spec = resolve_spec(args.model)
+    out = Path(args.output or f"{spec.name}.json")
+    with _progress(f"extract {spec.name}", total=3) as bar:
+        step = _stage_printer(bar)
+        step("build on meta")
+        model = spec.build("meta")
+        step("torch.export + convert")
+        ir = extract_ir(model, spec.args, model_name=args.name or spec.name, example_kwargs=spec.kwargs,
+                        dynamic_shapes=spec.dynamic_shapes)
+        step("save")
+        ir.save(out, indent=1 if args.pretty else None)
+    print(ir_statistics(ir))
+    print(f"wrote {out}")
+    if args.weights:
+        save_weights(module_state(spec.build("cpu")), args.weights)
+        print(f"wrote seeded weights to {args.weights}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .ir import load_ir
+    from .report import ir_statistics, markdown_report, to_mermaid
+
+    ir = load_ir(args.ir)
+    stats = ir_statistics(ir)
+    if args.text:
+        print(ir)
+        print()
+    print(stats)
+    if args.mermaid:
+        print()
+        print(to_mermaid(ir))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_report(ir, stats), encoding="utf-8")
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .frontends import extract_ir
+    from .ir import load_ir
+    from .verify import verify_ir
+    from .weights import load_state_dict, module_state
+    from .zoo.runner import resolve_spec
+
+    spec = resolve_spec(args.model)
+    with _progress(f"verify {spec.name}", total=3) as bar:
+        step = _stage_printer(bar)
+        step("IR")
+        ir = load_ir(args.ir) if args.ir else extract_ir(
+            spec.build("meta"), spec.args, model_name=spec.name, example_kwargs=spec.kwargs)
+        step("reference model")
+        real = spec.build("cpu")
+        weights = load_state_dict(args.weights) if args.weights else module_state(real)
+        if args.weights:
+            real.load_state_dict(weights, strict=False)
+        step("execute and compare")
+        ok, report = verify_ir(ir, weights, real, spec.args, rtol=args.rtol, atol=args.atol, test_kwargs=spec.kwargs)
+    print(report.to_markdown() if args.markdown else report)
+    return 0 if ok else 1
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from .zoo import list_models
+    from .zoo.runner import resolve_spec, run_model
+
+    entries = list_models(args.category)
+    if args.list or not entries:
+        for e in entries:
+            print(f"{e.name:24s} {e.category:12s} {e.description}")
+        return 0 if entries else 1
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, failed = [], 0
+    for entry in tqdm(entries, desc="models", unit="model", disable=None, file=sys.stderr):
+        try:
+            result = run_model(resolve_spec(entry.name), out)
+            status = "PASSED" if result.ok else "FAILED"
+            rows.append(f"| [{entry.name}]({entry.name}.md) | {entry.category} | {len(result.ir.nodes)} | {status} |")
+            failed += not result.ok
+        except Exception as e:  # noqa: BLE001 - one broken model must not hide the others' reports
+            rows.append(f"| {entry.name} | {entry.category} | - | ERROR: {type(e).__name__}: {str(e)[:120]} |")
+            failed += 1
+    summary = ["# Model zoo report", "", "| model | category | nodes | verification |", "|---|---|---|---|", *rows]
+    (out / "summary.md").write_text("\n".join(summary) + "\n", encoding="utf-8")
+    print("\n".join(summary))
+    print(f"\nwrote {out / 'summary.md'}")
+    return 1 if failed else 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from .ops.docs import operators_markdown
+    from .ops.registry import registered_ops
+
+    if args.markdown:
+        sys.stdout.write(operators_markdown())
+    else:
+        for name, op in sorted(registered_ops().items()):
+            print(f"{name:40s} {op.doc}")
+        print("(every ATen / torch.library op also runs on the generic path; see --markdown)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torch-ir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    model_help = "a zoo name (torch-ir zoo --list) or package.module:factory returning (model, args[, kwargs])"
+
+    p = sub.add_parser("demo", help="the main job on a built-in example, printing the report")
+    p.add_argument("--model", default="convnet", help=model_help)
+    p.add_argument("--output", default="reports/demo", help="directory for the IR, report and Mermaid files")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("extract", help="weight-free extraction to IR JSON")
+    p.add_argument("model", help=model_help)
+    p.add_argument("-o", "--output", help="IR JSON path (default: <name>.json)")
+    p.add_argument("--name", help="model name recorded in the IR")
+    p.add_argument("--weights", help="also save seeded real weights to this .safetensors file")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser("inspect", help="statistics, Mermaid and Markdown for an IR file")
+    p.add_argument("ir", help="IR JSON file")
+    p.add_argument("--text", action="store_true", help="print the graph, one node a line")
+    p.add_argument("--mermaid", action="store_true", help="print the Mermaid DAG")
+    p.add_argument("--markdown", metavar="FILE", help="write a Markdown report")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("verify", help="execute the IR and compare with PyTorch eager, node by node on failure")
+    p.add_argument("model", help=model_help)
+    p.add_argument("--ir", help="an IR file to verify (default: extract it now)")
+    p.add_argument("--weights", help=".safetensors/.pt weights (default: the model's seeded weights)")
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--atol", type=float)
+    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("zoo", help="run the pipeline over the model zoo and write reports")
+    p.add_argument("--list", action="store_true", help="list the models and exit")
+    p.add_argument("--category", help="only models of this category")
+    p.add_argument("--output", default="reports", help="directory for the reports")
+    p.set_defaults(func=cmd_zoo)
+
+    p = sub.add_parser("ops", help="the operator registry")
+    p.add_argument("--markdown", action="store_true", help="print docs/operators.md")
+    p.set_defaults(func=cmd_ops)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import TorchIRError
+    from .ir import IRValidationError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (TorchIRError, IRValidationError, FileNotFoundError) as e:
+        print(f"torch-ir: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
