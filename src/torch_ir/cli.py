@@ -119,10 +119,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
-    from .zoo import list_models
+    from .zoo import get_model, list_models
     from .zoo.runner import resolve_spec, run_model
 
-    entries = list_models(args.category)
+    entries = [e for e in map(get_model, list_models(args.category)) if e.available()]
     if args.list or not entries:
         for e in entries:
             print(f"{e.name:24s} {e.category:12s} {e.description}")
