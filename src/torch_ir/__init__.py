@@ -11,8 +11,13 @@
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
-    ExecutionError, ExtractionError, InputMismatchError, IRValidationError, TorchIRError,
-    UnsupportedOpError, WeightsMismatchError,
+    ExecutionError,
+    ExtractionError,
+    InputMismatchError,
+    IRValidationError,
+    TorchIRError,
+    UnsupportedOpError,
+    WeightsMismatchError,
 )
 from .executor import IRExecutor  # noqa: E402
 from .frontends import extract_ir, from_exported_program  # noqa: E402

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ..errors import ExtractionError
 
 _DATA_DEPENDENT = (
@@ -9,12 +11,22 @@ _DATA_DEPENDENT = (
     "Tensor.item() cannot be called on meta tensors", "Could not extract specialized integer",
     "Cannot access data pointer", "meta tensors", "Pending unbacked",
 )
-_UNSUPPORTED_PYTHON = ("Unsupported", "torch._dynamo.exc", "Dynamo does not know how")
+_UNSUPPORTED_PYTHON = ("Unsupported", "torch._dynamo.exc", "Dynamo does not know how", ".numpy()", "is not supported")
+
+
+def _user_frame(text: str) -> str:
+    """The model's own source line that torch.export blames, when it names one."""
+    found = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.+)', text)
+    if not found:
+        return ""
+    path, line, func, code = found[-1]
+    return f" at {path}:{line} in {func}: `{code.strip()}`"
 
 
 def explain_export_failure(error: Exception, model_name: str) -> ExtractionError:
     text = f"{type(error).__name__}: {error}"
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first += _user_frame(text)
     if any(k in text for k in _DATA_DEPENDENT):
         return ExtractionError(
             f"model {model_name!r} has data-dependent control flow or reads tensor values in Python "
@@ -25,7 +37,8 @@ def explain_export_failure(error: Exception, model_name: str) -> ExtractionError
     if any(k in text for k in _UNSUPPORTED_PYTHON):
         return ExtractionError(
             f"model {model_name!r} uses a Python construct torch.export cannot trace ({first}). "
-            "Fix: move it out of forward(), or rewrite it with tensor ops; "
-            "see https://pytorch.org/docs/stable/export.html for what export supports."
+            "Fix: move it out of forward() (precompute it in __init__), or rewrite it with tensor ops "
+            "(no .numpy(), .tolist() or Python-side math on tensor values); "
+            "see the torch.export documentation for what export supports."
         )
     return ExtractionError(f"torch.export could not export model {model_name!r}: {text}")

@@ -6,8 +6,9 @@ objects, the executor and the passes read them. Nothing here imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 Dim = int | str  # an int, or the name of a symbol (``"s0"``) or an expression of symbols (``"2*s0"``)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import ROLES, NPU_IR, OpNode
+from .core import NPU_IR, ROLES, OpNode
 
 SUPPORTED_MAJOR = 1
 

@@ -12,8 +12,9 @@ An op found by neither is reported with the node and a ready-to-paste registrati
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 

@@ -18,7 +18,8 @@ a SymInt ``s0*12``     ``{"sym": "12*s0"}``                  evaluated against t
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
