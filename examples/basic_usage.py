@@ -45,6 +45,7 @@ def main(out_dir: Path) -> bool:
     ok, report = torch_ir.verify_ir_with_state_dict(
         ir=ir, state_dict=model.state_dict(), original_model=model, test_inputs=(x,))
     print(report)
+    print(f"Verification: {'PASSED' if ok else 'FAILED'}")
     return ok
 
 

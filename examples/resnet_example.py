@@ -31,6 +31,7 @@ def main(out_dir: Path) -> bool:
     print(report)
     (out_dir / "resnet18.md").write_text(markdown_report(ir, stats, report))
     print(f"wrote {out_dir / 'resnet18.json'} and {out_dir / 'resnet18.md'}")
+    print(f"Verification: {'PASSED' if ok else 'FAILED'}")
     return ok
 
 

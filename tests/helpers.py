@@ -8,13 +8,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-# (rtol, atol) per dtype; integers and bools compare exactly.
-TOLERANCES = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-2, 1e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-}
+from torch_ir.verify import default_tolerance
 
 
 def assert_outputs_close(actual: list[torch.Tensor], expected: Any, *, scale: float = 1.0) -> None:
@@ -22,7 +16,7 @@ def assert_outputs_close(actual: list[torch.Tensor], expected: Any, *, scale: fl
     expected = [t for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)]
     assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
     for i, (a, e) in enumerate(zip(actual, expected)):
-        rtol, atol = TOLERANCES.get(e.dtype, (0.0, 0.0))
+        rtol, atol = default_tolerance(e.dtype)
         torch.testing.assert_close(a, e.detach(), rtol=rtol * scale, atol=atol * scale,
                                    msg=lambda m, i=i: f"output {i}: {m}")
 

@@ -171,3 +171,25 @@ def test_data_dependent_branch_says_what_to_do():
 def test_non_module_is_refused():
     with pytest.raises(torch_ir.ExtractionError, match="expects a torch.nn.Module"):
         torch_ir.extract_ir(lambda x: x, (torch.randn(2),))
+
+
+class Constants(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.offset = torch.tensor([1.0, -2.0, 3.0])  # a plain attribute: neither parameter nor buffer
+
+    def forward(self, x):
+        return x * torch.tensor([0.5, 2.0, 4.0], device=x.device) + self.offset.to(x.device)  # made in forward
+
+
+def test_lifted_constants_from_forward_and_from_plain_attributes(tmp_path):
+    meta, real = build_pair(Constants)
+    ir = torch_ir.extract_ir(meta, (torch.randn(2, 3),))
+    assert [c.role for c in ir.constants] == ["constant", "constant"]
+    inline = [c.name for c in ir.constants if c.name in ir.constant_values]
+    stored = [c.name for c in ir.constants if c.name not in ir.constant_values]
+    assert len(inline) == 1 and [ir.weight_name_mapping[n] for n in stored] == ["offset"]
+    ir.save(tmp_path / "c.json")
+    ir = torch_ir.load_ir(tmp_path / "c.json")
+    x = torch.randn(2, 3)
+    assert_outputs_close(torch_ir.IRExecutor(ir, real).run([x]), real(x))

@@ -165,7 +165,7 @@ def test_duplicate_and_missing_outputs(small_ir):
 def test_undeclared_weight_mapping(small_ir):
     doc = ir_to_dict(small_ir)
     doc["weight_name_mapping"]["p_nope"] = "nope.weight"
-    with pytest.raises(IRValidationError, match="not a declared weight"):
+    with pytest.raises(IRValidationError, match="not a declared weight or constant"):
         ir_from_dict(doc)
 
 

@@ -69,8 +69,15 @@ def match_weights(ir: NPU_IR, source: WeightsSource | None, *, strict: bool = Tr
     unexpected entries at once.
     """
     state = load_state_dict(source) if source is not None else {}
-    aliases = {alias: key for key, others in ir.weight_aliases.items() for alias in others}
     wanted = list(ir.weights) + [c for c in ir.constants if c.name not in ir.constant_values]
+    if isinstance(source, torch.nn.Module):
+        # plain tensor attributes (self.c = torch.tensor(...)) are lifted constants, not in the state dict
+        for meta in wanted:
+            key = ir.weight_name_mapping.get(meta.name, meta.name)
+            value = _tensor_attribute(source, key)
+            if key not in state and value is not None:
+                state[key] = value.detach()
+    aliases = {alias: key for key, others in ir.weight_aliases.items() for alias in others}
     out: dict[str, torch.Tensor] = {}
     missing, wrong, used = [], [], set()
     for meta in wanted:
@@ -94,6 +101,13 @@ def match_weights(ir: NPU_IR, source: WeightsSource | None, *, strict: bool = Tr
         meta = next(c for c in ir.constants if c.name == name)
         out[name] = torch.tensor(value, dtype=dtype_from_name(meta.dtype))
     return out
+
+
+def _tensor_attribute(model: torch.nn.Module, path: str) -> torch.Tensor | None:
+    obj: object = model
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, torch.Tensor) else None
 
 
 def _mismatch(meta: TensorMeta, tensor: torch.Tensor) -> str | None:

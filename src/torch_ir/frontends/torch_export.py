@@ -8,7 +8,8 @@ conversion and is public for users who already hold an ``ExportedProgram``.
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -21,6 +22,7 @@ from .. import __version__
 from ..errors import ExtractionError
 from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity
 from ..ops.values import dtype_name, encode_value, sym_text
+from .constants import ConstantRecorder
 from .export_errors import explain_export_failure
 
 # Nodes that only assert facts the exporter already checked; they compute nothing.
@@ -74,10 +76,29 @@ def extract_ir(
     if model.training:
         model = model.eval()  # dropout and batch-norm statistics as in inference
     try:
-        ep = torch.export.export(model, args, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=strict)
+        ep = export_program(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as e:  # noqa: BLE001 - every export failure is explained, then re-raised
         raise explain_export_failure(e, name) from e
     return from_exported_program(ep, model_name=name, model=model)
+
+
+def export_program(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
+                   dynamic_shapes: Any = None, strict: bool = False) -> ExportedProgram:
+    """``torch.export`` exactly as ``extract_ir`` runs it (the verifier re-exports with it, so names match).
+
+    Traced with grad disabled, as inference runs. A model that switches grad mode itself
+    (Hugging Face's rotary embedding is @torch.no_grad()) would otherwise leave a
+    wrap_with_set_grad_enabled higher-order op, which only run_decompositions removes: a second
+    full trace, as slow as the export. Constants made in forward from Python data keep their values.
+    """
+    recorder = ConstantRecorder()
+    with torch.no_grad(), recorder:
+        ep = torch.export.export(model, args, kwargs=dict(kwargs or {}) or None, dynamic_shapes=dynamic_shapes,
+                                 strict=strict)
+    if _needs_functionalization(ep):
+        ep = ep.run_decompositions({})
+    recorder.fill(ep)
+    return ep
 
 
 def from_exported_program(
@@ -209,7 +230,8 @@ class _Converter:
             meta = _meta(node.name, val, "constant")
             self.ir.constants.append(meta)
             value = self.ep.constants.get(spec.target)
-            if isinstance(value, torch.Tensor) and value.device.type != "meta" and value.numel() <= _INLINE_CONSTANT_LIMIT:
+            known = isinstance(value, torch.Tensor) and value.device.type != "meta"
+            if known and value.numel() <= _INLINE_CONSTANT_LIMIT:
                 self.ir.constant_values[node.name] = value.tolist()
             else:
                 self.ir.weight_name_mapping.setdefault(node.name, spec.target)
@@ -289,7 +311,7 @@ class _Converter:
                 inputs.append(self.metas[value])
                 return _TENSOR
             return sym_text(value.meta["val"])
-        if isinstance(value, (list, tuple)) and any(isinstance(v, Node) and _is_tensor(v.meta.get("val")) for v in value):
+        if isinstance(value, (list, tuple)) and any(_is_tensor_node(v) for v in value):
             refs: list[int | None] = []
             for v in value:
                 if v is None:
@@ -339,6 +361,10 @@ class _Converter:
 
 
 _TENSOR = object()  # marker: the argument went to OpNode.inputs
+
+
+def _is_tensor_node(value: Any) -> bool:
+    return isinstance(value, Node) and _is_tensor(value.meta.get("val"))
 
 
 def _is_tensor_type(t: Any) -> bool:

@@ -133,9 +133,10 @@ def check_integrity(ir: NPU_IR, *, source: str | None = None) -> None:
         if t.name not in defined:
             _fail(source, f"graph_outputs[{i}]", f"output {t.name!r} is never produced by any node or input")
     weight_names = {w.name for w in ir.weights}
+    stored = weight_names | {c.name for c in ir.constants}  # constants without inline values are stored too
     for name in ir.weight_name_mapping:
-        if name not in weight_names:
-            _fail(source, f"weight_name_mapping[{name!r}]", "maps a name that is not a declared weight")
+        if name not in stored:
+            _fail(source, f"weight_name_mapping[{name!r}]", "maps a name that is not a declared weight or constant")
     for buf, value in ir.mutations.items():
         if buf not in weight_names:
             _fail(source, f"mutations[{buf!r}]", "mutated buffer is not a declared weight/buffer")

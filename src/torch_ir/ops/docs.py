@@ -9,15 +9,16 @@ from .registry import registered_ops
 
 def core_aten_overloads() -> list[str]:
     """Every ATen overload tagged ``core`` (PyTorch's core ATen op set), as IR op types."""
-    found = []
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name, None)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
+    found = set()
+    # every registered operator, not only the packets torch.ops.aten has loaded lazily so far
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        if ns != "aten":
             continue
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            if torch.Tag.core in op.tags:
-                found.append(str(op))
+        name, _, overload = rest.partition(".")
+        op = getattr(getattr(torch.ops.aten, name), overload or "default", None)
+        if op is not None and torch.Tag.core in op.tags:
+            found.add(str(op))
     return sorted(found)
 
 
