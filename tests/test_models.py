@@ -150,3 +150,18 @@ def test_real_weights_entry_loads_the_checkpoint() -> None:
     state = module_state(entry.build("cpu"))
     key = "encoder.layer.0.attention.self.query.weight"
     torch.testing.assert_close(state[key], checkpoint[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_zoo_model_verifies_and_reports(name: str, tmp_path) -> None:
+    """The report runner (torch-ir zoo / python -m tests): verify passes, and the reports are written."""
+    _available(name)
+    from torch_ir.zoo.runner import resolve_spec, run_model
+
+    result = run_model(resolve_spec(name), tmp_path)
+    assert result.ok, result.report.to_text()
+    markdown = (tmp_path / f"{name}.md").read_text()
+    assert f"{len(result.ir.nodes)}" in markdown and "```mermaid" in markdown
+    assert (tmp_path / f"{name}.mmd").read_text().startswith("flowchart")
+    model = get_model(name).build("meta")
+    assert torch_ir.ir_statistics(result.ir).parameter_count == sum(p.numel() for p in model.parameters())

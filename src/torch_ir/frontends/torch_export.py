@@ -185,6 +185,9 @@ class _Converter:
         self.metas: dict[Node, TensorMeta] = {}  # FX node -> tensor it defines (single-output nodes)
         self.alias: dict[Node, Node] = {}  # dropped identity node -> its input
         self.derived: dict[str, Any] = {}  # unbacked symbol -> the shape expression it equals
+        self.tied = _tied_names(model)  # first state-dict key -> the other keys of the same tensor
+        self.tied_to = {alias: key for key, aliases in self.tied.items() for alias in aliases}
+        self.seen_keys: dict[str, TensorMeta] = {}  # state-dict key -> its weight in the IR
         self.ir = NPU_IR(model_name=model_name, graph_inputs=[], graph_outputs=[], weights=[], nodes=[])
 
     def convert(self) -> NPU_IR:
@@ -206,9 +209,7 @@ class _Converter:
         self.ir.symbols = _symbols(self.ep)
         for name, expr in self.derived.items():
             self.ir.symbols[name] = {**self.ir.symbols.get(name, {}), "expr": expr}
-        self.ir.weight_aliases = {
-            k: v for k, v in _tied_names(self.model).items() if k in self.ir.weight_name_mapping.values()
-        }
+        self.ir.weight_aliases = {k: v for k, v in self.tied.items() if k in self.seen_keys}
         return self.ir
 
     def _placeholder(self, node: Node, spec, mutated: set[str]) -> None:
@@ -222,10 +223,17 @@ class _Converter:
             meta = _meta(node.name, val, "input")
             self.ir.graph_inputs.append(meta)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            tied = self.seen_keys.get(self.tied_to.get(spec.target, ""))
+            if tied is not None:
+                # On meta, export lifts each name of a tied tensor separately; the IR keeps one weight
+                # (weight_aliases lists the other names), as an export with real weights does.
+                self.metas[node] = tied
+                return
             role = "weight" if spec.kind == InputKind.PARAMETER else ("kv" if spec.target in mutated else "buffer")
             meta = _meta(node.name, val, role)
             self.ir.weights.append(meta)
             self.ir.weight_name_mapping[node.name] = spec.target
+            self.seen_keys[spec.target] = meta
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             meta = _meta(node.name, val, "constant")
             self.ir.constants.append(meta)
