@@ -107,8 +107,10 @@ def from_exported_program(
     """Convert an ``ExportedProgram`` into IR; its state dict keys become the weight names.
 
     In-place ops and higher-order ops (``wrap_with_set_grad_enabled``) are first removed by
-    functionalizing the program without decomposing anything (``run_decompositions({})``), which
-    is only paid for when the graph needs it.
+    functionalizing the program (``run_decompositions({})``), which is only paid for when the graph
+    needs it. That step decomposes nothing from the decomposition table, but it does lower
+    CompositeImplicit ops: ``reshape`` becomes ``view``, ``contiguous`` becomes ``clone``, ``to``
+    becomes ``_to_copy``.
     """
     if _needs_functionalization(ep):
         ep = ep.run_decompositions({})
@@ -215,6 +217,8 @@ class _Converter:
     def _placeholder(self, node: Node, spec, mutated: set[str]) -> None:
         val = node.meta.get("val")
         if spec.kind == InputKind.USER_INPUT:
+            if not _is_tensor(val) and not node.users:
+                return  # a non-tensor keyword (use_cache=False): export specialized on it, nothing reads it
             if not _is_tensor(val):
                 raise ExtractionError(
                     f"input {node.name!r} of model {self.model_name!r} is a {type(val).__name__}, not a tensor; "

@@ -6,9 +6,12 @@ objects such as ``{"dtype": "float32"}``), so this codec is a plain walk over th
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +106,8 @@ def save_ir(ir: NPU_IR, path: str | os.PathLike, *, indent: int | None = None) -
             "create it first (mkdir -p) or choose another path"
         )
     check_integrity(ir, source=f"IR {ir.model_name!r} being saved to {path}")
-    text = json.dumps(ir_to_dict(ir), indent=indent, allow_nan=False)
+    with _gc_paused():
+        text = json.dumps(ir_to_dict(ir), indent=indent, allow_nan=False)
     atomic_write_text(path, text)
 
 
@@ -124,7 +128,8 @@ def load_ir(path: str | os.PathLike) -> NPU_IR:
     if not path.is_file():
         raise FileNotFoundError(f"IR file {str(path)!r} does not exist")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with _gc_paused():
+            doc = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise IRValidationError(f"{path}: not a text (UTF-8) file: {e}") from None
     except json.JSONDecodeError as e:
@@ -132,4 +137,18 @@ def load_ir(path: str | os.PathLike) -> NPU_IR:
             f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
             "the file is corrupt or truncated; extract or save the IR again"
         ) from None
-    return ir_from_dict(doc, source=str(path))
+    with _gc_paused():
+        return ir_from_dict(doc, source=str(path))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Building or walking a large IR allocates many small objects; in a process that also holds
+    torch (hundreds of thousands of tracked objects) the collector's passes would dominate the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
