@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import TorchIRError
 from ..frontends import extract_ir
 from ..ir import NPU_IR, load_ir
 from ..report import ir_statistics, markdown_report, to_mermaid
@@ -53,21 +54,24 @@ def resolve_spec(spec: str) -> ModelSpec:
     called once under ``torch.device('meta')`` for extraction and once, seeded, for real weights.
     """
     if ":" not in spec:
-        entry = get_model(spec)
+        try:
+            entry = get_model(spec)
+        except KeyError as e:
+            raise TorchIRError(f"{e.args[0]}; or give package.module:factory") from None
         args, kwargs = entry.example_inputs()
         return ModelSpec(entry.name, entry.build, tuple(args), dict(kwargs), getattr(entry, "dynamic_shapes", None))
     module_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise SystemExit(f"cannot load model factory {spec!r}: {e}; expected 'package.module:function'") from None
+        raise TorchIRError(f"cannot load model factory {spec!r}: {e}; expected 'package.module:function'") from None
 
     def call(device: str) -> tuple:
         torch.manual_seed(0)
         with torch.device(device):
             made = factory()
         if not isinstance(made, tuple) or len(made) not in (2, 3) or not isinstance(made[0], torch.nn.Module):
-            raise SystemExit(f"factory {spec!r} must return (model, example_args[, example_kwargs])")
+            raise TorchIRError(f"factory {spec!r} must return (model, example_args[, example_kwargs])")
         return made
 
     model, args, *rest = call("cpu")
