@@ -193,3 +193,29 @@ def test_lifted_constants_from_forward_and_from_plain_attributes(tmp_path):
     ir = torch_ir.load_ir(tmp_path / "c.json")
     x = torch.randn(2, 3)
     assert_outputs_close(torch_ir.IRExecutor(ir, real).run([x]), real(x))
+
+
+class GradModes(torch.nn.Module):
+    """enable_grad inside forward leaves a wrap_with_set_grad_enabled higher-order op; .to() an assert."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.enable_grad():
+            h = self.fc(x)
+        return h.to(torch.float16).float() * 2
+
+
+def test_higher_order_ops_are_inlined_and_asserts_dropped():
+    meta, real = build_pair(GradModes)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        raw = torch.export.export(meta, (x.to("meta"),))
+    raw_targets = {str(n.target) for n in raw.graph.nodes}
+    assert "wrap_with_set_grad_enabled" in str(raw_targets)  # the case really arises
+    assert "aten._assert_tensor_metadata.default" in raw_targets
+    ir = torch_ir.extract_ir(meta, (x,))
+    assert not any("higher_order" in n.op_type or "assert" in n.op_type for n in ir.nodes)
+    assert_outputs_close(torch_ir.IRExecutor(ir, real.state_dict()).run([x]), real(x))
