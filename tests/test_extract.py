@@ -219,3 +219,12 @@ def test_higher_order_ops_are_inlined_and_asserts_dropped():
     ir = torch_ir.extract_ir(meta, (x,))
     assert not any("higher_order" in n.op_type or "assert" in n.op_type for n in ir.nodes)
     assert_outputs_close(torch_ir.IRExecutor(ir, real.state_dict()).run([x]), real(x))
+
+
+def test_dropout_is_removed_only_when_not_training():
+    class Drops(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.dropout(x, 0.5, training=False) + torch.nn.functional.dropout(x, 0.5, True)
+
+    ops = [n.op_type for n in torch_ir.extract_ir(Drops(), (torch.randn(8),)).nodes]
+    assert ops.count("aten.dropout.default") == 1 and "aten.add.Tensor" in ops

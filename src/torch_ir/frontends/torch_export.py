@@ -34,7 +34,7 @@ _DROPPED_TARGETS = {
 }
 # Ops that read a tensor's value into a Python scalar.
 _SCALAR_READS = {torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default}
-# Ops that return their first input unchanged in an inference graph.
+# Ops that return their first input unchanged in an inference graph (dropout with train=False).
 _IDENTITY_TARGETS = {torch.ops.aten.dropout.default, torch.ops.aten.detach.default, torch.ops.aten.alias.default}
 _INLINE_CONSTANT_LIMIT = 1 << 16  # elements; larger lifted constants are left to the weights file
 
@@ -271,8 +271,8 @@ class _Converter:
             if target in _SCALAR_READS:
                 self._bind_scalar_read(node, val)
             return  # a SymInt-valued ATen op (aten.sym_size.int, aten.item on a shape)
-        if target in _IDENTITY_TARGETS:
-            self.alias[node] = self._resolve(node.args[0])
+        if target in _IDENTITY_TARGETS and not _bind_args(target, node).get("train", False):
+            self.alias[node] = self._resolve(node.args[0])  # (dropout only when not training)
             return
         self.ir.nodes.append(self._op_node(node, target, val))
 
