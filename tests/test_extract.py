@@ -228,3 +228,17 @@ def test_dropout_is_removed_only_when_not_training():
 
     ops = [n.op_type for n in torch_ir.extract_ir(Drops(), (torch.randn(8),)).nodes]
     assert ops.count("aten.dropout.default") == 1 and "aten.add.Tensor" in ops
+
+
+def test_hugging_face_dynamic_cache_is_handled():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    assert config.use_cache  # the default, which returns a DynamicCache that export cannot capture
+    meta, real = build_pair(lambda: transformers.LlamaForCausalLM(config))
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with pytest.warns(UserWarning, match="extracting it with use_cache=False.*StaticCacheLM"):
+        ir = torch_ir.extract_ir(meta, (), example_kwargs={"input_ids": ids})
+    assert [t.name for t in ir.graph_inputs] == ["input_ids"]
+    (logits,) = torch_ir.IRExecutor(ir, module_state(real)).run({"input_ids": ids})
+    assert_outputs_close([logits], real(input_ids=ids, use_cache=False).logits)

@@ -11,6 +11,11 @@ imported only when a wrapper is built, so the rest of torch_ir never needs it.
 
 from __future__ import annotations
 
+import inspect
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -68,3 +73,24 @@ class StaticCacheLM(nn.Module):
             input_ids=input_ids, position_ids=cache_position.unsqueeze(0), past_key_values=self.cache, use_cache=True
         )
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def without_dynamic_cache(model: nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus ``use_cache=False`` when a Hugging Face model would return a ``DynamicCache``.
+
+    A causal LM whose config has ``use_cache=True`` returns its cache as a Python object that
+    ``torch.export`` cannot put in a graph. Extraction then traces the model without it, and says so;
+    for a KV cache in the IR, wrap the model in :class:`StaticCacheLM`.
+    """
+    config = getattr(model, "config", None)
+    wants_cache = getattr(config, "use_cache", False) is True
+    if not wants_cache or "use_cache" in kwargs or "past_key_values" in kwargs:
+        return dict(kwargs)
+    if "use_cache" not in inspect.signature(model.forward).parameters:
+        return dict(kwargs)
+    warnings.warn(
+        f"{type(model).__name__} would return a DynamicCache, which torch.export cannot capture: extracting "
+        "it with use_cache=False. For a KV cache in the IR, wrap it in torch_ir.frontends.hf.StaticCacheLM.",
+        stacklevel=3,
+    )
+    return {**kwargs, "use_cache": False}

@@ -24,6 +24,7 @@ from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity
 from ..ops.values import dtype_name, encode_value, sym_text
 from .constants import ConstantRecorder
 from .export_errors import explain_export_failure
+from .hf import without_dynamic_cache
 
 # Nodes that only assert facts the exporter already checked; they compute nothing.
 _DROPPED_TARGETS = {
@@ -73,6 +74,7 @@ def extract_ir(
         example_inputs = (example_inputs,)
     args = tuple(_to_device(a, device) for a in example_inputs)
     kwargs = {k: _to_device(v, device) for k, v in (example_kwargs or {}).items()}
+    kwargs = without_dynamic_cache(model, kwargs)
     if model.training:
         model = model.eval()  # dropout and batch-norm statistics as in inference
     try:
