@@ -242,3 +242,5 @@ def test_hugging_face_dynamic_cache_is_handled():
     assert [t.name for t in ir.graph_inputs] == ["input_ids"]
     (logits,) = torch_ir.IRExecutor(ir, module_state(real)).run({"input_ids": ids})
     assert_outputs_close([logits], real(input_ids=ids, use_cache=False).logits)
+    ok, report = torch_ir.verify_ir(ir, None, real, (), test_kwargs={"input_ids": ids})
+    assert ok, report.to_text()

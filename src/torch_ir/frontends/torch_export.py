@@ -74,7 +74,6 @@ def extract_ir(
         example_inputs = (example_inputs,)
     args = tuple(_to_device(a, device) for a in example_inputs)
     kwargs = {k: _to_device(v, device) for k, v in (example_kwargs or {}).items()}
-    kwargs = without_dynamic_cache(model, kwargs)
     if model.training:
         model = model.eval()  # dropout and batch-norm statistics as in inference
     try:
@@ -94,9 +93,9 @@ def export_program(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any
     full trace, as slow as the export. Constants made in forward from Python data keep their values.
     """
     recorder = ConstantRecorder()
+    kwargs = without_dynamic_cache(model, kwargs or {})
     with torch.no_grad(), recorder:
-        ep = torch.export.export(model, args, kwargs=dict(kwargs or {}) or None, dynamic_shapes=dynamic_shapes,
-                                 strict=strict)
+        ep = torch.export.export(model, args, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=strict)
     if _needs_functionalization(ep):
         ep = ep.run_decompositions({})
     recorder.fill(ep)
