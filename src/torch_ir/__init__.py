@@ -32,4 +32,14 @@ __all__ = [
     "OpNode", "TensorMeta", "TorchIRError", "UnsupportedOpError", "WeightsMismatchError", "__version__",
     "extract_ir", "from_exported_program", "ir_statistics", "load_ir", "load_state_dict", "markdown_report",
     "match_weights", "register_op", "save_weights", "to_mermaid", "verify_ir", "verify_ir_with_state_dict",
+    "import_tinygrad",
 ]
+
+
+def __getattr__(name: str):
+    # Frontends of optional frameworks load on first use, so `import torch_ir` never needs them.
+    if name == "import_tinygrad":
+        from .frontends.tinygrad import import_tinygrad
+
+        return import_tinygrad
+    raise AttributeError(f"module 'torch_ir' has no attribute {name!r}")

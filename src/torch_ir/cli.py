@@ -203,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ops", help="the operator registry")
     p.add_argument("--markdown", action="store_true", help="print docs/operators.md")
     p.set_defaults(func=cmd_ops)
+
+    from .frontends.tinygrad.cli import add_parser as add_tinygrad_parser
+
+    add_tinygrad_parser(sub)
     return parser
 
 

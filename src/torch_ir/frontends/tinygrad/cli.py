@@ -1,0 +1,78 @@
+"""``torch-ir import-tinygrad module:factory``: a tinygrad model to IR JSON (+ its weights).
+
+The factory returns ``(model, example_inputs)``, as the PyTorch ``extract`` command's factories
+do. Realized weights are saved by state-dict path; ``Tensor.empty`` weights give a weight-free IR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from ...errors import TorchIRError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``import-tinygrad`` and ``tinygrad-docs`` to the ``torch-ir`` command."""
+    p = subparsers.add_parser("import-tinygrad", help="import a tinygrad model (module:factory) to IR JSON")
+    p.add_argument("model", help="package.module:factory returning (model, example_inputs)")
+    p.add_argument("-o", "--output", help="IR JSON path (default: <factory>.json)")
+    p.add_argument("--name", help="model name recorded in the IR")
+    p.add_argument("--input-names", help="comma-separated graph input names")
+    p.add_argument("--weights", help="save the realized weights to this .safetensors file")
+    p.add_argument("--literal", action="store_true", help="keep the UOp-by-UOp translation (no rewrite rules)")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_import_tinygrad)
+    p = subparsers.add_parser("tinygrad-docs", help="print docs/tinygrad.md (the UOp mapping table)")
+    p.set_defaults(func=cmd_tinygrad_docs)
+
+
+def _load_factory(spec: str) -> tuple[Any, list[Any]]:
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise TorchIRError(f"model spec {spec!r} is not 'package.module:factory'")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise TorchIRError(f"cannot load model factory {spec!r}: {e}; expected 'package.module:function'") from None
+    made = factory()
+    if not isinstance(made, tuple) or len(made) != 2 or not callable(made[0]):
+        raise TorchIRError(f"factory {spec!r} must return (model, example_inputs), got {type(made).__name__}")
+    return made[0], list(made[1])
+
+
+def cmd_import_tinygrad(args: argparse.Namespace) -> int:
+    # tinygrad picks its device at import: the pure-Python one needs no compiler
+    os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
+    import torch
+
+    from ...report import ir_statistics
+    from ...weights import save_weights
+    from .importer import import_tinygrad
+
+    model, inputs = _load_factory(args.model)
+    name = args.name or args.model.partition(":")[2]
+    names = args.input_names.split(",") if args.input_names else None
+    ir, weights = import_tinygrad(model, inputs, input_names=names, model_name=name, simplify=not args.literal)
+    out = Path(args.output or f"{name}.json")
+    ir.save(str(out), indent=1 if args.pretty else None)
+    print(ir_statistics(ir))
+    print(f"wrote {out}")
+    if args.weights:
+        if not weights:
+            raise TorchIRError(f"model {name!r} has no realized weights to save; realize them in the factory")
+        save_weights({k: torch.from_numpy(v) for k, v in weights.items()}, args.weights)
+        print(f"wrote {len(weights)} weights to {args.weights}")
+    return 0
+
+
+def cmd_tinygrad_docs(args: argparse.Namespace) -> int:
+    from .docs import tinygrad_markdown
+
+    sys.stdout.write(tinygrad_markdown())
+    return 0

@@ -1,0 +1,162 @@
+"""The tinygrad importer against tinygrad itself: op lists that read like the model, outputs equal to tinygrad's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tinygrad.nn.state import get_state_dict
+from tinygrad.tensor import Tensor
+
+import torch_ir
+from torch_ir.errors import ExtractionError
+from torch_ir.frontends.tinygrad import import_tinygrad
+
+from ..helpers import assert_outputs_close
+from .models import CNN, MLP, LlamaBlock, TinyLlama, add_mul, realize_weights, rotary_tables
+
+RNG = np.random.default_rng(0)
+
+
+def _tensor(*shape: int) -> Tensor:
+    return Tensor(RNG.standard_normal(shape).astype(np.float32))
+
+
+def _ops(ir: torch_ir.NPU_IR) -> list[str]:
+    return [n.op_type.split(".")[1] for n in ir.nodes]
+
+
+def _check(model, inputs: list[Tensor], tmp_path=None, **kwargs) -> torch_ir.NPU_IR:
+    """Import (then save and reload), run with the returned weights; compare with tinygrad's own result."""
+    ir, weights = import_tinygrad(model, inputs, **kwargs)
+    if tmp_path is not None:
+        ir.save(str(tmp_path / "ir.json"))
+        ir = torch_ir.load_ir(str(tmp_path / "ir.json"))
+    actual = torch_ir.IRExecutor(ir, {k: torch.from_numpy(v) for k, v in weights.items()}).run(
+        [torch.from_numpy(x.numpy()) for x in inputs])
+    out = model(*inputs)
+    expected = [torch.from_numpy(o.numpy()) for o in (out if isinstance(out, (tuple, list)) else [out])]
+    assert_outputs_close(actual, expected)
+    return ir
+
+
+def test_seed_001_a_times_b_plus_c(tmp_path):
+    a, b, c = _tensor(2, 3), _tensor(2, 3), _tensor(2, 3)
+    ir = _check(add_mul, [a, b, c], input_names=["a", "b", "c"])
+    assert _ops(ir) == ["mul", "add"]
+    assert [t.name for t in ir.graph_inputs] == ["a", "b", "c"]
+    assert ir.producer["frontend"] == "tinygrad" and not ir.weights
+    ir.save(str(tmp_path / "abc.json"))
+    assert _ops(torch_ir.load_ir(str(tmp_path / "abc.json"))) == ["mul", "add"]
+
+
+def test_mlp_linear_is_one_op_and_weights_are_named_by_path():
+    model = realize_weights(MLP())
+    ir = _check(model, [_tensor(3, 16)])
+    assert _ops(ir) == ["linear", "relu", "linear", "relu", "linear"]
+    assert sorted(ir.weight_name_mapping.values()) == sorted(get_state_dict(model))
+
+
+def test_mlp_without_linear_folding_is_matmul_plus_add():
+    from torch_ir.frontends.tinygrad.rules import contraction_rules, shape_rules
+
+    model = realize_weights(MLP((4, 3)))
+    ir, _ = import_tinygrad(model, [_tensor(2, 4)], simplify=False)
+    assert "matmul" not in _ops(ir) and len(ir.nodes) > 6  # the literal translation: views, mul, sum
+    from torch_ir.frontends.tinygrad.rules import simplify_ir
+
+    assert _ops(simplify_ir(ir, shape_rules() + contraction_rules())) == ["permute", "matmul", "add"]
+
+
+def test_weight_free_import_of_empty_weights():
+    model = MLP((8, 4))
+    for t in get_state_dict(model).values():
+        t.replace(Tensor.empty(*t.shape))
+    ir, weights = import_tinygrad(model, [Tensor.empty(2, 8)])
+    assert weights == {} and _ops(ir) == ["linear"]
+    assert {w.name: w.shape for w in ir.weights} == {"w_layers_0_weight": [4, 8], "w_layers_0_bias": [4]}
+
+
+def test_cnn_with_batchnorm_pooling_and_head(tmp_path):
+    Tensor.training = False  # BatchNorm uses its running statistics
+    ir = _check(realize_weights(CNN()), [_tensor(2, 3, 8, 8)], tmp_path)
+    batch_norm = ["reshape", "sub", "reshape", "mul", "reshape", "add", "sqrt", "div", "reshape", "add"]
+    assert _ops(ir) == ["conv2d", *batch_norm, "relu", "max_pool2d", "conv2d", "relu", "avg_pool2d", "reshape",
+                        "linear"]
+    pools = [n.attrs for n in ir.nodes if "pool" in n.op_type]
+    assert pools == [{"kernel_size": [2, 2], "stride": [2, 2]}] * 2
+
+
+def test_llama_block(tmp_path):
+    block = realize_weights(LlamaBlock())
+    cos, sin = rotary_tables(8, 16)
+    ir = _check(block, [_tensor(1, 6, 32), cos[:6].contiguous().realize(), sin[:6].contiguous().realize()], tmp_path)
+    hist = ir.op_histogram()
+    assert hist["aten.linear.default"] == 7  # q, k, v, o and the three of the gated MLP
+    assert hist["aten.matmul.default"] == 2  # scores and the weighted sum of values
+    assert hist["aten._softmax.default"] == 1 and hist["aten.silu.default"] == 1
+
+
+@pytest.mark.slow
+def test_tiny_llama_end_to_end(tmp_path):
+    model = realize_weights(TinyLlama(n_layers=2))
+    tokens = Tensor(RNG.integers(0, 64, (1, 5)).astype(np.int32))
+    ir = _check(model, [tokens], tmp_path)
+    assert ir.op_histogram()["aten.linear.default"] == 2 * 7 + 1
+
+
+def test_randomness_in_the_graph_says_to_realize_the_weights():
+    with pytest.raises(ExtractionError, match=r"THREEFRY.*realize the weights first"):
+        import_tinygrad(lambda x: x + Tensor.rand(*x.shape), [_tensor(2, 2)])
+
+
+def test_buffers_outside_the_state_dict_become_weights_too():
+    hidden = {"empty": Tensor.empty(2, 2), "real": _tensor(2, 2).realize()}  # not attributes: no state-dict path
+    x = _tensor(2, 2)
+    ir, weights = import_tinygrad(lambda x: x * hidden["empty"] + hidden["real"], [x])
+    assert sorted(ir.weight_name_mapping.values()) == ["buffer", "buffer_1"]
+    assert list(weights) == ["buffer_1"]  # only the realized one has data
+    np.testing.assert_array_equal(weights["buffer_1"], hidden["real"].numpy())
+
+
+def test_an_unknown_uop_kind_is_named_with_its_position_and_the_fix():
+    with pytest.raises(ExtractionError, match=r"MULACC x1, first at UOp #\d+ MULACC.*add one to TABLE"):
+        from tinygrad.uop.ops import Ops, UOp
+
+        a = _tensor(2)
+        import_tinygrad(lambda a: Tensor(UOp(Ops.MULACC, a.uop.dtype, (a.uop, a.uop, a.uop))), [a])
+
+
+def test_input_names_never_collide_with_generated_names():
+    x, c = _tensor(2, 3), _tensor(2, 3)
+    ir = _check(lambda x, c: (x + 1.0) * c, [x, c], input_names=["add", "c"])
+    assert _ops(ir) == ["add", "mul"] and len({t.name for t in ir.tensors()}) == len(list(ir.tensors()))
+
+
+def test_same_tensor_twice_is_refused():
+    x = _tensor(2)
+    with pytest.raises(ExtractionError, match="same tensor is passed as two example inputs"):
+        import_tinygrad(lambda a, b: a + b, [x, x])
+
+
+def test_deep_graph_needs_no_recursion():
+    def deep(x):
+        for _ in range(3000):
+            x = x + 1.0
+        return x
+
+    ir, _ = import_tinygrad(deep, [_tensor(2)], simplify=False)
+    assert len(ir.nodes) == 3000
+
+
+def test_a_reshaped_one_dimensional_input_stays_an_input():
+    x = _tensor(6)
+    ir = _check(lambda x: x.reshape(2, 3) * 2.0, [x])
+    assert _ops(ir) == ["reshape", "mul"] and not ir.weights
+
+
+def test_numpy_data_made_in_forward_becomes_a_weight_with_its_values():
+    table = np.arange(3, dtype=np.float32)
+    x = _tensor(2, 3)
+    ir = _check(lambda x: x + Tensor(table), [x])
+    assert _ops(ir) == ["add"] and [w.shape for w in ir.weights] == [[3]]
