@@ -32,7 +32,7 @@ __all__ = [
     "OpNode", "TensorMeta", "TorchIRError", "UnsupportedOpError", "WeightsMismatchError", "__version__",
     "extract_ir", "from_exported_program", "ir_statistics", "load_ir", "load_state_dict", "markdown_report",
     "match_weights", "register_op", "save_weights", "to_mermaid", "verify_ir", "verify_ir_with_state_dict",
-    "import_tinygrad",
+    "import_onnx", "import_tinygrad",
 ]
 
 
@@ -42,4 +42,8 @@ def __getattr__(name: str):
         from .frontends.tinygrad import import_tinygrad
 
         return import_tinygrad
+    if name == "import_onnx":
+        from .frontends.onnx import import_onnx
+
+        return import_onnx
     raise AttributeError(f"module 'torch_ir' has no attribute {name!r}")

@@ -207,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .frontends.tinygrad.cli import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)
+    try:
+        from .frontends.onnx.cli import add_parser as add_onnx_parsers
+    except ImportError:  # the onnx extra is not installed
+        pass
+    else:
+        add_onnx_parsers(sub)
     return parser
 
 

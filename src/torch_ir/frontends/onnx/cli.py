@@ -1,0 +1,120 @@
+"""``torch-ir import-onnx`` and ``torch-ir verify-onnx``: the ONNX frontend on the command line.
+
+    torch-ir import-onnx model.onnx -o model.json          IR JSON + model.safetensors, statistics
+    torch-ir import-onnx model.onnx --input-shape input=1,3,224,224
+    torch-ir verify-onnx model.onnx                        import, run, compare with onnxruntime
+
+``add_parser(subparsers)`` adds both commands to the ``torch-ir`` parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ...errors import TorchIRError
+
+
+class UsageError(TorchIRError, ValueError):
+    """A command-line value is malformed or missing; the message says what to pass."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``import-onnx`` and ``verify-onnx`` to the ``torch-ir`` command's subparsers."""
+    p = subparsers.add_parser("import-onnx", help="import an ONNX model: IR JSON + weights, statistics")
+    p.add_argument("model", help="an .onnx file (external data files beside it are read)")
+    p.add_argument("-o", "--output", help="IR JSON path (default: <model>.json)")
+    p.add_argument("--weights", help="weights path (default: the IR path with .safetensors)")
+    _common(p)
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_import_onnx)
+
+    p = subparsers.add_parser("verify-onnx", help="import an ONNX model, run it, compare with onnxruntime")
+    p.add_argument("model", help="an .onnx file")
+    p.add_argument("--ir", help="an imported IR JSON to verify instead of importing now (needs --weights)")
+    p.add_argument("--weights", help="the weights of --ir")
+    _common(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--atol", type=float)
+    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+    p.set_defaults(func=cmd_verify_onnx)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="bind an input's dimensions (ints, or names to keep a symbol); repeatable")
+    p.add_argument("--aten-only", action="store_true",
+                   help="refuse ONNX ops with no ATen translation instead of keeping them as onnx.* ops")
+
+
+def parse_input_shapes(items: list[str]) -> dict[str, list[int | str]]:
+    """``["x=1,3,224,224", "ids=batch,8"]`` -> ``{"x": [1, 3, 224, 224], "ids": ["batch", 8]}``."""
+    out: dict[str, list[int | str]] = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        if not sep or not dims:
+            raise UsageError(f"--input-shape {item!r}: expected NAME=D0,D1,... (e.g. input=1,3,224,224)")
+        out[name] = [int(d) if d.strip().lstrip("-").isdigit() else d.strip() for d in dims.split(",")]
+    return out
+
+
+def cmd_import_onnx(args: argparse.Namespace) -> int:
+    from ...report import ir_statistics
+    from ...weights import save_weights
+    from . import import_onnx
+
+    ir, weights = import_onnx(args.model, input_shapes=parse_input_shapes(args.input_shape) or None,
+                              reference_fallback=not args.aten_only)
+    out = Path(args.output or Path(args.model).with_suffix(".json").name)
+    weights_path = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
+    ir.metadata["weights_file"] = weights_path.name
+    save_weights(weights, weights_path)
+    ir.save(str(out), indent=1 if args.pretty else None)
+    print(ir_statistics(ir))
+    kept = ir.metadata.get("onnx_ops_kept", {})
+    if kept:
+        print(f"\n{len(kept)} node(s) kept as onnx.* ops (no ATen translation), run by the ONNX reference:")
+        for node, why in list(kept.items())[:20]:
+            print(f"  {node}: {why}")
+    print(f"\nwrote {out} and {weights_path}")
+    return 0
+
+
+def cmd_verify_onnx(args: argparse.Namespace) -> int:
+    from ...ir import load_ir
+    from ...weights import load_state_dict
+    from . import import_onnx
+    from .verify import verify_onnx
+
+    shapes = parse_input_shapes(args.input_shape) or None
+    if args.ir:
+        if not args.weights:
+            raise UsageError("--ir needs --weights (the weights file import-onnx wrote beside it)")
+        ir, weights = load_ir(args.ir), load_state_dict(args.weights)
+    else:
+        ir, weights = import_onnx(args.model, input_shapes=shapes, reference_fallback=not args.aten_only)
+    inputs = random_inputs(ir, args.seed)
+    ok, report = verify_onnx(ir, weights, args.model, inputs, rtol=args.rtol, atol=args.atol)
+    print(report.to_markdown() if args.markdown else report)
+    return 0 if ok else 1
+
+
+def random_inputs(ir, seed: int = 0) -> list[torch.Tensor]:
+    """Seeded inputs of the IR's static input shapes: normal floats, small non-negative ints, random bools."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for meta in ir.graph_inputs:
+        if not meta.is_static:
+            raise UsageError(f"input {meta.name!r} has symbolic shape {meta.shape}; bind it with --input-shape "
+                             f"{meta.name}=" + ",".join(str(d if isinstance(d, int) else 1) for d in meta.shape))
+        dtype = getattr(torch, meta.dtype)
+        if dtype.is_floating_point:
+            out.append(torch.randn(meta.shape, generator=g).to(dtype))
+        elif dtype == torch.bool:
+            out.append(torch.randint(0, 2, meta.shape, generator=g).bool())
+        else:
+            out.append(torch.randint(0, 8, meta.shape, generator=g).to(dtype))
+    return out

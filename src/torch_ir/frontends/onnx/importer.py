@@ -1,0 +1,308 @@
+"""ONNX graph -> NPU_IR: one walk over the nodes in order, with an environment of values.
+
+A value is an IR ``TensorMeta`` (computed at run time), a numpy array (known at import time:
+an initializer, a ``Constant``, a folded subgraph) or None (an absent optional input). Each node
+is folded when its inputs are known, else handed to its converter (``converters.TABLE``). Nodes
+nobody can convert are collected and reported together at the end; no IR is returned half-way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from ... import __version__
+from ...errors import UnsupportedOpError
+from ...ir import NPU_IR, TensorMeta, check_integrity
+from ...ops.values import eval_sym
+from . import fold
+from .context import Ctx, UnsupportedNode, Value, np_dtype_name
+from .converters import lookup
+from .converters.reference import reference_node
+from .dtypes import ir_dtype, to_torch
+from .loader import LoadedModel, initializer_value
+from .symbolic import all_ints, fold_symbolic, is_symbolic
+
+#: Initializers up to this many elements are read at import time, so that shape-like ones
+#: (reshape targets, axes) fold; larger ones are weights referenced by name.
+_SMALL_INITIALIZER = 1 << 16
+#: Constants up to this many elements are stored inline in the IR JSON; larger ones in the weights file.
+_INLINE_LIMIT = 1 << 12
+_HINT_BASE = 3001  # symbolic dims run on meta with distinct odd sizes from here (rarely a real size)
+
+
+class Importer:
+    """One import: the loaded model in, ``(ir, weights)`` out of ``run()``; converters reach it as ``ctx.graph``."""
+
+    def __init__(self, loaded: LoadedModel, model_name: str, *, reference_fallback: bool = True):
+        self.loaded, self.opset, self.reference_fallback = loaded, loaded.opset, reference_fallback
+        self.fallbacks: dict[str, str] = {}  # IR node -> why it stayed an ONNX op
+        graph = loaded.model.graph
+        self.ir = NPU_IR(model_name=model_name, graph_inputs=[], graph_outputs=[], weights=[], nodes=[])
+        self.weights: dict[str, torch.Tensor] = {}
+        self.env: dict[str, Value] = {}
+        self.types = {vi.name: vi for vi in [*graph.value_info, *graph.output, *graph.input]}
+        self.used_tensors = set(self.types) | {i.name for i in graph.initializer} | {
+            o for n in graph.node for o in n.output}
+        self.used_nodes: set[str] = set()
+        self.hints: dict[str, int] = {}  # symbol -> the size it has on the meta device
+        self.input_symbols: set[str] = set()  # symbols of the graph inputs: the executor binds these
+        self._unhints: dict[int, str] = {}
+        self._initializer_of: dict[int, str] = {}  # id(array) -> initializer name, to keep ONNX names
+        self._materialized: dict[str, TensorMeta] = {}  # initializer / constant name -> IR tensor
+        self.unsupported: list[str] = []
+        self._poisoned: set[str] = set()  # outputs of unconvertible nodes (their users are not reported)
+
+    # -- the walk ---------------------------------------------------------------------------------
+    def run(self) -> tuple[NPU_IR, dict[str, torch.Tensor]]:
+        graph = self.loaded.model.graph
+        initialized = {t.name for t in graph.initializer}
+        for vi in graph.input:
+            if vi.name not in initialized:  # an input with an initializer is a default: keep it constant
+                meta = self.meta_of(vi, "input")
+                self.ir.graph_inputs.append(meta)
+                self.env[vi.name] = meta
+                self.input_symbols.update(d for d in meta.shape if isinstance(d, str))
+        for t in graph.initializer:
+            self._initializer(t)
+        for index, node in enumerate(graph.node):
+            self._node(index, node)
+        if self.unsupported:
+            raise UnsupportedOpError(self._unsupported_report())
+        for vi in graph.output:
+            self.ir.graph_outputs.append(self._output(vi))
+        self.ir.symbols = {s: {"min": None, "max": None} for s in self.hints}
+        self.ir.weight_name_mapping = {w.name: w.name for w in self.ir.weights}
+        self.ir.producer = {"name": "torch_ir", "version": __version__, "frontend": "onnx", "onnx": onnx.__version__,
+                            "source_producer": self.loaded.model.producer_name, "opset": str(self.opset)}
+        self.ir.metadata = {"source": self.loaded.source, "onnx_ops_kept": self.fallbacks}
+        check_integrity(self.ir, source=f"IR imported from {self.loaded.source}")
+        return self.ir, self.weights
+
+    def _initializer(self, t: onnx.TensorProto) -> None:
+        numel = int(np.prod(t.dims)) if t.dims else 1
+        if numel <= _SMALL_INITIALIZER:
+            value = initializer_value(t, self.loaded.base_dir)
+            self._initializer_of[id(value)] = t.name
+            self.env[t.name] = value
+        else:  # a weight: described now, read now (one tensor at a time)
+            meta = TensorMeta(t.name, list(t.dims), ir_dtype(t.data_type, f"initializer {t.name!r}"), role="weight")
+            self.ir.weights.append(meta)
+            self.weights[t.name] = to_torch(initializer_value(t, self.loaded.base_dir), meta.dtype)
+            self.env[t.name] = meta
+
+    def _node(self, index: int, node: onnx.NodeProto) -> None:
+        name = node.name or f"{node.op_type}_{index}"
+        if any(i in self._poisoned for i in node.input):
+            self._poisoned.update(node.output)
+            return
+        inputs = [self.env[i] if i else None for i in node.input]
+        folded = self._fold(node, inputs)
+        if folded is not None:
+            for out, value in zip(node.output, folded):
+                if out:
+                    self.env[out] = value
+            return
+        ctx = Ctx(self, name, self.opset, len(node.output))
+        attrs = _attributes(node)
+        try:
+            outputs = self._convert(ctx, node, inputs, attrs)
+        except UnsupportedNode as e:
+            self._unsupported(node, name, str(e))
+            return
+        self.ir.nodes.extend(ctx.emitted)
+        for out, value in zip([o for o in node.output if o], outputs):
+            self.env[out] = value
+
+    def _convert(self, ctx: Ctx, node: onnx.NodeProto, inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
+        """Convert with the ATen converter; where there is none, or it declines, keep the ONNX op."""
+        opset = self.domain_opset(node.domain)
+        entry = lookup(node.domain, node.op_type, opset)
+        reason = "no ATen converter"
+        if entry is not None:
+            try:
+                result = entry.fn(ctx, *inputs, **attrs)
+                outputs = result if isinstance(result, (tuple, list)) else (result,)
+                return [self._bind(ctx, out, value) for out, value in zip(node.output, outputs) if out]
+            except UnsupportedNode as e:
+                reason = str(e)
+            except TypeError as e:  # an ONNX attribute the converter does not take
+                reason = f"converter {entry.fn.__name__}: {e}"
+            ctx.emitted.clear()
+        if not self.reference_fallback:
+            raise UnsupportedNode(reason)
+        try:
+            outputs = reference_node(ctx, node, inputs, attrs, opset)
+        except UnsupportedNode as e:
+            raise UnsupportedNode(f"{reason}; {e}") from None
+        self.fallbacks[ctx.name] = f"{node.op_type}: {reason}"
+        return [self._bind(ctx, out, value) for out, value in zip([o for o in node.output if o], outputs)]
+
+    def domain_opset(self, domain: str) -> int:
+        if domain in ("", "ai.onnx"):
+            return self.opset
+        return next((i.version for i in self.loaded.model.opset_import if i.domain == domain), 1)
+
+    def _fold(self, node: onnx.NodeProto, inputs: list[Value]) -> list[np.ndarray] | None:
+        symbolic = fold_symbolic(node, inputs, _attributes(node), self.input_symbols)
+        if symbolic is not None:  # shape arithmetic on symbols; an all-int result is an ordinary constant
+            return [v.astype(np.int64) if all_ints(v) else v for v in symbolic]
+        if any(is_symbolic(v) for v in inputs):
+            return None
+        if node.op_type in ("Shape", "Size") and isinstance(inputs[0], TensorMeta):
+            value = fold.static_shape_value(node.op_type, node, inputs[0])
+            return None if value is None else [value]
+        if not fold.can_fold(node, inputs):
+            return None
+        try:
+            return fold.evaluate(node, inputs, self.opset)
+        except Exception:  # noqa: BLE001 - the reference cannot run it: leave the node to its converter
+            return None
+
+    def _bind(self, ctx: Ctx, out: str, value: Value) -> Value:
+        """Give the converter's result the ONNX output's name, dtype and (symbolic) shape."""
+        if not isinstance(value, TensorMeta) or not any(value is o for n in ctx.emitted for o in n.outputs):
+            return value  # a constant, or an input passed through: an alias, no node
+        declared = self.types.get(out)
+        tt = declared.type.tensor_type if declared is not None else None
+        if tt is not None and tt.elem_type:
+            want = ir_dtype(tt.elem_type, f"tensor {out!r}")
+            if want != value.dtype:  # ONNX fixes the output type; ATen may promote differently
+                value = ctx.cast(value, want)
+            if tt.HasField("shape"):  # (shape inference may know the type but not the rank)
+                value.shape = _merge_shape(value.shape, [self._dim(d) for d in tt.shape.dim], out)
+        value.name = out
+        return value
+
+    def _output(self, vi: onnx.ValueInfoProto) -> TensorMeta:
+        value = self.env[vi.name]
+        if isinstance(value, TensorMeta) and value.name == vi.name and value.role != "input":
+            value.role = "output"
+            return value
+        # a constant or an alias of another tensor: a copy gives the output its own name
+        ctx = Ctx(self, vi.name, self.opset)
+        out = ctx.aten("clone", ctx.tensor(value))
+        out.name, out.role = vi.name, "output"
+        self.ir.nodes.extend(ctx.emitted)
+        return out
+
+    # -- names, constants, symbols --------------------------------------------------------------------
+    def node_name(self, base: str) -> str:
+        return _unique(base, self.used_nodes)
+
+    def fresh(self, meta: TensorMeta, base: str) -> TensorMeta:
+        """A copy of ``meta`` under a new unique name derived from the node's (``Conv_0__0``)."""
+        return TensorMeta(_unique(f"{base}__0", self.used_tensors), list(meta.shape), meta.dtype, role="activation")
+
+    def add_constant(self, value: np.ndarray, base: str) -> TensorMeta:
+        """An IR tensor for a value known at import time: the weight of an initializer, else a constant."""
+        source = self._initializer_of.get(id(value))
+        if source is not None and source in self._materialized:
+            return self._materialized[source]
+        dtype = np_dtype_name(value)
+        if source is not None:
+            meta = TensorMeta(source, list(value.shape), dtype, role="weight")
+            self.ir.weights.append(meta)
+            self.weights[source] = to_torch(value, dtype)
+            self._materialized[source] = meta
+            return meta
+        meta = TensorMeta(_unique(base, self.used_tensors), list(value.shape), dtype, role="constant")
+        self.ir.constants.append(meta)
+        finite = value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+        if value.size <= _INLINE_LIMIT and finite and dtype in _JSON_DTYPES:
+            self.ir.constant_values[meta.name] = value.tolist()
+        else:
+            self.weights[meta.name] = to_torch(value, dtype)
+        return meta
+
+    def meta_of(self, vi: onnx.ValueInfoProto, role: str) -> TensorMeta:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            raise UnsupportedNode(f"tensor {vi.name!r} is not a tensor of known rank (a sequence, map or optional)")
+        shape = [self._dim(d) for d in tt.shape.dim]
+        return TensorMeta(vi.name, shape, ir_dtype(tt.elem_type, f"tensor {vi.name!r}"), role=role)
+
+    def _dim(self, dim: onnx.TensorShapeProto.Dimension) -> int | str:
+        if dim.HasField("dim_value"):
+            return dim.dim_value
+        symbol = self.loaded.symbols.get(dim.dim_param) if dim.HasField("dim_param") else None
+        symbol = symbol or _unique("unk", set(self.hints) | set(self.loaded.symbols.values()))
+        if symbol not in self.hints:
+            hint = _HINT_BASE + 2 * len(self.hints)
+            self.hints[symbol], self._unhints[hint] = hint, symbol
+        return symbol
+
+    def hint(self, dim: int | str) -> int:
+        if isinstance(dim, int):
+            return dim
+        if dim in self.hints:
+            return self.hints[dim]
+        try:  # an expression of symbols ("(batch)*(seq)"): remember its size, so results map back to it
+            size = eval_sym(dim, self.hints)
+        except (ValueError, SyntaxError):
+            raise UnsupportedNode(f"dimension {dim!r} uses unknown symbols; bind the input shapes") from None
+        self._unhints.setdefault(size, dim)
+        return size
+
+    def unhint(self, size: int) -> int | str:
+        return self._unhints.get(size, size)
+
+    def _unsupported(self, node: onnx.NodeProto, name: str, reason: str) -> None:
+        domain = node.domain or "ai.onnx"
+        opset = self.domain_opset(node.domain)
+        self.unsupported.append(f"node {name!r}: {domain}::{node.op_type} (opset {opset}): {reason}")
+        self._poisoned.update(node.output)
+
+    def _unsupported_report(self) -> str:
+        ops = sorted({line.split(": ")[1].split(" (")[0] for line in self.unsupported})
+        lines = [f"{self.loaded.source}: {len(self.unsupported)} node(s) cannot be imported ({', '.join(ops)}):"]
+        lines += [f"  {line}" for line in self.unsupported[:50]]
+        if len(self.unsupported) > 50:
+            lines.append(f"  ... and {len(self.unsupported) - 50} more")
+        lines.append("Fix: add a converter (torch_ir.frontends.onnx.converters, @converter(op_type, since=opset)) "
+                     "or re-export the model without these ops. Nodes that only depend on them are not listed.")
+        return "\n".join(lines)
+
+
+_JSON_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"}
+
+
+def _unique(base: str, used: set[str]) -> str:
+    name = base
+    for k in itertools.count(1):
+        if name not in used:
+            break
+        name = f"{base}_{k}"
+    used.add(name)
+    return name
+
+
+def _merge_shape(got: list, declared: list, out: str) -> list:
+    """ATen's shape with ONNX's symbols; a disagreement on a static size is a converter bug."""
+    if len(declared) != len(got):
+        raise UnsupportedNode(f"output {out!r}: the converter gives rank {len(got)}, ONNX infers {declared}")
+    merged = []
+    for g, d in zip(got, declared):
+        if isinstance(d, int) and isinstance(g, int) and d != g:
+            raise UnsupportedNode(f"output {out!r}: the converter gives shape {got}, ONNX infers {declared}")
+        # a str from ONNX is a symbol; ATen's size there is the symbol's meta-device hint or derived from it
+        merged.append(g if not isinstance(d, str) or (isinstance(g, int) and g < _HINT_BASE) else d)
+    return merged
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        elif isinstance(value, onnx.TensorProto):
+            value = onnx.numpy_helper.to_array(value)
+        out[a.name] = value
+    return out
