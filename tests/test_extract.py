@@ -237,7 +237,7 @@ def test_hugging_face_dynamic_cache_is_handled():
     assert config.use_cache  # the default, which returns a DynamicCache that export cannot capture
     meta, real = build_pair(lambda: transformers.LlamaForCausalLM(config))
     ids = torch.tensor([[1, 5, 9, 2]])
-    with pytest.warns(UserWarning, match="extracting it with use_cache=False.*StaticCacheLM"):
+    with pytest.warns(UserWarning, match="(?s)extracting it with use_cache=False.*StaticCacheLM"):
         ir = torch_ir.extract_ir(meta, (), example_kwargs={"input_ids": ids})
     assert [t.name for t in ir.graph_inputs] == ["input_ids"]
     (logits,) = torch_ir.IRExecutor(ir, module_state(real)).run({"input_ids": ids})

@@ -75,22 +75,23 @@ class StaticCacheLM(nn.Module):
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def without_dynamic_cache(model: nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` plus ``use_cache=False`` when a Hugging Face model would return a ``DynamicCache``.
 
-    A causal LM whose config has ``use_cache=True`` returns its cache as a Python object that
-    ``torch.export`` cannot put in a graph. Extraction then traces the model without it, and says so;
-    for a KV cache in the IR, wrap the model in :class:`StaticCacheLM`.
+def without_dynamic_cache(model: nn.Module, kwargs: Mapping[str, Any], error: Exception) -> dict[str, Any] | None:
+    """``kwargs`` plus ``use_cache=False`` when export failed because the model returned a ``DynamicCache``.
+
+    A Hugging Face model with ``use_cache=True`` in its config returns its KV cache as a Python object
+    that ``torch.export`` cannot put in a graph. Extraction then traces the model again without it, and
+    says so; for a KV cache in the IR, wrap the model in :class:`StaticCacheLM`. None when the error is
+    another one, or the caller already chose ``use_cache``.
     """
-    config = getattr(model, "config", None)
-    wants_cache = getattr(config, "use_cache", False) is True
-    if not wants_cache or "use_cache" in kwargs or "past_key_values" in kwargs:
-        return dict(kwargs)
+    if "DynamicCache" not in str(error) or "use_cache" in kwargs or "past_key_values" in kwargs:
+        return None
     if "use_cache" not in inspect.signature(model.forward).parameters:
-        return dict(kwargs)
+        return None
     warnings.warn(
-        f"{type(model).__name__} would return a DynamicCache, which torch.export cannot capture: extracting "
-        "it with use_cache=False. For a KV cache in the IR, wrap it in torch_ir.frontends.hf.StaticCacheLM.",
-        stacklevel=3,
+        f"{type(model).__name__} returns a DynamicCache, which torch.export cannot capture: extracting it with "
+        "use_cache=False (pass it yourself to skip the failed first trace). For a KV cache in the IR, wrap "
+        "the model in torch_ir.frontends.hf.StaticCacheLM.",
+        stacklevel=4,
     )
     return {**kwargs, "use_cache": False}

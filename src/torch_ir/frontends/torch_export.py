@@ -93,9 +93,15 @@ def export_program(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any
     full trace, as slow as the export. Constants made in forward from Python data keep their values.
     """
     recorder = ConstantRecorder()
-    kwargs = without_dynamic_cache(model, kwargs or {})
+    kwargs = dict(kwargs or {})
     with torch.no_grad(), recorder:
-        ep = torch.export.export(model, args, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=strict)
+        try:
+            ep = torch.export.export(model, args, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=strict)
+        except RuntimeError as e:
+            retry = without_dynamic_cache(model, kwargs, e)
+            if retry is None:
+                raise
+            ep = torch.export.export(model, args, kwargs=retry, dynamic_shapes=dynamic_shapes, strict=strict)
     if _needs_functionalization(ep):
         ep = ep.run_decompositions({})
     recorder.fill(ep)
