@@ -12,6 +12,7 @@ An op found by neither is reported with the node and a ready-to-paste registrati
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,13 @@ class OpDef:
 
 
 _REGISTRY: dict[str, OpDef] = {}
+
+# Namespaces whose ops a module registers on first use, so that an IR loaded from a file runs without
+# its frontend having been imported first. The module's ``provide(op_type) -> bool`` registers the op.
+_PROVIDERS = {
+    ns: "torch_ir.frontends.onnx.custom_ops"
+    for ns in ("onnx", "onnx_ml", "onnx_preview", "onnx_preview_training")
+}
 
 
 def register_op(op_type: str, *, doc: str | None = None, override: bool = False) -> Callable:
@@ -82,8 +90,19 @@ def resolve_overload(op_type: str) -> torch._ops.OpOverload | None:
         return None
 
 
+def _provided(op_type: str) -> OpDef | None:
+    module = _PROVIDERS.get(op_type.split(".", 1)[0])
+    if module is None:
+        return None
+    try:
+        provide = importlib.import_module(module).provide
+    except ImportError:  # the frontend's optional dependency is not installed
+        return None
+    return _REGISTRY.get(op_type) if provide(op_type) else None
+
+
 def is_supported(op_type: str) -> bool:
-    return op_type in _REGISTRY or resolve_overload(op_type) is not None
+    return op_type in _REGISTRY or resolve_overload(op_type) is not None or _provided(op_type) is not None
 
 
 def bind_kernel(node: OpNode, device: torch.device) -> Kernel:
@@ -94,6 +113,9 @@ def bind_kernel(node: OpNode, device: torch.device) -> Kernel:
     overload = resolve_overload(node.op_type)
     if overload is not None:
         return _bind_schema(node, overload, device)
+    opdef = _provided(node.op_type)
+    if opdef is not None:
+        return _bind_registered(node, opdef, device)
     raise UnsupportedOpError(unsupported_message([node]))
 
 

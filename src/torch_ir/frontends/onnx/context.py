@@ -15,8 +15,7 @@ import torch
 
 from ...ir import OpNode, TensorMeta
 from ...ops.registry import bind_kernel, resolve_overload
-from ...ops.values import encode_value
-from .dtypes import torch_dtype
+from ...ops.values import dtype_from_name, encode_value
 
 Value = TensorMeta | np.ndarray | None
 _META = torch.device("meta")
@@ -122,7 +121,7 @@ class Ctx:
             return value
         if isinstance(value, np.ndarray) and dtype in _NUMPY_DTYPES:
             return value.astype(dtype)
-        return self.aten("_to_copy", value, dtype=torch_dtype(dtype))
+        return self.aten("_to_copy", value, dtype=dtype_from_name(dtype))
 
     def custom(self, op_type: str, inputs: list[TensorMeta], attrs: dict[str, Any],
                outputs: list[TensorMeta]) -> list[TensorMeta]:
@@ -136,7 +135,7 @@ class Ctx:
         node = OpNode(self.graph.node_name(self.name), op_type, inputs, [], attrs)
         kernel = bind_kernel(node, _META)
         symbols = self.graph.hints
-        metas = [torch.empty([self.graph.hint(d) for d in t.shape], dtype=torch_dtype(t.dtype), device=_META)
+        metas = [torch.empty([self.graph.hint(d) for d in t.shape], dtype=dtype_from_name(t.dtype), device=_META)
                  for t in inputs]
         try:
             results = kernel(metas, symbols)

@@ -101,8 +101,20 @@ def ensure_registered(domain: str, op: str) -> str:
     return op_type
 
 
+def provide(op_type: str) -> bool:
+    """The registry's hook: register ``onnx.<Op>.default`` (and the other ONNX namespaces) on first use."""
+    ns, _, rest = op_type.partition(".")
+    domain = {n: d for d, n in _DOMAINS.items()}.get(ns)
+    if domain is None or not rest.endswith(".default"):
+        return False
+    ensure_registered(domain, rest.rsplit(".", 1)[0])
+    return True
+
+
 def register_onnx_ops(ir: NPU_IR) -> list[str]:
-    """Register the implementations of the ``onnx.*`` ops ``ir`` uses (for an IR loaded from a file).
+    """Register the implementations of the ``onnx.*`` ops ``ir`` uses, ahead of time.
+
+    Not needed before executing: the registry registers them on first use through ``provide``.
 
     Example::
 

@@ -7,6 +7,7 @@ import onnx
 import torch
 
 from ...errors import ExtractionError
+from ...ops.values import dtype_from_name
 
 TP = onnx.TensorProto
 
@@ -40,10 +41,6 @@ def ir_dtype(elem_type: int, where: str) -> str:
         ) from None
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
 def to_torch(array: np.ndarray, dtype: str) -> torch.Tensor:
     """A numpy array (as onnx.numpy_helper gives it) as a CPU tensor of the IR dtype ``dtype``."""
     array = np.asarray(array)
@@ -51,8 +48,8 @@ def to_torch(array: np.ndarray, dtype: str) -> torch.Tensor:
         # numpy holds these as ml_dtypes (or raw uint16/uint8); go through their bit pattern
         bits = {1: torch.uint8, 2: torch.uint16}[array.dtype.itemsize]
         flat = np.ascontiguousarray(array.reshape(-1)).view(f"uint{8 * array.dtype.itemsize}")
-        return torch.from_numpy(flat.copy()).view(bits).view(torch_dtype(dtype)).reshape(array.shape)
-    return torch.from_numpy(np.array(array, copy=True)).to(torch_dtype(dtype))
+        return torch.from_numpy(flat.copy()).view(bits).view(dtype_from_name(dtype)).reshape(array.shape)
+    return torch.from_numpy(np.array(array, copy=True)).to(dtype_from_name(dtype))
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
