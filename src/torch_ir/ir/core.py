@@ -13,7 +13,7 @@ from typing import Any
 Dim = int | str  # an int, or the name of a symbol (``"s0"``) or an expression of symbols (``"2*s0"``)
 
 #: Roles a tensor can play. ``kv`` is a buffer the graph writes back (a KV cache, a running stat).
-ROLES = ("input", "weight", "buffer", "constant", "activation", "kv", "output")
+ROLES = ("input", "weight", "embedding", "buffer", "constant", "activation", "kv", "output")
 
 
 @dataclass

@@ -19,7 +19,8 @@ through its producer); ``Var(name)`` matches any tensor and binds it, and a name
 bind the same tensor (shared inputs). The root of a match is named ``"root"`` unless given a name.
 
 Replacement: ``replace(match)`` returns the nodes that take the root's place (they must define the
-root's outputs, under the same names, so users need no renaming), or None to decline. It may
+root's outputs that are read, under the same names, so users need no renaming), or None when the rule
+does not apply after all (not reported; a ``check`` gives the reasons that are). It may
 instead return an existing tensor (a ``TensorMeta`` of the root's shape and dtype): the root is
 then an identity (a reshape to the same shape, a permute that composes to nothing) and its users
 read that tensor instead. A root whose output is a graph output keeps its name, so such a match
@@ -30,6 +31,11 @@ is read elsewhere is rejected with that reason, since removing it would be wrong
 would compute it twice. A rule whose replacement never recomputes its interior (it composes views: a
 reshape of a reshape reads the first reshape's input) sets ``shared_interior=True``: a shared
 interior node then stays for its other readers, and is removed only once nothing reads it.
+
+Beyond a tree pattern: ``Op("*")`` matches any op; ``m.constant(t)`` / ``m.scalar(t)`` give the value
+of a constant the IR knows; ``m.users(t)`` lists a tensor's readers, and ``m.absorb(node)`` lets the
+replacement also define a sibling's outputs (three projections of one input become one op). A
+replacement may return ``Fold(values)``: the root's outputs become constants (constant folding).
 """
 
 from __future__ import annotations
@@ -78,7 +84,12 @@ class Match:
         self.nodes: dict[str, OpNode] = {}
         self.interior: list[OpNode] = []  # matched nodes other than the root, to remove
         self.keep_interior = False  # set for shared_interior rules: _drop_unread removes what is unread
+        self.absorbed: list[OpNode] = []  # nodes outside the pattern that the replacement also defines
+        self.data: dict[str, Any] = {}  # what a rule's check parsed, for its replacement
         self._producers: dict[str, OpNode] = {}
+        self._readers: dict[str, list[OpNode]] = {}
+        self._constants: dict[str, Any] = {}
+        self._params: set[str] = set()
 
     def producer(self, tensor: TensorMeta) -> OpNode | None:
         """The node that defines ``tensor`` (None for a graph input, weight or constant).
@@ -86,6 +97,43 @@ class Match:
         For rules that must look further up than a fixed pattern can: a chain of views of any length.
         """
         return self._producers.get(tensor.name)
+
+    def users(self, tensor: TensorMeta) -> list[OpNode]:
+        """The nodes that read ``tensor``, in graph order (for rules over siblings: Q, K and V of one input)."""
+        return self._readers.get(tensor.name, [])
+
+    def constant(self, tensor: TensorMeta) -> Any:
+        """The value of a constant known in the IR (a nested list, or a number for a 0-d one), else None."""
+        return self._constants.get(tensor.name)
+
+    def scalar(self, tensor: TensorMeta) -> float | int | bool | None:
+        """The value of a one-element constant (``pow(x, c)`` with ``c = 2``), else None."""
+        value = self._constants.get(tensor.name)
+        while isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        return value if isinstance(value, (int, float, bool)) else None
+
+    def is_param(self, tensor: TensorMeta) -> bool:
+        """Whether ``tensor`` is a weight or constant of the IR (not computed, not a graph input)."""
+        return tensor.name in self._params
+
+    def include(self, node: OpNode) -> None:
+        """Make ``node`` part of the match's interior (for checks that walk further than the pattern).
+
+        Call it from a rule's ``check``: the engine then rejects the match if ``node``'s outputs are
+        read outside the match, and removes ``node`` with the rest of the interior.
+        """
+        if node is not self.nodes.get("root") and all(n is not node for n in self.interior):
+            self.interior.append(node)
+
+    def absorb(self, node: OpNode) -> None:
+        """Let the replacement also define ``node``'s outputs (a sibling of the root), removing ``node``.
+
+        The replacement is placed where the root was, so ``node``'s inputs must be defined before the
+        root; the engine rejects the match otherwise.
+        """
+        if all(n is not node for n in self.absorbed):
+            self.absorbed.append(node)
 
     def __getitem__(self, name: str) -> TensorMeta:
         return self.tensors[name]
@@ -99,10 +147,21 @@ class Rule:
     name: str
     family: str
     pattern: Op
-    replace: Callable[[Match], list[OpNode] | TensorMeta | None]
+    replace: Callable[[Match], list[OpNode] | TensorMeta | Fold | None]
     check: Callable[[Match], str | None] | None = None  # returns why the match is rejected, or None
     doc: str = ""
     shared_interior: bool = False  # interior nodes read elsewhere stay (the replacement only composes views)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A replacement that says the root's outputs are constants: their values by output name.
+
+    The root is removed and its outputs become IR constants (with inline values), so later rules
+    see them through ``Match.constant``.
+    """
+
+    values: dict[str, Any]
 
 
 @dataclass
@@ -119,11 +178,17 @@ class RewriteResult:
 # -- matching ---------------------------------------------------------------------------------------
 
 class _Graph:
-    """Producer and user maps over the current node list."""
+    """Producer and user maps over the current node list, and the constants known by value."""
 
-    def __init__(self, nodes: Sequence[OpNode]):
+    def __init__(self, nodes: Sequence[OpNode], constants: dict[str, Any], params: set[str]):
         self.producer: dict[str, OpNode] = {t.name: n for n in nodes for t in n.outputs}
         self.users: Counter = Counter(t.name for n in nodes for t in n.inputs)
+        self.readers: dict[str, list[OpNode]] = {}
+        for n in nodes:
+            for name in dict.fromkeys(t.name for t in n.inputs):
+                self.readers.setdefault(name, []).append(n)
+        self.constants = constants
+        self.params = params
 
 
 def _match(pattern: Any, tensor: TensorMeta, graph: _Graph, m: Match) -> bool:
@@ -138,7 +203,7 @@ def _match(pattern: Any, tensor: TensorMeta, graph: _Graph, m: Match) -> bool:
 
 
 def _match_node(pattern: Op, node: OpNode, graph: _Graph, m: Match) -> bool:
-    if node.op_type not in pattern.op_types:
+    if node.op_type not in pattern.op_types and pattern.op_types != ("*",):
         return False
     if pattern.exact_arity and len(node.inputs) != len(pattern.inputs):
         return False
@@ -153,7 +218,8 @@ def _match_node(pattern: Op, node: OpNode, graph: _Graph, m: Match) -> bool:
 
 def match_at(pattern: Op, node: OpNode, graph: _Graph) -> Match | None:
     m = Match()
-    m._producers = graph.producer
+    m._producers, m._readers, m._constants = graph.producer, graph.readers, graph.constants
+    m._params = graph.params
     m.nodes["root"] = node
     return m if _match_node(pattern, node, graph, m) else None
 
@@ -169,12 +235,17 @@ def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: b
     """
     nodes = list(ir.nodes)
     result = RewriteResult(ir)
-    seen_rejections: set[tuple[str, str, str]] = set()
+    params = {t.name for t in ir.weights} | {t.name for t in ir.constants}
+    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params)
     for _ in range(max_rounds):
-        nodes, applied = _sweep(nodes, rules, result, seen_rejections, _protected(ir))
+        nodes, applied = _sweep(nodes, rules, state)
         if not applied:
             break
-    result.ir = dc_replace(ir, nodes=nodes)
+    folded = [meta for meta in state.folded.values() if any(t.name == meta.name for n in nodes for t in n.inputs)]
+    result.ir = dc_replace(
+        ir, nodes=nodes, constants=list(ir.constants) + folded,
+        constant_values={**ir.constant_values, **{t.name: state.constants[t.name] for t in folded}},
+    )
     if check:
         check_integrity(result.ir, source=f"IR {ir.model_name!r} after rewriting")
     return result
@@ -185,19 +256,28 @@ def _protected(ir: NPU_IR) -> set[str]:
     return {t.name for t in ir.graph_outputs} | set(ir.mutations.values())
 
 
-def _sweep(nodes: list[OpNode], rules: Sequence[Rule], result: RewriteResult,
-           seen: set[tuple[str, str, str]], protected: set[str]) -> tuple[list[OpNode], bool]:
+@dataclass
+class _State:
+    result: RewriteResult
+    seen: set[tuple[str, str, str]]  # rejections reported once
+    protected: set[str]
+    constants: dict[str, Any]  # name -> value, growing as rules fold nodes
+    folded: dict[str, TensorMeta]  # the constants folding added
+    params: set[str]  # weight and constant names (grows with folding)
+
+
+def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[list[OpNode], bool]:
     """One pass over the nodes; after a rewrite the pass goes on at the first new node.
 
     Going on (rather than starting over) keeps a graph with many matches linear in sweeps: a
     1,000-node graph with 600 rewrites would otherwise be rescanned 600 times. A match the rewrite
     made possible before that point is found by the next sweep.
     """
-    graph = _Graph(nodes)
+    graph = _Graph(nodes, state.constants, state.params)
     changed = False
     i, budget = 0, 4 * len(nodes) + 100  # rules that undo each other must not spin inside one sweep
     while i < len(nodes) and budget > 0:
-        rewritten = _rewrite_at(nodes, i, rules, graph, result, seen, protected)
+        rewritten = _rewrite_at(nodes, i, rules, graph, state)
         if rewritten is None:
             i += 1
             continue
@@ -205,36 +285,71 @@ def _sweep(nodes: list[OpNode], rules: Sequence[Rule], result: RewriteResult,
         prefix = {id(n) for n in nodes[:i]}
         nodes, changed = rewritten, True
         i = sum(1 for n in nodes if id(n) in prefix)  # survivors of the prefix come first
-        graph = _Graph(nodes)
+        graph = _Graph(nodes, state.constants, state.params)
     return nodes, changed
 
 
-def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Graph, result: RewriteResult,
-                seen: set[tuple[str, str, str]], protected: set[str]) -> list[OpNode] | None:
+def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Graph,
+                state: _State) -> list[OpNode] | None:
     """The node list after the first rule that applies at ``nodes[i]``, or None."""
-    node = nodes[i]
+    node, protected = nodes[i], state.protected
     for rule in rules:
         m = match_at(rule.pattern, node, graph)
         if m is None:
             continue
         m.keep_interior = rule.shared_interior
-        shared = None if rule.shared_interior else _interior_read_elsewhere(m, graph, protected)
-        reason = shared or (rule.check(m) if rule.check else None)
+        reason = rule.check(m) if rule.check else None
         new = None if reason else rule.replace(m)
+        if new is None and reason is None:
+            continue  # the replacement declined: the rule does not apply here (nothing to report)
+        if new is not None and not rule.shared_interior:
+            reason = _interior_read_elsewhere(m, graph, protected)
+            new = None if reason else new
         if isinstance(new, TensorMeta):
             reason = _alias_problem(node, new, protected)
-            if reason is None:
-                result.applied[rule.name] += 1
-                return _drop_unread(_splice_alias(nodes, i, m, new), m, protected)
-            new = None
+            new = None if reason else _splice_alias(nodes, i, m, new)
+        elif isinstance(new, Fold):
+            reason = _fold_problem(node, new, protected)
+            new = None if reason else _splice_fold(nodes, i, m, new, state)
+        elif new is not None:
+            reason = _absorb_problem(nodes, i, m, protected)
+            new = None if reason else _splice(nodes, i, m, new)
         if new is None:
-            key = (rule.name, node.name, reason or "the replacement declined")
-            if key not in seen:
-                seen.add(key)
-                result.rejected.append(key)
+            key = (rule.name, node.name, reason)
+            if key not in state.seen:
+                state.seen.add(key)
+                state.result.rejected.append(key)
             continue
-        result.applied[rule.name] += 1
-        return _drop_unread(_splice(nodes, i, m, new), m, protected)
+        state.result.applied[rule.name] += 1
+        return _drop_unread(new, m, protected)
+    return None
+
+
+def _fold_problem(root: OpNode, fold: Fold, protected: set[str]) -> str | None:
+    for t in root.outputs:
+        if t.name in protected:
+            return f"{t.name!r} is a graph output (or a buffer's new value); it stays computed"
+        if t.name not in fold.values:
+            return f"the fold gives no value for output {t.name!r}"
+    return None
+
+
+def _splice_fold(nodes: list[OpNode], index: int, m: Match, fold: Fold, state: _State) -> list[OpNode]:
+    for t in nodes[index].outputs:
+        state.constants[t.name] = fold.values[t.name]
+        state.folded[t.name] = dc_replace(t, role="constant")
+        state.params.add(t.name)
+    removed = {id(n) for n in m.interior} if not m.keep_interior else set()
+    return [n for j, n in enumerate(nodes) if j != index and id(n) not in removed]
+
+
+def _absorb_problem(nodes: list[OpNode], index: int, m: Match, protected: set[str]) -> str | None:
+    """An absorbed node may only read tensors defined before the root, where its replacement goes."""
+    defined_later = {t.name for n in nodes[index:] for t in n.outputs}
+    for node in m.absorbed:
+        late = [t.name for t in node.inputs if t.name in defined_later]
+        if late:
+            return f"absorbed node {node.name!r} reads {late}, defined after the root {nodes[index].name!r}"
     return None
 
 
@@ -293,10 +408,13 @@ def _splice_alias(nodes: list[OpNode], index: int, m: Match, target: TensorMeta)
 def _splice(nodes: list[OpNode], index: int, m: Match, new: list[OpNode]) -> list[OpNode]:
     root = nodes[index]
     defined = {t.name for n in new for t in n.outputs}
-    missing = [t.name for t in root.outputs if t.name not in defined]
+    read = {t.name for n in nodes for t in n.inputs}
+    missing = [t.name for t in root.outputs if t.name not in defined and t.name in read]
+    missing += [t.name for n in m.absorbed for t in n.outputs if t.name not in defined]
     if missing:
         raise ValueError(f"replacement for node {root.name!r} does not define {missing}")
     removed = {id(n) for n in m.interior} if not m.keep_interior else set()
+    removed |= {id(n) for n in m.absorbed}
     before = [n for n in nodes[:index] if id(n) not in removed]
     return before + new + [n for n in nodes[index + 1:] if id(n) not in removed]
 

@@ -204,14 +204,17 @@ class Importer:
         if source is not None and source in self._materialized:
             return self._materialized[source]
         dtype = np_dtype_name(value)
-        if source is not None:
+        if source is not None and not _inline_scalar(value, dtype):
             meta = TensorMeta(source, list(value.shape), dtype, role="weight")
             self.ir.weights.append(meta)
             self.weights[source] = to_torch(value, dtype)
             self._materialized[source] = meta
             return meta
-        meta = TensorMeta(_unique(base, self.used_tensors), list(value.shape), dtype, role="constant")
+        name = source if source is not None else _unique(base, self.used_tensors)
+        meta = TensorMeta(name, list(value.shape), dtype, role="constant")
         self.ir.constants.append(meta)
+        if source is not None:
+            self._materialized[source] = meta
         finite = value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
         if value.size <= _INLINE_LIMIT and finite and dtype in _JSON_DTYPES:
             self.ir.constant_values[meta.name] = value.tolist()
@@ -306,3 +309,13 @@ def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
             value = onnx.numpy_helper.to_array(value)
         out[a.name] = value
     return out
+
+
+def _inline_scalar(value: np.ndarray, dtype: str) -> bool:
+    """A one-element initializer (an epsilon, a scale, an exponent) is a constant, not a weight.
+
+    Its value then stays in the IR, where the passes can read it (``pow(x, 2)``, ``x * 0.125``),
+    just as torch.export's lifted scalars do.
+    """
+    finite = value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+    return value.size == 1 and finite and dtype in _JSON_DTYPES

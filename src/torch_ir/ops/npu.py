@@ -1,0 +1,296 @@
+"""The NPU op set: each op declared once, with its inputs, attributes, reference implementation,
+shape rule and documentation.
+
+The normalization passes (``torch_ir.passes.normalize``) rewrite ATen graphs into these ops; the
+compiler's kernel libraries implement them; ``docs/npu_ops.md`` is generated from this table
+(``torch-ir ops --npu --markdown``). The reference implementations are registered in the op
+registry, so a normalized IR runs in ``IRExecutor`` and is verified like any other.
+
+Optional inputs are trailing and their presence is told by an attribute (``has_bias``, ``bn_eps``)
+or by the input count, never by a placeholder tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from ..ir import TensorMeta
+from .registry import register_op
+
+Shape = list[int | str]
+ShapeRule = Callable[[Sequence[TensorMeta], dict[str, Any]], list[Shape]]
+
+#: Activations a GEMM or CONV can apply to its result (and a residual ADD on the CPU backend).
+ACTIVATIONS: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
+    None: lambda x: x,
+    "relu": torch.relu,
+    "relu6": lambda x: torch.clamp(x, 0.0, 6.0),
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+@dataclass(frozen=True)
+class NpuOp:
+    name: str
+    inputs: tuple[str, ...]  # names; a trailing "?" marks an optional input
+    outputs: tuple[str, ...]
+    attrs: dict[str, str]  # attribute -> meaning
+    impl: Callable[..., Any]
+    shape: ShapeRule
+    doc: str
+    layouts: dict[str, str] = field(default_factory=dict)  # input/output name -> layout it implies
+
+
+NPU_OPS: dict[str, NpuOp] = {}
+
+
+def npu_op(name: str, *, inputs: str, outputs: str, attrs: dict[str, str], shape: ShapeRule,
+           layouts: dict[str, str] | None = None) -> Callable:
+    """Declare an NPU op: its reference implementation is the decorated function (doc = its docstring)."""
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        doc = " ".join((fn.__doc__ or "").split())
+        NPU_OPS[name] = NpuOp(name, tuple(inputs.split()), tuple(outputs.split()), attrs, fn, shape, doc,
+                              layouts or {})
+        register_op(name, doc=doc, override=True)(fn)
+        return fn
+
+    return decorator
+
+
+def is_npu_op(op_type: str) -> bool:
+    return op_type in NPU_OPS
+
+
+# -- shape rules ----------------------------------------------------------------------------------
+
+def _same_as_first(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    return [list(inputs[0].shape)]
+
+
+def _gemm_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    x, w = inputs[0].shape, inputs[1].shape
+    rows = x[:-2] + [x[-1], x[-2]] if attrs.get("trans_a") else list(x)
+    n = w[0] if attrs.get("trans_b", True) else w[1]
+    return [rows[:-1] + [n]]
+
+
+def _conv_out(size: int | str, k: int, s: int, p: int, d: int) -> int | str:
+    if isinstance(size, str):
+        return f"(({size})+{2 * p - d * (k - 1) - 1})//{s}+1"
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    x, w = inputs[0].shape, inputs[1].shape
+    spatial = [
+        _conv_out(size, k, s, p, d)
+        for size, k, s, p, d in zip(x[2:], w[2:], attrs["stride"], attrs["padding"], attrs["dilation"])
+    ]
+    return [[x[0], w[0], *spatial]]
+
+
+def _qkv_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    lead = list(inputs[0].shape[:-1])
+    return [lead + [n] for n in attrs["splits"]]
+
+
+def _attn_score_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    q, k = inputs[0].shape, inputs[1].shape
+    return [list(q[:-1]) + [k[-2]]]
+
+
+def _attn_output_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    p, v = inputs[0].shape, inputs[1].shape
+    b, h, t, d = p[0], p[1], p[2], v[3]
+    if not attrs.get("merge_heads", True):
+        return [[b, h, t, d]]
+    merged = h * d if isinstance(h, int) and isinstance(d, int) else f"({h})*({d})"
+    return [[b, t, merged]]
+
+
+def _embedding_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    return [list(inputs[1].shape) + [inputs[0].shape[1]]]
+
+
+# -- the ops --------------------------------------------------------------------------------------
+
+_ACT_DOC = "activation applied to the result: none, relu, relu6, silu, gelu, gelu_tanh"
+
+
+@npu_op("GEMM", inputs="x w bias?", outputs="y", shape=_gemm_shape, layouts={"w": "[N,K]"}, attrs={
+    "trans_a": "x's last two dims are transposed first", "trans_b": "w is [N,K] (nn.Linear) rather than [K,N]",
+    "activation": _ACT_DOC})
+def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, trans_a: bool = False,
+         trans_b: bool = True, activation: str | None = None) -> torch.Tensor:
+    """y = act(x · w(ᵀ) + bias): a linear layer, a matmul by a weight, addmm; batched over x's leading dims."""
+    a = x.transpose(-1, -2) if trans_a else x
+    y = a @ (w.t() if trans_b else w)
+    if bias is not None:
+        y = y + bias
+    return ACTIVATIONS[activation](y)
+
+
+@npu_op("CONV", inputs="x w bias? bn_weight? bn_bias? bn_mean? bn_var?", outputs="y", shape=_conv_shape,
+        layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW"}, attrs={
+            "stride": "per spatial dim", "padding": "per spatial dim (symmetric)", "dilation": "per spatial dim",
+            "groups": "channel groups", "has_bias": "a bias input follows w",
+            "bn_eps": "batch norm folded in (inference statistics) when not null; its four inputs follow",
+            "activation": _ACT_DOC})
+def conv(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list[int], padding: list[int],
+         dilation: list[int], groups: int = 1, has_bias: bool = False, bn_eps: float | None = None,
+         activation: str | None = None) -> torch.Tensor:
+    """y = act(bn(conv(x, w) + bias)): a 1-D/2-D/3-D convolution with batch norm and activation fused."""
+    bias = rest[0] if has_bias else None
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
+    y = fn(x, w, bias, stride, padding, dilation, groups)
+    if bn_eps is not None:
+        gamma, beta, mean, var = rest[1:5] if has_bias else rest[0:4]
+        y = F.batch_norm(y, mean, var, gamma, beta, False, 0.0, bn_eps)
+    return ACTIVATIONS[activation](y)
+
+
+@npu_op("LAYER_NORM", inputs="x weight bias", outputs="y", shape=_same_as_first,
+        attrs={"normalized_shape": "trailing dims normalized", "eps": "added to the variance"})
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, normalized_shape: list[int],
+               eps: float = 1e-5) -> torch.Tensor:
+    """y = (x - mean) / sqrt(var + eps) · weight + bias over the trailing ``normalized_shape`` dims."""
+    return F.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+@npu_op("RMS_NORM", inputs="x weight?", outputs="y", shape=_same_as_first,
+        attrs={"eps": "added to the mean square"})
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6) -> torch.Tensor:
+    """y = x / sqrt(mean(x², last dim) + eps) · weight, computed in float32 and cast back (as Llama/Qwen do)."""
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else weight * y
+
+
+def _masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))
+    return scores + mask
+
+
+@npu_op("SOFTMAX", inputs="x mask?", outputs="y", shape=_same_as_first, attrs={
+    "dim": "the normalized dim", "scale": "x is multiplied by it first",
+})
+def softmax(x: torch.Tensor, mask: torch.Tensor | None = None, *, dim: int = -1, scale: float = 1.0) -> torch.Tensor:
+    """y = softmax(x · scale + mask, dim); a boolean mask keeps the True positions, a float mask is added."""
+    return torch.softmax(_masked(x * scale if scale != 1.0 else x, mask), dim)
+
+
+@npu_op("QKV_PROJ", inputs="x w_q w_k? w_v? b_q? b_k? b_v?", outputs="q k v", shape=_qkv_shape,
+        layouts={"x": "[B,T,H]", "q": "[B,T,H]", "k": "[B,T,H]", "v": "[B,T,H]"}, attrs={
+            "splits": "output widths [q, k, v] (k and v narrower under grouped-query attention)",
+            "packed": "one weight [q+k+v, K] (GPT-2's c_attn) instead of three",
+            "has_bias": "biases follow the weights", "trans_b": "weights are [N,K] rather than [K,N]",
+            "num_heads": "query heads (null when unknown)", "num_kv_heads": "key/value heads",
+            "head_dim": "width of one head"})
+def qkv_proj(x: torch.Tensor, *params: torch.Tensor, splits: list[int], packed: bool = False,
+             has_bias: bool = False, trans_b: bool = True, num_heads: int | None = None,
+             num_kv_heads: int | None = None, head_dim: int | None = None) -> tuple[torch.Tensor, ...]:
+    """q, k, v = the three projections of one input, as one op (one weight read of x)."""
+    n_w = 1 if packed else 3
+    weights, biases = params[:n_w], (params[n_w:] if has_bias else [None] * n_w)
+    outs = [gemm(x, w, b, trans_b=trans_b) for w, b in zip(weights, biases)]
+    return tuple(torch.split(outs[0], splits, dim=-1)) if packed else tuple(outs)
+
+
+def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention: each of t's key/value heads serves heads // t.shape[-3] query heads."""
+    groups = heads // t.shape[-3]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=-3)
+
+
+@npu_op("ATTN_SCORE", inputs="q k mask?", outputs="p", shape=_attn_score_shape,
+        layouts={"q": "[B,H,T,D]", "k": "[B,H,T,D]", "p": "[B,H,T,S]"}, attrs={
+            "scale": "multiplies q·kᵀ (1/sqrt(D) usually)", "causal": "mask out future positions"})
+def attn_score(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, *, scale: float,
+               causal: bool = False) -> torch.Tensor:
+    """p = softmax(q·kᵀ·scale + mask): k may have fewer heads than q (grouped-query); a row with every
+    position masked gives zeros, not NaN (torch's and onnxruntime's behaviour)."""
+    scores = (q @ _repeat_heads(k, q.shape[-3]).transpose(-1, -2)) * scale
+    if causal:
+        t, s = scores.shape[-2:]
+        future = torch.ones(t, s, dtype=torch.bool).tril().logical_not()  # torch's is_causal: top-left aligned
+        scores = scores.masked_fill(future, float("-inf"))
+    p = torch.softmax(_masked(scores, mask), dim=-1)
+    return torch.where(torch.isnan(p), torch.zeros((), dtype=p.dtype), p)
+
+
+@npu_op("ATTN_OUTPUT", inputs="p v", outputs="y", shape=_attn_output_shape,
+        layouts={"p": "[B,H,T,S]", "v": "[B,H,T,D]", "y": "[B,T,H]"},
+        attrs={"merge_heads": "y is [B,T,H·D] (heads merged) rather than [B,H,T,D]"})
+def attn_output(p: torch.Tensor, v: torch.Tensor, *, merge_heads: bool = True) -> torch.Tensor:
+    """y = p·v, then the heads merged back into the hidden dim; v may have fewer heads than p."""
+    y = p @ _repeat_heads(v, p.shape[-3])
+    if not merge_heads:
+        return y
+    b, h, t, d = y.shape
+    return y.transpose(1, 2).reshape(b, t, h * d)
+
+
+@npu_op("SILU_GATE", inputs="a b", outputs="y", shape=_same_as_first, attrs={})
+def silu_gate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y = silu(a) · b: the gated MLP of Llama/Qwen (gate and up projections)."""
+    return F.silu(a) * b
+
+
+@npu_op("ROPE", inputs="x cos sin", outputs="y", shape=_same_as_first,
+        layouts={"x": "[B,H,T,D]", "y": "[B,H,T,D]"}, attrs={})
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """y = x·cos + rotate_half(x)·sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]) (rotary embedding)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@npu_op("KV_UPDATE", inputs="cache new index", outputs="y", shape=_same_as_first,
+        layouts={"cache": "[B,H,T,D]", "y": "[B,H,T,D]"}, attrs={"dim": "the sequence dim of the cache"})
+def kv_update(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, *, dim: int = 2) -> torch.Tensor:
+    """y = cache with ``new`` written at positions ``index`` along ``dim``: the KV-cache write."""
+    return cache.index_copy(dim, index, new)
+
+
+@npu_op("EMBEDDING", inputs="table ids", outputs="y", shape=_embedding_shape, attrs={})
+def embedding(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """y = table[ids]: a row lookup (token, position or type embedding); a negative id counts from the end,
+    as in ONNX Gather."""
+    return F.embedding(torch.remainder(ids, table.shape[0]), table)
+
+
+def npu_ops_markdown() -> str:
+    """``docs/npu_ops.md``: the table above, as a page."""
+    lines = [
+        "# NPU op set",
+        "",
+        "Generated from `torch_ir/ops/npu.py` by `torch-ir ops --npu --markdown`; do not edit by hand.",
+        "",
+        "The normalization passes rewrite ATen graphs into these ops (see `docs/passes.md`). Each has a",
+        "reference implementation registered in the op registry, so a normalized IR runs in `IRExecutor`.",
+        "Elementwise ops, pooling, views and everything else stay the ATen ops they are.",
+        "Inputs marked `?` are optional and trailing.",
+        "",
+        "| op | inputs | outputs | computes |",
+        "|---|---|---|---|",
+    ]
+    for op in NPU_OPS.values():
+        lines.append(f"| `{op.name}` | {', '.join(op.inputs)} | {', '.join(op.outputs)} | {op.doc} |")
+    for op in NPU_OPS.values():
+        lines += ["", f"## {op.name}", "", op.doc, ""]
+        if op.attrs:
+            lines += ["| attribute | meaning |", "|---|---|"]
+            lines += [f"| `{k}` | {v} |" for k, v in op.attrs.items()]
+        if op.layouts:
+            lines += ["", "Layouts: " + ", ".join(f"`{k}` {v}" for k, v in op.layouts.items())]
+    return "\n".join(lines) + "\n"

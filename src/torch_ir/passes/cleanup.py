@@ -1,0 +1,108 @@
+"""Clean-up rules: identities, no-op casts and views, dropout, and constant folding.
+
+What a frontend leaves that computes nothing (``contiguous``, a cast to the dtype a tensor already
+has, a reshape to its own shape, ``x + 0``) becomes an alias of its input; a node whose inputs are
+all constants known by value (``arange``, index arithmetic on shapes) is evaluated once and becomes
+a constant. Dead code goes with ``eliminate_dead_code`` after each stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import TensorMeta
+from ..ops.registry import bind_kernel, is_supported
+from ..ops.values import dtype_from_name, has_symbols
+from .build import VIEWS
+from .rewrite import Fold, Match, Op, Rule, Var
+
+x = Var("x")
+
+_IDENTITY_OPS = (
+    "aten.contiguous.default", "aten.clone.default", "aten.alias.default", "aten.detach.default",
+    "aten.lift_fresh_copy.default", "aten.dropout.default", "aten.native_dropout.default",
+    "aten.feature_dropout.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
+    "aten._to_copy.default", "aten.type_as.default", "aten.expand.default", "aten.expand_as.default",
+    *VIEWS, "aten.permute.default", "aten.transpose.int", "aten.slice.Tensor",
+)
+
+
+def _same_value(m: Match) -> TensorMeta | None:
+    """The input itself when the node returns it unchanged: same shape and dtype, nothing reordered."""
+    node, src = m.node(), m["x"]
+    result = node.outputs[0]
+    if list(result.shape) != list(src.shape) or result.dtype != src.dtype:
+        return None
+    attrs = node.attrs
+    if node.op_type in ("aten.dropout.default", "aten.native_dropout.default", "aten.feature_dropout.default"):
+        return src if attrs.get("train") is False or attrs.get("p") == 0 else None
+    if node.op_type == "aten.permute.default":
+        dims = [d % len(src.shape) for d in attrs.get("dims", [])]
+        return src if dims == sorted(dims) else None
+    if node.op_type == "aten.transpose.int":
+        rank = len(src.shape)
+        return src if attrs["dim0"] % rank == attrs["dim1"] % rank else None
+    if node.op_type == "aten.slice.Tensor":
+        return src if attrs.get("step", 1) == 1 else None  # same shape and step 1: the whole range
+    return src
+
+
+def _arith_identity(m: Match) -> TensorMeta | None:
+    """``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` with a scalar operand: x (when shape and dtype agree)."""
+    node, src = m.node(), m["x"]
+    neutral = 1 if node.op_type in ("aten.mul.Tensor", "aten.div.Tensor") else 0
+    other = node.attrs.get("other")
+    if isinstance(other, bool) or other != neutral or node.attrs.get("alpha", 1) != 1:
+        return None
+    result = node.outputs[0]
+    return src if list(result.shape) == list(src.shape) and result.dtype == src.dtype else None
+
+
+# -- constant folding --------------------------------------------------------------------------------
+
+_FOLD_LIMIT = 16384  # elements: index and mask arithmetic on static shapes, never a weight-sized tensor
+_NO_FOLD = ("rand", "empty", "bernoulli", "normal", "dropout", "uniform", "multinomial", "poisson")
+_JSON_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16", "float32", "float64"}
+
+
+def _fold_reason(m: Match) -> str | None:
+    node = m.node()
+    if any(m.constant(t) is None for t in node.inputs):
+        return None  # the usual case, not a rejection: _fold declines
+    if any(word in node.op_type for word in _NO_FOLD) or not is_supported(node.op_type):
+        return "not a deterministic op with an implementation"
+    if has_symbols(node.attrs) or any(not t.is_static for t in node.outputs):
+        return "depends on a symbolic size"
+    if any((t.numel() or 0) > _FOLD_LIMIT or t.dtype not in _JSON_DTYPES for t in node.outputs):
+        return f"result larger than {_FOLD_LIMIT} elements, or of a dtype JSON cannot hold"
+    return None
+
+
+def _fold(m: Match) -> Fold | None:
+    node = m.node()
+    if any(m.constant(t) is None for t in node.inputs):
+        return None
+    inputs = [torch.tensor(m.constant(t), dtype=dtype_from_name(t.dtype)) for t in node.inputs]
+    try:
+        outs = bind_kernel(node, torch.device("cpu"))(inputs, {})
+    except Exception:  # noqa: BLE001 - an op that cannot run on constants simply stays
+        return None
+    values: dict[str, Any] = {}
+    for meta, value in zip(node.outputs, outs):
+        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            return None  # JSON holds no inf/nan: the node stays
+        values[meta.name] = value.tolist()
+    return Fold(values)
+
+
+RULES = [
+    Rule("identity", "cleanup", Op(_IDENTITY_OPS, x, exact_arity=False), _same_value,
+         doc="a copy, cast, view, expand, permute or slice that leaves its input as it is -> the input"),
+    Rule("arith_identity", "cleanup",
+         Op(("aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor"), x), _arith_identity,
+         doc="x + 0, x - 0, x * 1, x / 1 -> x"),
+    Rule("fold_constants", "fold", Op("*", exact_arity=False), _fold, check=_fold_reason,
+         doc="a node whose inputs are all constants known by value (arange, shape arithmetic) -> a constant"),
+]
