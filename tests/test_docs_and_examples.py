@@ -36,3 +36,10 @@ def test_operators_doc_is_generated_from_the_registry():
 
     assert (ROOT / "docs" / "operators.md").read_text() == operators_markdown(), (
         "docs/operators.md is stale: run `torch-ir ops --markdown > docs/operators.md`")
+
+
+def test_npu_ops_doc_is_generated_from_the_op_table():
+    from torch_ir.passes.docs import npu_docs_markdown
+
+    assert (ROOT / "docs" / "npu_ops.md").read_text() == npu_docs_markdown(), (
+        "docs/npu_ops.md is stale: run `torch-ir ops --npu --markdown > docs/npu_ops.md`")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import torch_ir
+from torch_ir.passes import normalize
 from torch_ir.weights import module_state
 
 from .helpers import assert_outputs_close
@@ -57,6 +58,11 @@ def test_zoo_model_matches_eager(name: str, tmp_path) -> None:
     with torch.no_grad():
         expected = real_model(*args, **kwargs)
     assert_outputs_close(outputs, expected)
+    # the same model after normalization into the NPU op set (issue 5): same numbers, fewer nodes
+    npu_ir = normalize(ir)
+    normalized = torch_ir.IRExecutor(npu_ir, _cloned_state(real_model)).run(_named(real_model, args, kwargs))
+    assert_outputs_close(normalized, expected)
+    assert len(npu_ir.nodes) <= len(ir.nodes)
 
 
 def test_static_kv_cache_prefill_then_decode(tmp_path) -> None:

@@ -6,6 +6,7 @@
     torch-ir verify bert                run the IR with seeded weights and compare with PyTorch eager
     torch-ir zoo --category attention --output reports/   the report runner over the model zoo
     torch-ir ops --markdown             the operator table (docs/operators.md)
+    torch-ir normalize bert --markdown r.md   fuse into the NPU op set, with the report
 """
 
 from __future__ import annotations
@@ -148,8 +149,17 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     from .ops.docs import operators_markdown
+    from .ops.npu import NPU_OPS
+    from .passes.docs import npu_docs_markdown
     from .ops.registry import registered_ops
 
+    if args.npu:
+        if args.markdown:
+            sys.stdout.write(npu_docs_markdown())
+        else:
+            for op in NPU_OPS.values():
+                print(f"{op.name:12s} ({', '.join(op.inputs)}) -> {', '.join(op.outputs)}: {op.doc}")
+        return 0
     if args.markdown:
         sys.stdout.write(operators_markdown())
     else:
@@ -201,9 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_zoo)
 
     p = sub.add_parser("ops", help="the operator registry")
-    p.add_argument("--markdown", action="store_true", help="print docs/operators.md")
+    p.add_argument("--markdown", action="store_true", help="print docs/operators.md (with --npu: docs/npu_ops.md)")
+    p.add_argument("--npu", action="store_true", help="the NPU op set of the normalization passes")
     p.set_defaults(func=cmd_ops)
 
+    from .passes.cli import add_parser as add_normalize_parser
+
+    add_normalize_parser(sub)
     from .frontends.tinygrad.cli import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)

@@ -20,9 +20,10 @@ from tests.helpers import assert_outputs_close  # noqa: E402
 from tests.onnx.graphs import ort_run  # noqa: E402
 from torch_ir import IRExecutor, extract_ir  # noqa: E402
 from torch_ir.frontends.onnx import import_onnx  # noqa: E402
+from torch_ir.passes import normalize, npu_histogram  # noqa: E402
 from torch_ir.zoo import build_pair, get_model  # noqa: E402
 
-MODELS = ["resnet", "bert", "gpt2", "vit"]  # about 30 s together, export included
+MODELS = ["resnet", "bert", "gpt2", "vit", "llama"]  # about 40 s together, export included
 
 
 def export_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:  # noqa: F821
@@ -51,6 +52,22 @@ def test_transformers_model_matches_onnxruntime_and_extract_ir(name: str) -> Non
         [kwargs[t.name] for t in extracted_ir.graph_inputs])
     assert len(extracted) == len(imported)
     assert_outputs_close(imported, extracted)
+
+    # Both frontends reach the same NPU ops after normalization (issue 5), and keep the numbers.
+    npu_onnx, npu_extracted = normalize(ir), normalize(extracted_ir)
+    assert_outputs_close(IRExecutor(npu_onnx, weights).run(inputs), imported)
+    histogram = npu_histogram(npu_extracted, runtime_only=True)
+    assert npu_histogram(npu_onnx, runtime_only=True) == histogram
+    assert set(histogram) >= EXPECTED_NPU_OPS[name], histogram
+
+
+EXPECTED_NPU_OPS = {
+    "resnet": {"CONV", "GEMM"},
+    "bert": {"GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "LAYER_NORM", "EMBEDDING"},
+    "gpt2": {"GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "LAYER_NORM", "EMBEDDING"},
+    "vit": {"CONV", "GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "LAYER_NORM"},
+    "llama": {"GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "RMS_NORM", "ROPE", "SILU_GATE", "EMBEDDING"},
+}
 
 
 def test_dynamic_axes_stay_symbols_and_the_shape_arithmetic_becomes_aten() -> None:

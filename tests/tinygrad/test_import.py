@@ -11,6 +11,7 @@ from tinygrad.tensor import Tensor
 import torch_ir
 from torch_ir.errors import ExtractionError
 from torch_ir.frontends.tinygrad import import_tinygrad
+from torch_ir.passes import normalize
 
 from ..helpers import assert_outputs_close
 from .models import CNN, MLP, LlamaBlock, TinyLlama, add_mul, realize_weights, rotary_tables
@@ -37,6 +38,10 @@ def _check(model, inputs: list[Tensor], tmp_path=None, **kwargs) -> torch_ir.NPU
     out = model(*inputs)
     expected = [torch.from_numpy(o.numpy()) for o in (out if isinstance(out, (tuple, list)) else [out])]
     assert_outputs_close(actual, expected)
+    npu_ir = normalize(ir)  # normalization keeps the numbers on tinygrad's graphs too (issue 5)
+    normalized = torch_ir.IRExecutor(npu_ir, {k: torch.from_numpy(v) for k, v in weights.items()}).run(
+        [torch.from_numpy(x.numpy()) for x in inputs])
+    assert_outputs_close(normalized, expected)
     return ir
 
 

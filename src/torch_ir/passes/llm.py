@@ -65,6 +65,22 @@ def _scaled(m: Match, t: TensorMeta) -> tuple[TensorMeta, float]:
     return mul.inputs[0], float(c)
 
 
+def _masked_fill(m: Match, t: TensorMeta) -> tuple[TensorMeta, TensorMeta | None]:
+    """masked_fill(s, not(keep), -inf) -> (s, keep): the boolean form ATTN_SCORE takes (True keeps)."""
+    fill = m.producer(t)
+    if fill is None or fill.op_type != "aten.masked_fill.Scalar" or len(m.users(t)) != 1:
+        return t, None
+    if fill.attrs.get("value") not in ({"float": "-inf"}, float("-inf")):
+        return t, None
+    negated = m.producer(fill.inputs[1])
+    if negated is None or negated.op_type not in ("aten.bitwise_not.default", "aten.logical_not.default"):
+        return t, None
+    m.include(fill)
+    if len(m.users(fill.inputs[1])) == 1:
+        m.include(negated)
+    return fill.inputs[0], negated.inputs[0]
+
+
 def _score_check(m: Match) -> str | None:
     """softmax(scale · q @ kᵀ [+ mask], -1): parse it into m's q, k, mask and scale."""
     root = m.node()
@@ -77,6 +93,8 @@ def _score_check(m: Match) -> str | None:
         logits, bias = add.inputs
         if m.producer(logits) is None or m.producer(logits).op_type not in (MUL, "aten.matmul.default"):
             logits, bias = bias, logits
+    if bias is None:
+        logits, bias = _masked_fill(m, logits)
     logits, scale = _scaled(m, logits)
     matmul = m.producer(logits)
     if matmul is None or matmul.op_type != "aten.matmul.default" or len(m.users(logits)) != 1:

@@ -6,6 +6,7 @@
 
 from .markdown import markdown_report
 from .mermaid import to_mermaid
+from .normalize import normalize_report, normalize_summary
 from .stats import IRStats, ir_statistics
 
-__all__ = ["IRStats", "ir_statistics", "markdown_report", "to_mermaid"]
+__all__ = ["IRStats", "ir_statistics", "markdown_report", "normalize_report", "normalize_summary", "to_mermaid"]
