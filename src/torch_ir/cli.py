@@ -150,8 +150,8 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 def cmd_ops(args: argparse.Namespace) -> int:
     from .ops.docs import operators_markdown
     from .ops.npu import NPU_OPS
-    from .passes.docs import npu_docs_markdown
     from .ops.registry import registered_ops
+    from .passes.docs import npu_docs_markdown
 
     if args.npu:
         if args.markdown:

@@ -61,7 +61,8 @@ ir, weights = import_onnx("model.onnx", input_shapes={"input": [1, 3, 224, 224]}
    `onnx.<Op>.default` (`onnx_ml.` for `ai.onnx.ml`) with its ONNX attributes and the opset whose
    semantics apply; its registered implementation runs the ONNX reference. `ir.metadata
    ["onnx_ops_kept"]` lists each such node and why. `reference_fallback=False` (`--aten-only`) makes
-   them errors instead. A process that only loads such an IR registers them on first use (the registry asks `torch_ir.frontends.onnx.custom_ops.provide`).
+   them errors instead. A process that only loads such an IR registers them on first use (the
+   registry asks `torch_ir.frontends.onnx.custom_ops.provide`).
 6. **Check.** Nodes nothing can import (control flow, custom domains, types torch lacks) are all
    listed in one `UnsupportedOpError` with node name, domain and opset; no IR is returned half-way.
    `check_integrity` runs on the result.
