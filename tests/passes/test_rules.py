@@ -1,0 +1,547 @@
+"""One small graph per normalization rule: the exact ops afterwards, the rule recorded, same numbers.
+
+Expected op lists are written from each rule's documented rewrite. Numerics compare the IR before
+and after ``normalize`` on the reference executor with real seeded weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+import torch_ir
+from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity
+from torch_ir.passes import ALL_RULES, FAMILIES, NormalizeOptions, QConfig, normalize
+
+from ..helpers import build_pair
+
+
+class Fn(nn.Module):
+    """A module whose forward is ``fn(self, *args)``, with the given submodules and parameters."""
+
+    def __init__(self, fn: Callable, **parts):
+        super().__init__()
+        self.fn = fn
+        for key, value in parts.items():
+            setattr(self, key, value)
+
+    def forward(self, *args):
+        return self.fn(self, *args)
+
+
+def applied(ir: NPU_IR) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for stage in ir.metadata["normalize"]["stages"]:
+        for rule, n in stage["applied"].items():
+            counts[rule] = counts.get(rule, 0) + n
+    return counts
+
+
+def rejected(ir: NPU_IR) -> list[tuple[str, str, str]]:
+    return [tuple(r) for stage in ir.metadata["normalize"]["stages"] for r in stage["rejected"]]
+
+
+def ops(ir: NPU_IR) -> list[str]:
+    return [n.op_type for n in ir.nodes]
+
+
+def same_numbers(before: NPU_IR, after: NPU_IR, weights, inputs) -> None:
+    want = torch_ir.IRExecutor(before, weights).run(list(inputs))
+    got = torch_ir.IRExecutor(after, weights).run(list(inputs))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def check_module(factory: Callable[[], nn.Module], inputs: tuple, expected: list[str], rules: list[str],
+                 options: NormalizeOptions | None = None) -> NPU_IR:
+    meta, real = build_pair(factory)
+    ir = torch_ir.extract_ir(meta, inputs)
+    out = normalize(ir, options)
+    assert ops(out) == expected
+    done = applied(out)
+    for rule in rules:
+        assert done.get(rule, 0) > 0, f"{rule} not applied: {done}"
+    check_integrity(out)
+    same_numbers(ir, out, real.state_dict(), inputs)
+    return out
+
+
+def t(name: str, shape: list[int], dtype: str = "float32") -> TensorMeta:
+    return TensorMeta(name, shape, dtype)
+
+
+def check_hand_made(ir: NPU_IR, weights: dict[str, torch.Tensor], inputs: list[torch.Tensor], expected: list[str],
+                    rules: list[str]) -> NPU_IR:
+    check_integrity(ir)
+    out = normalize(ir)
+    assert ops(out) == expected
+    done = applied(out)
+    for rule in rules:
+        assert done.get(rule, 0) > 0, f"{rule} not applied: {done}"
+    check_integrity(out)
+    same_numbers(ir, out, weights, inputs)
+    return out
+
+
+# -- clean-up and folding ------------------------------------------------------------------------------
+
+def test_identity():
+    check_module(lambda: Fn(lambda s, x: x.contiguous().clone().view(2, 3, 4).relu()), (torch.randn(2, 3, 4),),
+                 ["aten.relu.default"], ["identity"])
+
+
+def test_arith_identity():
+    check_module(lambda: Fn(lambda s, x: ((x + 0) * 1).relu()), (torch.randn(2, 3, 4),),
+                 ["aten.relu.default"], ["arith_identity"])
+
+
+def test_fold_constants():
+    check_module(lambda: Fn(lambda s, x: x + torch.arange(4, device=x.device).float() * 2), (torch.randn(2, 3, 4),),
+                 ["aten.add.Tensor"], ["fold_constants"])
+
+
+# -- canonicalization ------------------------------------------------------------------------------------
+
+def test_view_to_reshape_and_reshape_of_reshape():
+    check_module(lambda: Fn(lambda s, x: x.unsqueeze(0).flatten(0, 1).view(6, 4).relu()), (torch.randn(2, 3, 4),),
+                 ["aten.reshape.default", "aten.relu.default"], ["view_to_reshape", "reshape_of_reshape"])
+
+
+def test_transpose_to_permute_and_permute_of_permute():
+    check_module(lambda: Fn(lambda s, x: x.transpose(1, 2).transpose(0, 1).relu()), (torch.randn(2, 3, 4),),
+                 ["aten.permute.default", "aten.relu.default"], ["transpose_to_permute", "permute_of_permute"])
+
+
+def test_flattened_transpose_onnx_spelling():
+    x, w = t("x", [2, 3, 4, 5]), t("w", [2, 3, 5, 4])
+    flat, perm, back = t("flat", [6, 4, 5]), t("perm", [6, 5, 4]), t("back", [2, 3, 5, 4])
+    y = t("y", [2, 3, 5, 4])
+    ir = NPU_IR("flattened_transpose", [x], [y], [w], [
+        OpNode("flat", "aten.reshape.default", [x], [flat], {"shape": [6, 4, 5]}),
+        OpNode("perm", "aten.permute.default", [flat], [perm], {"dims": [0, 2, 1]}),
+        OpNode("back", "aten.reshape.default", [perm], [back], {"shape": [2, 3, 5, 4]}),
+        OpNode("y", "aten.add.Tensor", [back, w], [y], {}),
+    ])
+    torch.manual_seed(0)
+    out = check_hand_made(ir, {"w": torch.randn(2, 3, 5, 4)}, [torch.randn(2, 3, 4, 5)],
+                          ["aten.permute.default", "aten.add.Tensor"], ["flattened_transpose", "identity"])
+    # x is already [..., a, b]: the un-flattening reshape is an identity, only the swap is left
+    assert out.nodes[0].inputs[0].name == "x" and out.nodes[0].attrs["dims"] == [0, 1, 3, 2]
+
+
+def test_scalar_operand_module():
+    def fn(s, x):
+        return (x + torch.full((1,), 3.0, device=x.device)) * torch.full((1,), 2.0, device=x.device)
+
+    out = check_module(lambda: Fn(fn), (torch.randn(2, 3, 4),), ["aten.add.Tensor", "aten.mul.Tensor"],
+                       ["scalar_operand", "fold_constants"])
+    assert [n.attrs["other"] for n in out.nodes] == [3.0, 2.0]
+    assert all(len(n.inputs) == 1 for n in out.nodes)
+
+
+def test_scalar_operand_pow_tensor_tensor():
+    x, c, y = t("x", [2, 4]), t("c", [1]), t("y", [2, 4])
+    ir = NPU_IR("pow", [x], [y], [], [OpNode("pow", "aten.pow.Tensor_Tensor", [x, c], [y], {})],
+                constants=[c], constant_values={"c": [2.0]})
+    out = check_hand_made(ir, {}, [torch.randn(2, 4)], ["aten.pow.Tensor_Scalar"], ["scalar_operand"])
+    assert out.nodes[0].attrs["exponent"] == 2.0
+
+
+def test_div_to_mul():
+    out = check_module(lambda: Fn(lambda s, x: x / 4.0), (torch.randn(2, 3, 4),), ["aten.mul.Tensor"], ["div_to_mul"])
+    assert out.nodes[0].attrs["other"] == 0.25
+
+
+def test_cast():
+    out = check_module(lambda: Fn(lambda s, x: x.to(torch.float16).relu()), (torch.randn(2, 3, 4),),
+                       ["aten._to_copy.default", "aten.relu.default"], ["cast"])
+    assert out.nodes[0].attrs == {"dtype": {"dtype": "float16"}}
+
+
+def test_rsqrt_module():
+    check_module(lambda: Fn(lambda s, x: torch.reciprocal(torch.sqrt(x.abs()))), (torch.randn(2, 3, 4),),
+                 ["aten.abs.default", "aten.rsqrt.default"], ["rsqrt"])
+
+
+def test_rsqrt_hand_made():
+    x, s, r = t("x", [2, 4]), t("s", [2, 4]), t("r", [2, 4])
+    ir = NPU_IR("rsqrt", [x], [r], [], [
+        OpNode("sqrt", "aten.sqrt.default", [x], [s], {}),
+        OpNode("reciprocal", "aten.reciprocal.default", [s], [r], {}),
+    ])
+    check_hand_made(ir, {}, [torch.rand(2, 4) + 0.5], ["aten.rsqrt.default"], ["rsqrt"])
+
+
+def test_silu_both_orders():
+    def fn(s, x):
+        return x * torch.sigmoid(x) + torch.sigmoid(x) * x
+
+    check_module(lambda: Fn(fn), (torch.randn(2, 3, 4),),
+                 ["aten.silu.default", "aten.silu.default", "aten.add.Tensor"], ["silu", "silu_swapped"])
+
+
+def test_global_avg_pool():
+    out = check_module(lambda: Fn(lambda s, x: F.adaptive_avg_pool2d(x, 1)), (torch.randn(1, 2, 4, 4),),
+                       ["aten.mean.dim"], ["global_avg_pool"])
+    assert out.nodes[0].attrs["dim"] == [-2, -1] and out.nodes[0].attrs["keepdim"] is True
+
+
+def test_mean_dims():
+    out = check_module(lambda: Fn(lambda s, x: x.mean(dim=(2, 1), keepdim=True)), (torch.randn(2, 3, 4),),
+                       ["aten.mean.dim"], ["mean_dims"])
+    assert out.nodes[0].attrs["dim"] == [-2, -1]
+
+
+# -- GEMM ------------------------------------------------------------------------------------------------
+
+def test_linear():
+    out = check_module(lambda: nn.Linear(4, 5), (torch.randn(2, 3, 4),), ["GEMM"], ["linear"])
+    assert out.nodes[0].attrs["trans_b"] is True and len(out.nodes[0].inputs) == 3
+
+
+def test_addmm():
+    def factory():
+        return Fn(lambda s, x: torch.addmm(s.b, x, s.w), w=nn.Parameter(torch.randn(4, 5)),
+                  b=nn.Parameter(torch.randn(5)))
+
+    out = check_module(factory, (torch.randn(3, 4),), ["GEMM"], ["addmm"])
+    assert out.nodes[0].attrs["trans_b"] is False
+
+
+def test_matmul_weight_and_bias_module():
+    def factory():
+        return Fn(lambda s, x: x @ s.w + s.b, w=nn.Parameter(torch.randn(4, 5)), b=nn.Parameter(torch.randn(5)))
+
+    out = check_module(factory, (torch.randn(2, 3, 4),), ["GEMM"], ["matmul_weight", "gemm_bias"])
+    assert len(out.nodes[0].inputs) == 3
+
+
+def test_gemm_bias_first():
+    def factory():
+        return Fn(lambda s, x: s.b + x @ s.w, w=nn.Parameter(torch.randn(4, 5)), b=nn.Parameter(torch.randn(5)))
+
+    check_module(factory, (torch.randn(2, 3, 4),), ["GEMM"], ["matmul_weight", "gemm_bias_first"])
+
+
+def test_matmul_weight_plus_bias_hand_made():
+    x, w, b = t("x", [3, 4]), t("w", [4, 5]), t("b", [5])
+    mm, y = t("mm", [3, 5]), t("y", [3, 5])
+    ir = NPU_IR("matmul_add", [x], [y], [w, b], [
+        OpNode("matmul", "aten.matmul.default", [x, w], [mm], {}),
+        OpNode("add", "aten.add.Tensor", [mm, b], [y], {}),
+    ])
+    torch.manual_seed(0)
+    weights = {"w": torch.randn(4, 5), "b": torch.randn(5)}
+    check_hand_made(ir, weights, [torch.randn(3, 4)], ["GEMM"], ["matmul_weight", "gemm_bias"])
+
+
+def test_gemm_flattened():
+    def factory():
+        return Fn(lambda s, x: (x.reshape(6, 4) @ s.w).reshape(2, 3, 5), w=nn.Parameter(torch.randn(4, 5)))
+
+    out = check_module(factory, (torch.randn(2, 3, 4),), ["GEMM"], ["matmul_weight", "gemm_flattened"])
+    assert out.nodes[0].inputs[0].shape == [2, 3, 4]
+
+
+def test_gemm_transposed_weight():
+    out = check_module(lambda: Fn(lambda s, x: F.linear(x, s.w.t()), w=nn.Parameter(torch.randn(4, 5))),
+                       (torch.randn(2, 3, 4),), ["GEMM"], ["transpose_to_permute", "linear", "gemm_transposed_weight"])
+    assert out.nodes[0].attrs["trans_b"] is False
+
+
+# -- LLM -------------------------------------------------------------------------------------------------
+
+class Qkv(nn.Module):
+    def __init__(self, v_bias: bool = True):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8, bias=v_bias)
+
+    def forward(self, x):
+        return [proj(x).view(2, 3, 2, 4) for proj in (self.q, self.k, self.v)]
+
+
+class PackedQkv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(8, 24)
+
+    def forward(self, x):
+        return [part.view(2, 3, 2, 4) for part in self.c_attn(x).split(8, dim=-1)]
+
+
+RESHAPES = ["aten.reshape.default"] * 3
+
+
+def test_qkv_proj():
+    out = check_module(Qkv, (torch.randn(2, 3, 8),), ["QKV_PROJ", *RESHAPES], ["linear", "qkv_proj"])
+    attrs = out.nodes[0].attrs
+    assert attrs["packed"] is False and attrs["has_bias"] is True and attrs["num_heads"] == 2
+    assert attrs["head_dim"] == 4
+
+
+def test_qkv_proj_rejects_different_bias_with_a_reason():
+    out = check_module(lambda: Qkv(v_bias=False), (torch.randn(2, 3, 8),),
+                       ["GEMM", "aten.reshape.default"] * 3, ["linear"])
+    reasons = [r for r in rejected(out) if r[0] == "qkv_proj"]
+    assert reasons and "bias" in reasons[0][2]
+
+
+def test_qkv_proj_packed():
+    out = check_module(PackedQkv, (torch.randn(2, 3, 8),), ["QKV_PROJ", *RESHAPES], ["qkv_proj_packed"])
+    assert out.nodes[0].attrs["packed"] is True and out.nodes[0].attrs["splits"] == [8, 8, 8]
+
+
+def test_rms_norm():
+    def factory():
+        return Fn(lambda s, x: s.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)),
+                  w=nn.Parameter(torch.randn(4)))
+
+    out = check_module(factory, (torch.randn(2, 3, 4),), ["RMS_NORM"], ["rms_norm"])
+    assert out.nodes[0].attrs["eps"] == pytest.approx(1e-6)
+
+
+def test_silu_gate_both_orders():
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    check_module(lambda: Fn(lambda s, a, b: F.silu(a) * b + b * F.silu(a)), (x, y),
+                 ["SILU_GATE", "SILU_GATE", "aten.add.Tensor"], ["silu_gate", "silu_gate_swapped"])
+
+
+def _rotate_half(x):
+    return torch.cat((-x[..., 2:], x[..., :2]), dim=-1)
+
+
+def test_rope():
+    args = (torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+    check_module(lambda: Fn(lambda s, x, cos, sin: x * cos + _rotate_half(x) * sin), args, ["ROPE"], ["rope"])
+
+
+def test_kv_update():
+    args = (torch.randn(1, 4, 2), torch.tensor([1, 2]), torch.randn(1, 2, 2))
+    out = check_module(lambda: Fn(lambda s, cache, pos, new: torch.index_copy(cache, 1, pos, new)), args,
+                       ["KV_UPDATE"], ["kv_update"])
+    assert out.nodes[0].attrs["dim"] == 1
+
+
+# -- attention -------------------------------------------------------------------------------------------
+
+def _sdpa(s, q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+QKV_ARGS = (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+
+
+def test_sdpa():
+    check_module(lambda: Fn(_sdpa), QKV_ARGS, ["ATTN_SCORE", "ATTN_OUTPUT"], ["sdpa"])
+
+
+def test_disable_attention_keeps_sdpa():
+    out = check_module(lambda: Fn(_sdpa), QKV_ARGS, ["aten.scaled_dot_product_attention.default"], [],
+                       NormalizeOptions(disable={"attention"}))
+    assert "sdpa" not in applied(out)
+
+
+def test_unknown_family_is_a_value_error_naming_the_families():
+    with pytest.raises(ValueError, match="bogus") as info:
+        NormalizeOptions(disable={"bogus"})
+    for family in FAMILIES:
+        assert family in str(info.value)
+
+
+def _eager_attention(s, q, k, v, mask):
+    p = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + mask, -1)
+    return (p @ v).transpose(1, 2).reshape(1, 3, 8)
+
+
+def test_attention_score_output_merge_heads():
+    out = check_module(lambda: Fn(_eager_attention), (*QKV_ARGS, torch.randn(1, 1, 3, 3)),
+                       ["ATTN_SCORE", "ATTN_OUTPUT"],
+                       ["attention_score", "attention_output", "attention_merge_heads"])
+    assert out.nodes[0].attrs["scale"] == 0.5 and len(out.nodes[0].inputs) == 3
+    assert out.nodes[1].attrs["merge_heads"] is True
+
+
+def test_attention_nan_guard_hand_made():
+    q, k, v = t("q", [1, 2, 3, 4]), t("k", [1, 2, 3, 4]), t("v", [1, 2, 3, 4])
+    kt, s, p = t("kt", [1, 2, 4, 3]), t("s", [1, 2, 3, 3]), t("p", [1, 2, 3, 3])
+    nan, zero, g, o = t("nan", [1, 2, 3, 3], "bool"), t("zero", []), t("g", [1, 2, 3, 3]), t("o", [1, 2, 3, 4])
+    ir = NPU_IR("nan_guard", [q, k, v], [o], [], [
+        OpNode("kt", "aten.permute.default", [k], [kt], {"dims": [0, 1, 3, 2]}),
+        OpNode("s", "aten.matmul.default", [q, kt], [s], {}),
+        OpNode("p", "aten.softmax.int", [s], [p], {"dim": -1}),
+        OpNode("nan", "aten.isnan.default", [p], [nan], {}),
+        OpNode("g", "aten.where.self", [nan, zero, p], [g], {}),
+        OpNode("o", "aten.matmul.default", [g, v], [o], {}),
+    ], constants=[zero], constant_values={"zero": 0.0})
+    out = check_hand_made(ir, {}, [torch.randn(1, 2, 3, 4) for _ in range(3)], ["ATTN_SCORE", "ATTN_OUTPUT"],
+                          ["attention_score", "attention_nan_guard", "attention_output"])
+    assert out.nodes[0].attrs["scale"] == 1.0
+
+
+# -- conv, norm, embedding, softmax, activations ---------------------------------------------------------------
+
+def test_conv_batch_norm_activation():
+    out = check_module(lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()),
+                       (torch.randn(1, 2, 6, 6),), ["CONV"], ["conv", "conv_batch_norm", "conv_activation"])
+    attrs = out.nodes[0].attrs
+    assert attrs["activation"] == "relu" and attrs["bn_eps"] == pytest.approx(1e-5)
+
+
+def test_conv_relu6():
+    out = check_module(lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU6()), (torch.randn(1, 2, 6, 6),),
+                       ["CONV"], ["conv", "conv_activation"])
+    assert out.nodes[0].attrs["activation"] == "relu6"
+
+
+class ConvBnReadTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+def test_conv_batch_norm_rejected_when_conv_output_is_read_elsewhere():
+    out = check_module(ConvBnReadTwice, (torch.randn(1, 2, 6, 6),),
+                       ["CONV", "aten.batch_norm.default", "aten.add.Tensor"], ["conv"])
+    reasons = [r for r in rejected(out) if r[0] == "conv_batch_norm"]
+    assert reasons and "also read outside the pattern" in reasons[0][2]
+
+
+def test_layer_norm():
+    check_module(lambda: nn.LayerNorm(4), (torch.randn(2, 3, 4),), ["LAYER_NORM"], ["layer_norm"])
+
+
+def test_embedding():
+    check_module(lambda: nn.Embedding(10, 4), (torch.tensor([[1, 2, 3]]),), ["EMBEDDING"], ["embedding"])
+
+
+def test_gathered_rows_with_wrapped_ids_hand_made():
+    ids, table = t("ids", [1, 3], "int64"), t("table", [10, 4])
+    wrapped, flat = t("wrapped", [1, 3], "int64"), t("flat", [3], "int64")
+    rows, y = t("rows", [3, 4]), t("y", [1, 3, 4])
+    ir = NPU_IR("gather", [ids], [y], [table], [
+        OpNode("remainder", "aten.remainder.Scalar", [ids], [wrapped], {"other": 10}),
+        OpNode("flat", "aten.reshape.default", [wrapped], [flat], {"shape": [3]}),
+        OpNode("index_select", "aten.index_select.default", [table, flat], [rows], {"dim": 0}),
+        OpNode("y", "aten.reshape.default", [rows], [y], {"shape": [1, 3, 4]}),
+    ])
+    torch.manual_seed(0)
+    out = check_hand_made(ir, {"table": torch.randn(10, 4)}, [torch.tensor([[1, -2, 9]])], ["EMBEDDING"],
+                          ["gathered_rows", "embedding_wrapped_ids"])
+    assert [i.name for i in out.nodes[0].inputs] == ["table", "ids"]
+
+
+def test_softmax():
+    out = check_module(lambda: nn.Softmax(-1), (torch.randn(2, 3, 4),), ["SOFTMAX"], ["softmax"])
+    assert any(r[0] == "attention_score" and r[2] for r in rejected(out))
+
+
+def test_gemm_activation():
+    out = check_module(lambda: nn.Sequential(nn.Linear(4, 4), nn.GELU()), (torch.randn(2, 3, 4),), ["GEMM"],
+                       ["linear", "gemm_activation"])
+    assert out.nodes[0].attrs["activation"] == "gelu"
+
+
+def test_every_rule_has_a_test():
+    # Order-independent: each rule's name must appear among the applied-rule lists of this file.
+    source = open(__file__, encoding="utf-8").read()
+    missing = [r.name for r in ALL_RULES if f'"{r.name}"' not in source]
+    assert not missing, f"rules without a test here: {missing}"
+
+
+# -- renaming, tensor table ------------------------------------------------------------------------------
+
+def test_prefixes_rename_nodes_and_intermediates_only():
+    factory = lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2), nn.Softmax(-1))  # noqa: E731
+    x = torch.randn(2, 3, 4)
+    meta, real = build_pair(factory)
+    ir = torch_ir.extract_ir(meta, (x,))
+    plain = normalize(ir)
+    out = normalize(ir, NormalizeOptions(node_prefix="layer_", tensor_prefix="t"))
+    assert [n.name for n in out.nodes] == [f"layer_{i}" for i in range(len(out.nodes))]
+    assert ops(out) == ops(plain) == ["GEMM", "GEMM", "SOFTMAX"]
+    assert [i.name for i in out.graph_inputs] == [i.name for i in ir.graph_inputs]
+    assert [o.name for o in out.graph_outputs] == [o.name for o in ir.graph_outputs]
+    assert [w.name for w in out.weights] == [w.name for w in ir.weights]
+    outputs = {o.name for o in out.graph_outputs}
+    inner = [o.name for n in out.nodes for o in n.outputs if o.name not in outputs]
+    assert inner == [f"t{i}" for i in range(len(inner))] and inner
+    check_integrity(out)
+    same_numbers(ir, out, real.state_dict(), (x,))
+
+
+class ConvGemm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.emb = nn.Embedding(10, 8)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, img, ids):
+        return self.conv(img).relu(), self.fc(self.emb(ids))
+
+
+def test_qconfig_precedence_roles_and_layouts_survive_save(tmp_path):
+    args = (torch.randn(1, 3, 6, 6), torch.tensor([[1, 2, 3]]))
+    meta, real = build_pair(ConvGemm)
+    ir = torch_ir.extract_ir(meta, args)
+    plain = normalize(ir)
+    assert ops(plain) == ["CONV", "EMBEDDING", "GEMM"]
+    conv_w = plain.nodes[0].inputs[1].name
+    qc = QConfig(default=8, by_role={"kv": 4, "activation": 6, "output": 3}, by_op_type={"GEMM": 4},
+                 by_name={plain.nodes[2].inputs[1].name: 16, conv_w: 2})
+    out = normalize(ir, NormalizeOptions(qconfig=qc))
+    path = tmp_path / "ir.json"
+    out.save(str(path))
+    for graph in (out, torch_ir.load_ir(path)):
+        conv, emb, gemm = graph.nodes
+        assert ops(graph) == ["CONV", "EMBEDDING", "GEMM"]
+        # name beats op type: the GEMM weight is named 16, the GEMM bias by op type 4
+        assert gemm.inputs[1].quant["bits"] == 16 and gemm.inputs[2].quant["bits"] == 4
+        assert conv.inputs[1].quant["bits"] == 2
+        # op type beats role: the GEMM's output is a graph output (role 3) produced by a GEMM (4)
+        assert gemm.outputs[0].role == "output" and gemm.outputs[0].quant["bits"] == 4
+        # role beats default: the embedding's rows are an activation the GEMM reads (not its weight)
+        assert gemm.inputs[0].quant["bits"] == 6 and gemm.inputs[0].role == "activation"
+        assert conv.inputs[2].quant["bits"] == 8 and conv.inputs[2].role == "weight"  # default
+        assert emb.inputs[1].dtype == "int64" and emb.inputs[1].quant is None  # ids: no width
+        assert emb.inputs[0].role == "embedding" and emb.inputs[1].role == "input"
+        assert conv.inputs[0].role == "input" and conv.outputs[0].role == "output"
+        assert conv.inputs[0].layout == "NCHW" and conv.outputs[0].layout == "NCHW"
+        assert gemm.inputs[0].layout == "[B,T,H]" and gemm.outputs[0].layout == "[B,T,H]"
+        assert conv.outputs[0].quant["bits"] == 3  # CONV has no op-type width: the output role's
+    same_numbers(ir, out, real.state_dict(), args)
+
+
+def test_attention_layouts_and_kv_role_on_llama_kv(tmp_path):
+    from torch_ir.zoo import build_pair as zoo_pair
+    from torch_ir.zoo import get_model
+
+    entry = get_model("llama_kv")
+    if not entry.available():
+        pytest.skip("transformers is not installed")
+    meta, _ = zoo_pair(entry)
+    args, kwargs = entry.example_inputs()
+    ir = torch_ir.extract_ir(meta, args, example_kwargs=kwargs, dynamic_shapes=entry.dynamic_shapes)
+    out = normalize(ir, NormalizeOptions(qconfig=QConfig(default=8, by_role={"kv": 4})))
+    check_integrity(out)
+    path = tmp_path / "llama.json"
+    out.save(str(path))
+    for graph in (out, torch_ir.load_ir(path)):
+        updates = [n for n in graph.nodes if n.op_type == "KV_UPDATE"]
+        scores = [n for n in graph.nodes if n.op_type == "ATTN_SCORE"]
+        assert updates and scores
+        for n in updates:
+            assert n.inputs[0].role == "kv" and n.inputs[0].quant["bits"] == 4
+        for n in scores:
+            assert n.inputs[0].layout == "[B,H,T,D]" and n.inputs[1].layout == "[B,H,T,D]"
+        kv = [w for w in graph.weights if w.role == "kv"]
+        assert kv and all(w.quant["bits"] == 4 for w in kv)
