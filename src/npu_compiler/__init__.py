@@ -1,0 +1,1 @@
+"""npu_compiler: compile the IR into a program of kernel dispatches (.npubin)."""
