@@ -97,12 +97,17 @@ def _fold(m: Match) -> Fold | None:
     return Fold(values)
 
 
-RULES = [
+IDENTITY_RULES = [
     Rule("identity", "cleanup", Op(_IDENTITY_OPS, x, exact_arity=False), _same_value,
          doc="a copy, cast, view, expand, permute or slice that leaves its input as it is -> the input"),
     Rule("arith_identity", "cleanup",
          Op(("aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor"), x), _arith_identity,
          doc="x + 0, x - 0, x * 1, x / 1 -> x"),
+]
+
+FOLD_RULES = [
     Rule("fold_constants", "fold", Op("*", exact_arity=False), _fold, check=_fold_reason,
          doc="a node whose inputs are all constants known by value (arange, shape arithmetic) -> a constant"),
 ]
+
+RULES = IDENTITY_RULES + FOLD_RULES

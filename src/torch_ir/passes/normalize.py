@@ -30,9 +30,9 @@ from .rewrite import Rule, eliminate_dead_code, rewrite, select
 
 STAGES: list[tuple[str, list[Rule]]] = [
     ("cleanup", cleanup.RULES),
-    ("canonicalize", cleanup.RULES[:2] + canonical.RULES),
-    ("fuse", cleanup.RULES[:2] + llm.LLM_RULES + llm.ATTENTION_RULES + fusion.RULES),
-    ("late_fuse", cleanup.RULES[:2] + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES),
+    ("canonicalize", cleanup.IDENTITY_RULES + canonical.RULES),
+    ("fuse", cleanup.IDENTITY_RULES + llm.LLM_RULES + llm.ATTENTION_RULES + fusion.RULES),
+    ("late_fuse", cleanup.IDENTITY_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES),
 ]
 
 ALL_RULES: list[Rule] = list({id(r): r for _, rules in STAGES for r in rules}.values())
