@@ -52,7 +52,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from .frontends import extract_ir
     from .report import ir_statistics
     from .weights import module_state, save_weights
     from .zoo.runner import resolve_spec
@@ -64,8 +63,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         step("build on meta")
         model = spec.build("meta")
         step("torch.export + convert")
-        ir = extract_ir(model, spec.args, model_name=args.name or spec.name, example_kwargs=spec.kwargs,
-                        dynamic_shapes=spec.dynamic_shapes)
+        ir = spec.extract(model, args.name)
         step("save")
         ir.save(out, indent=1 if args.pretty else None)
     print(ir_statistics(ir))
@@ -96,7 +94,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .frontends import extract_ir
     from .ir import load_ir
     from .verify import verify_ir
     from .weights import load_state_dict, module_state
@@ -106,8 +103,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with _progress(f"verify {spec.name}", total=3) as bar:
         step = _stage_printer(bar)
         step("IR")
-        ir = load_ir(args.ir) if args.ir else extract_ir(
-            spec.build("meta"), spec.args, model_name=spec.name, example_kwargs=spec.kwargs)
+        ir = load_ir(args.ir) if args.ir else spec.extract(spec.build("meta"))
         step("reference model")
         real = spec.build("cpu")
         weights = load_state_dict(args.weights) if args.weights else module_state(real)

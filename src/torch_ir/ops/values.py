@@ -30,6 +30,11 @@ _MEMORY_FORMATS = {
 _LAYOUTS = {str(x).removeprefix("torch."): x for x in (torch.strided, torch.sparse_coo, torch._mkldnn)}  # type: ignore[attr-defined]
 
 
+#: Dtypes whose values an IR may hold inline (``constant_values``, as JSON numbers); others go to the
+#: weights file. Values must also be finite: JSON has no inf or nan.
+INLINE_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64"})
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -98,9 +98,6 @@ def _layouts(ir: NPU_IR) -> dict[str, str]:
                           and len(t.shape) == len(n.outputs[0].shape)), None)
             if known is not None:
                 layouts.setdefault(n.outputs[0].name, known)
-    for t in ir.graph_inputs:
-        if len(t.shape) == 4 and t.dtype.startswith("float"):
-            layouts.setdefault(t.name, "NCHW")
     return layouts
 
 

@@ -48,9 +48,5 @@ def producer_op(m: Match, t: TensorMeta) -> str | None:
     return p.op_type if p is not None else None
 
 
-def single_reader(m: Match, t: TensorMeta) -> bool:
-    return len(m.users(t)) == 1
-
-
 VIEWS = ("aten.reshape.default", "aten.view.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
          "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints")

@@ -145,22 +145,19 @@ def _matmul_weight_check(m: Match) -> str | None:
 
 
 def _matmul_weight(m: Match):
-    if not m.is_param(m["w"]) or len(m["w"].shape) != 2 or len(m["x"].shape) < 2:
+    if not m.is_param(m["w"]) or len(m["x"].shape) < 2:  # the check rejected weights of another rank
         return None
     return [node(m, "GEMM", [m["x"], m["w"]], {"trans_b": False})]
 
 
 def _gemm_bias(m: Match):
-    """GEMM(x, w) + b with b a weight of shape [N] (or [1..., N]) -> GEMM(x, w, b)."""
+    """GEMM(x, w) + b with b a weight of shape [N] -> GEMM(x, w, b)."""
     gemm = m.node("gemm")
     bias = m["b"]
     if not m.is_param(bias) or gemm.attrs.get("activation") or len(gemm.inputs) != 2:
         return None
-    n = out(m, "gemm").shape[-1]
-    if [d for d in bias.shape if d != 1] != [n] or bias.shape[-1] != n or out(m).shape != out(m, "gemm").shape:
-        return None
-    if len(bias.shape) != 1:
-        return None  # keep the bias rank-1: reshape it first (not done here)
+    if list(bias.shape) != [out(m, "gemm").shape[-1]] or out(m).shape != out(m, "gemm").shape:
+        return None  # not a per-output-feature bias of the GEMM's own shape
     return [node(m, "GEMM", [*gemm.inputs[:2], bias], dict(gemm.attrs))]
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ..ir import TensorMeta
 from ..ops.registry import bind_kernel, is_supported
-from ..ops.values import dtype_from_name, has_symbols
+from ..ops.values import INLINE_DTYPES, dtype_from_name, has_symbols
 from .build import VIEWS
 from .rewrite import Fold, Match, Op, Rule, Var
 
@@ -64,7 +64,6 @@ def _arith_identity(m: Match) -> TensorMeta | None:
 
 _FOLD_LIMIT = 16384  # elements: index and mask arithmetic on static shapes, never a weight-sized tensor
 _NO_FOLD = ("rand", "empty", "bernoulli", "normal", "dropout", "uniform", "multinomial", "poisson")
-_JSON_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16", "float32", "float64"}
 
 
 def _fold_reason(m: Match) -> str | None:
@@ -75,7 +74,7 @@ def _fold_reason(m: Match) -> str | None:
         return "not a deterministic op with an implementation"
     if has_symbols(node.attrs) or any(not t.is_static for t in node.outputs):
         return "depends on a symbolic size"
-    if any((t.numel() or 0) > _FOLD_LIMIT or t.dtype not in _JSON_DTYPES for t in node.outputs):
+    if any((t.numel() or 0) > _FOLD_LIMIT or t.dtype not in INLINE_DTYPES for t in node.outputs):
         return f"result larger than {_FOLD_LIMIT} elements, or of a dtype JSON cannot hold"
     return None
 

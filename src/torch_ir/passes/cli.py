@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-prefix", help="rename intermediate tensors <prefix>0, ...")
     p.add_argument("--markdown", metavar="FILE", help="write the normalization report (Markdown + Mermaid)")
     p.add_argument("--verify", action="store_true",
-                   help="for a model: run the IR before and after with seeded weights and compare")
+                   help="for a model: verify the normalized IR against the model with its seeded weights")
     p.add_argument("--list-rules", action="store_true", help="list the rules by family and exit")
     p.set_defaults(func=cmd_normalize)
 
@@ -52,7 +52,7 @@ def cmd_normalize(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(normalize_report(npu_ir), encoding="utf-8")
         print(f"wrote {args.markdown}")
     if args.verify:
-        return _verify(ir, npu_ir, spec)
+        return _verify(npu_ir, spec)
     return 0
 
 
@@ -61,29 +61,22 @@ def _load(source: str):
 
     if source.endswith(".json") or Path(source).is_file():
         return load_ir(source), None
-    from ..frontends import extract_ir
     from ..zoo.runner import resolve_spec
 
     spec = resolve_spec(source)
-    ir = extract_ir(spec.build("meta"), spec.args, model_name=spec.name, example_kwargs=spec.kwargs,
-                    dynamic_shapes=spec.dynamic_shapes)
-    return ir, spec
+    return spec.extract(spec.build("meta")), spec
 
 
-def _verify(ir, npu_ir, spec) -> int:
-    from ..executor import IRExecutor
-    from ..verify import compare_tensors
+def _verify(npu_ir, spec) -> int:
+    """The normalized IR against the model itself, by the verifier (per output, then per node)."""
+    from ..verify import verify_ir
+    from ..weights import module_state
 
     if spec is None:
-        print("--verify needs a model (not an IR file): it runs both IRs with the model's seeded weights",
+        print("--verify needs a model (not an IR file): it runs the IR with the model's seeded weights",
               file=sys.stderr)
         return 2
     model = spec.build("cpu")
-    inputs = [*spec.args, *(spec.kwargs[t.name] for t in ir.graph_inputs[len(spec.args):])]
-    before = IRExecutor(ir, model).run(inputs)
-    after = IRExecutor(npu_ir, model).run(inputs)
-    diffs = [compare_tensors(meta.name, b, a) for meta, a, b in zip(ir.graph_outputs, before, after)]
-    for d in diffs:
-        print(f"output {d.name}: max abs error {d.max_abs:.3g} ({'ok' if d.ok else 'MISMATCH'}, "
-              f"rtol {d.rtol}, atol {d.atol})")
-    return 0 if all(d.ok for d in diffs) else 1
+    ok, report = verify_ir(npu_ir, module_state(model), model, spec.args, test_kwargs=spec.kwargs)
+    print(report)
+    return 0 if ok else 1

@@ -82,9 +82,7 @@ def _activation(m: Match):
 # -- norms, softmax, embedding --------------------------------------------------------------------
 
 def _layer_norm(m: Match):
-    root = m.node()
-    if len(root.inputs) != 3:
-        return None  # without an affine weight and bias it stays aten.layer_norm
+    root = m.node()  # _layer_norm_check has made sure the affine weight and bias are there
     return [node(m, "LAYER_NORM", list(root.inputs), {
         "normalized_shape": list(root.attrs["normalized_shape"]), "eps": root.attrs.get("eps", 1e-5)},
         outputs=root.outputs[:1])]

@@ -241,7 +241,8 @@ def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: b
         nodes, applied = _sweep(nodes, rules, state)
         if not applied:
             break
-    folded = [meta for meta in state.folded.values() if any(t.name == meta.name for n in nodes for t in n.inputs)]
+    read = {t.name for n in nodes for t in n.inputs}
+    folded = [meta for meta in state.folded.values() if meta.name in read]
     result.ir = dc_replace(
         ir, nodes=nodes, constants=list(ir.constants) + folded,
         constant_values={**ir.constant_values, **{t.name: state.constants[t.name] for t in folded}},

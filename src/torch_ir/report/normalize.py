@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir import NPU_IR
+from ..ops.npu import NPU_OPS
 from .markdown import cell
 from .mermaid import to_mermaid
 
@@ -22,7 +23,7 @@ def normalize_summary(ir: NPU_IR) -> str:
     lines.append("applied: " + (", ".join(f"{k} x{v}" for k, v in applied.items()) or "nothing"))
     rejected = _rejected(info)
     lines.append(f"rejected: {len(rejected)}" + (" (see the report for reasons)" if rejected else ""))
-    npu = {k: v for k, v in info["ops_after"].items() if k.isupper()}
+    npu = {k: v for k, v in info["ops_after"].items() if k in NPU_OPS}
     lines.append("NPU ops: " + (", ".join(f"{k} {v}" for k, v in npu.items()) or "none"))
     return "\n".join(lines)
 

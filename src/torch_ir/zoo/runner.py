@@ -36,6 +36,11 @@ class ModelSpec:
     kwargs: dict = field(default_factory=dict)
     dynamic_shapes: Any = None
 
+    def extract(self, model: torch.nn.Module, model_name: str | None = None) -> NPU_IR:
+        """``extract_ir`` of ``model`` (built by ``self.build("meta")``) on this spec's example inputs."""
+        return extract_ir(model, self.args, model_name=model_name or self.name, example_kwargs=self.kwargs,
+                          dynamic_shapes=self.dynamic_shapes)
+
 
 @dataclass
 class RunResult:
@@ -92,8 +97,7 @@ def run_model(spec: ModelSpec, output_dir: Path | None = None, progress: Progres
         return value
 
     meta_model = timed("build on meta", lambda: spec.build("meta"))
-    ir = timed("extract", lambda: extract_ir(meta_model, spec.args, model_name=spec.name,
-                                             dynamic_shapes=spec.dynamic_shapes, example_kwargs=spec.kwargs))
+    ir = timed("extract", lambda: spec.extract(meta_model))
     if output_dir is not None:
         path = output_dir / f"{spec.name}.json"
         timed("save", lambda: ir.save(path))

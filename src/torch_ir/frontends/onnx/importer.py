@@ -18,7 +18,7 @@ import torch
 from ... import __version__
 from ...errors import UnsupportedOpError
 from ...ir import NPU_IR, TensorMeta, check_integrity
-from ...ops.values import eval_sym
+from ...ops.values import INLINE_DTYPES, eval_sym
 from . import fold
 from .context import Ctx, UnsupportedNode, Value, np_dtype_name
 from .converters import lookup
@@ -215,8 +215,7 @@ class Importer:
         self.ir.constants.append(meta)
         if source is not None:
             self._materialized[source] = meta
-        finite = value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
-        if value.size <= _INLINE_LIMIT and finite and dtype in _JSON_DTYPES:
+        if value.size <= _INLINE_LIMIT and _inlinable(value, dtype):
             self.ir.constant_values[meta.name] = value.tolist()
         else:
             self.weights[meta.name] = to_torch(value, dtype)
@@ -271,7 +270,6 @@ class Importer:
         return "\n".join(lines)
 
 
-_JSON_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"}
 
 
 def _unique(base: str, used: set[str]) -> str:
@@ -314,8 +312,12 @@ def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
 def _inline_scalar(value: np.ndarray, dtype: str) -> bool:
     """A one-element initializer (an epsilon, a scale, an exponent) is a constant, not a weight.
 
-    Its value then stays in the IR, where the passes can read it (``pow(x, 2)``, ``x * 0.125``),
-    just as torch.export's lifted scalars do.
+    Its value then stays in the IR, where the passes can read it (``pow(x, c)``, ``x * c``), just as
+    torch.export's lifted scalars do.
     """
+    return value.size == 1 and _inlinable(value, dtype)
+
+
+def _inlinable(value: np.ndarray, dtype: str) -> bool:
     finite = value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
-    return value.size == 1 and finite and dtype in _JSON_DTYPES
+    return finite and dtype in INLINE_DTYPES
