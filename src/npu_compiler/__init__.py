@@ -1,1 +1,20 @@
-"""npu_compiler: compile the IR into a program of kernel dispatches (.npubin)."""
+"""npu_compiler: compile the IR into a program of kernel dispatches (``.npubin``).
+
+    import npu_compiler
+    program = npu_compiler.compile("model_ir.json")   # normalize -> check -> lower -> plan memory
+    program.save("model.npubin")
+
+    from npu_compiler import partition, is_op_supported
+    plan = partition(ir_dict, is_op_supported)          # NPU and CPU parts, for npu_runtime.DAGExecutor
+"""
+
+from .compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
+from .compiler import COMPILER_VERSION, CompileError, CompileOptions, UnsupportedOpsError, compile
+from .library import TARGETS, Target, get_target, is_op_supported, register_target, unsupported_reason
+from .npubin import NpubinError
+
+__all__ = [
+    "COMPILER_VERSION", "TARGETS", "CompileError", "CompileOptions", "CompiledProgram", "Dispatch", "MemoryPlan",
+    "NpubinError", "Target", "TensorSpec", "UnsupportedOpsError", "compile", "get_target", "is_op_supported",
+    "register_target", "unsupported_reason",
+]

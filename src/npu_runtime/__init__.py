@@ -1,1 +1,28 @@
-"""NPU runtime."""
+"""npu_runtime: run compiled programs (``Executor``) and partitioned graphs (``DAGExecutor``) on a backend.
+
+    from npu_runtime import Device, Executor, NPUBuffer, load_weights
+    device = Device()                                       # the CPU backend
+    executor = Executor(program, device)
+    weights = load_weights("model.safetensors", program, device)
+    buf = NPUBuffer.from_numpy(x, device, spec=program.input_specs[0])
+    out = executor.run(inputs={"input": buf}, weights=weights)["output"].to_numpy(spec=program.output_specs[0])
+"""
+
+from .backends import Backend, CPUBackend, get_backend
+from .device import Device, NPUBuffer, RuntimeInputError
+from .executor import DispatchError, Executor
+from .profile import Profile
+from .weights import Weights, load_weights
+
+__all__ = [
+    "Backend", "CPUBackend", "DAGExecutor", "Device", "DispatchError", "Executor", "NPUBuffer", "Profile",
+    "RuntimeInputError", "Weights", "get_backend", "load_weights",
+]
+
+
+def __getattr__(name: str):
+    if name == "DAGExecutor":  # imports the compiler's partitioner; loaded on first use
+        from .dag import DAGExecutor
+
+        return DAGExecutor
+    raise AttributeError(f"module 'npu_runtime' has no attribute {name!r}")

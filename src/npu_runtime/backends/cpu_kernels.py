@@ -1,36 +1,21 @@
-"""CPU kernels for the NPU runtime's CPU backend.
+"""CPU kernels of the CPU backend, one per kernel name of the compiler's library.
 
-A compiled program is a flat list of kernel dispatches over a preallocated arena. Each kernel is a
-``prepare``/``run`` pair built by a factory in :data:`KERNELS`::
+Each kernel is a ``prepare``/``run`` pair made by :func:`make_kernel`::
 
-    kernel = KERNELS[name](params, input_names, output_names)
-    kernel.prepare(weights)          # once: fold batch norm, prepack weights
-    kernel.run(inputs, outputs)      # per inference: write results INTO ``outputs``
+    kernel = make_kernel(dispatch, specs, weight_names)
+    kernel.prepare(weights)          # once per weight set: fold batch norm, prepack, transpose
+    kernel.run(inputs, outputs)      # per inference: write the results INTO ``outputs``
 
-``inputs`` holds the *activation* tensors in the order of ``input_names`` with the weight names left out
-(weights are captured by ``prepare``). A name counts as a weight when it is a key of the dict given to
-``prepare``; every kernel records which of its inputs are activations in ``activation_inputs``.
+``inputs`` are all the dispatch's inputs (activations, weights and constants) in order; ``outputs`` are
+views of the arena. The hot kernels of CNNs and transformers have their own classes: ``CONV``
+(oneDNN with a prepacked weight, batch norm folded and the activation fused), ``CONV_ADD`` (the same
+with the residual add as a oneDNN post-op, accumulated in place when the compiler marked
+``inplace_residual``: the output *is* the residual's buffer), ``GEMM`` (``addmm`` into the arena),
+max pooling, add and relu. Every other kernel runs the op's reference implementation from the
+``torch_ir`` op registry and copies the result into the arena, so each op is declared once.
 
-Output modes. By default (``out_mode="arena"``) ``run`` writes into ``outputs`` and returns ``None``.
-With ``params["out_mode"] == "fresh"`` a kernel whose fast path allocates (the oneDNN convolution,
-max pooling) instead returns the list of new tensors and ignores ``outputs``; the runtime then binds
-those tensors in place of the arena slots. ``returns_fresh`` tells the runtime which contract a kernel
-follows.
-
-Layout. The fast convolution path is oneDNN (``mkldnn::_convolution_pointwise``) with a weight prepacked
-into oneDNN's blocked layout. It is fastest when activations are ``channels_last`` (NHWC): the output is
-then NHWC too, so copying it into an NHWC arena slot is a plain memcpy. The runtime should allocate 4-D
-activation slots as ``channels_last`` (``torch.empty(...).as_strided`` with NHWC strides).
-
-Conv ``impl`` (``params["impl"]``, default ``"mkldnn"``):
-
-* ``"mkldnn"``: prepacked oneDNN weight, activation fused into the convolution.
-* ``"aten"``: ``torch.nn.functional.conv2d`` with the folded weight, activation applied in place.
-
-``"conv2d_add"`` is ``conv2d`` with a residual input fused in (``y = act(conv(x) + residual)``), the
-ResNet block tail; with ``impl="mkldnn"`` it is one oneDNN call with a binary-add (+relu) post-op. With
-``params["inplace_residual"]`` the runtime promises that ``outputs[0]`` *is* the residual's buffer (the
-residual's last use), and the conv accumulates into it in place: no allocation and no copy.
+Layout: 4-D activations of convolutions are NHWC (``channels_last``) in the arena; oneDNN then reads and
+writes them without conversion.
 """
 
 from __future__ import annotations
@@ -41,18 +26,19 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from npu_compiler.compiled_program import Dispatch, TensorSpec
+from torch_ir.ir import OpNode, TensorMeta
+from torch_ir.ops.registry import bind_kernel
+
 Tensor = torch.Tensor
 
 
 class CpuKernel(Protocol):
-    """A dispatchable CPU kernel: ``prepare`` once at weight-load time, ``run`` per inference."""
-
-    activation_inputs: list[str]
-    returns_fresh: bool
+    """A dispatchable CPU kernel: ``prepare`` once per weight set, ``run`` per inference."""
 
     def prepare(self, weights: dict[str, Tensor]) -> None: ...
 
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> list[Tensor] | None: ...
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -66,19 +52,15 @@ def _pair(value: int | Sequence[int]) -> list[int]:
     return values * 2 if len(values) == 1 else values
 
 
-def _mkldnn_activation(name: str | None) -> tuple[str, list[Any], str]:
-    """oneDNN post-op ``(attr, scalars, algorithm)`` for an activation name."""
-    table: dict[str | None, tuple[str, list[Any], str]] = {
-        None: ("none", [], ""),
-        "relu": ("relu", [], ""),
-        "relu6": ("hardtanh", [0.0, 6.0], ""),
-        "silu": ("swish", [], ""),
-        "gelu": ("gelu", [], "none"),
-        "gelu_tanh": ("gelu", [], "tanh"),
-    }
-    if name not in table:
-        raise ValueError(f"unsupported activation {name!r}")
-    return table[name]
+# activation -> oneDNN post-op (attr, scalars, algorithm)
+_MKLDNN_ACTIVATIONS: dict[str | None, tuple[str, list[Any], str]] = {
+    None: ("none", [], ""),
+    "relu": ("relu", [], ""),
+    "relu6": ("hardtanh", [0.0, 6.0], ""),
+    "silu": ("swish", [], ""),
+    "gelu": ("gelu", [], "none"),
+    "gelu_tanh": ("gelu", [], "tanh"),
+}
 
 
 def _apply_activation_(t: Tensor, name: str | None) -> None:
@@ -106,148 +88,94 @@ def _fold_batch_norm(w: Tensor, b: Tensor | None, bn: Sequence[Tensor], eps: flo
     return w_folded.to(w.dtype), ((bias - mean) * scale + beta).to(w.dtype)
 
 
-class _Kernel:
-    """Shared bookkeeping: split input names into weights (captured in ``prepare``) and activations."""
-
-    returns_fresh = False
-
-    def __init__(self, params: dict, inputs: list[str], outputs: list[str]) -> None:
-        self.params = params
-        self.input_names = list(inputs)
-        self.output_names = list(outputs)
-        self.activation_inputs = list(inputs)
-
-    def _take_weights(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Record which inputs are activations and return the weights this kernel consumes."""
-        self.activation_inputs = [n for n in self.input_names if n not in weights]
-        return {n: weights[n] for n in self.input_names if n in weights}
-
-    def prepare(self, weights: dict[str, Tensor]) -> None:
-        self._take_weights(weights)
-
-
 # --------------------------------------------------------------------------------------------- conv
 
 
-class Conv2d(_Kernel):
-    """2-D convolution with optional bias, folded batch norm and fused activation.
+class Conv2d:
+    """2-D convolution (oneDNN, prepacked) with optional bias, folded batch norm and fused activation.
 
-    Input names: ``[x, w, (bias), (bn_weight, bn_bias, bn_mean, bn_var)]``; ``conv2d_add`` appends a
-    residual activation: ``[x, w, ..., residual]`` and computes ``act(conv(x) + residual)``.
+    Inputs: ``[x, w, (bias), (bn_weight, bn_bias, bn_mean, bn_var)]``; with ``residual=True`` (``CONV_ADD``)
+    a residual activation comes last and the kernel computes ``act(conv(x) + residual)``.
     """
 
-    def __init__(self, params: dict, inputs: list[str], outputs: list[str], residual: bool = False) -> None:
-        super().__init__(params, inputs, outputs)
+    def __init__(self, dispatch: Dispatch, input_shape: list[int], residual: bool = False) -> None:
+        params = dispatch.params
+        self.names = dispatch.inputs
+        self.params = params
         self.stride = _pair(params.get("stride", 1))
         self.padding = _pair(params.get("padding", 0))
         self.dilation = _pair(params.get("dilation", 1))
         self.groups = int(params.get("groups", 1))
         self.activation = params.get("activation")
-        self.impl = params.get("impl", "mkldnn")
-        self.returns_fresh = params.get("out_mode", "arena") == "fresh"
+        self.input_shape = input_shape
         self.residual = residual
-        # conv2d_add only: the runtime guarantees outputs[0] is the residual's own buffer (residual dies here)
-        self.inplace_residual = residual and bool(params.get("inplace_residual", False))
-        self.attr, self.scalars, self.algorithm = _mkldnn_activation(self.activation)
+        # CONV_ADD only: the compiler placed the output on the residual's bytes (the residual dies here)
+        self.inplace = residual and bool(params.get("inplace_residual", False))
+        self.attr, self.scalars, self.algorithm = _MKLDNN_ACTIVATIONS[self.activation]
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
-        self._run = self._run_mkldnn if self.impl == "mkldnn" else self._run_aten
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
-        self._take_weights(weights)
         w, b = self._folded(weights)
-        if self.impl == "mkldnn":
-            w = self._prepack(w)
-        self.weight, self.bias = w, b
+        self.weight = torch.ops.mkldnn._reorder_convolution_weight(
+            w, self.padding, self.stride, self.dilation, self.groups, self.input_shape)
+        self.bias = b
 
     def _folded(self, weights: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         """Weight and bias with batch norm folded in (bias is ``None`` only without bias and batch norm)."""
-        names = self.input_names[1:]
-        w = weights[names[0]]
-        b = weights[names[1]] if self.params.get("has_bias") else None
+        has_bias = bool(self.params.get("has_bias"))
+        w = weights[self.names[1]]
+        b = weights[self.names[2]] if has_bias else None
         eps = self.params.get("bn_eps")
         if eps is None:
             return w.contiguous(), b
-        first_bn = 2 if self.params.get("has_bias") else 1
-        bn = [weights[n] for n in names[first_bn : first_bn + 4]]
+        first = 3 if has_bias else 2
+        bn = [weights[n] for n in self.names[first:first + 4]]
         return _fold_batch_norm(w, b, bn, float(eps))
 
-    def _prepack(self, w: Tensor) -> Tensor:
-        """Reorder the weight into oneDNN's blocked layout for this conv's geometry."""
-        input_shape = self.params.get("input_shape")
-        return torch.ops.mkldnn._reorder_convolution_weight(
-            w, self.padding, self.stride, self.dilation, self.groups, input_shape
-        )
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> list[Tensor] | None:
-        y = self._run(inputs, outputs[0])
-        if self.returns_fresh:
-            return [y]
-        if y is not outputs[0]:
-            outputs[0].copy_(y)
-        return None
-
-    def _run_mkldnn(self, inputs: list[Tensor], out: Tensor) -> Tensor:
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        out, x = outputs[0], inputs[0]
         args = (self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups)
         if not self.residual:
-            return torch.ops.mkldnn._convolution_pointwise(inputs[0], *args, self.attr, self.scalars, self.algorithm)
-        # oneDNN binary post-op supports only "add" followed by none/relu
-        unary = None if self.activation is None else self.attr
-        if self.activation not in (None, "relu"):
-            y = torch.ops.mkldnn._convolution_pointwise.binary(inputs[0], inputs[1], *args, "add", None, None, [], None)
+            y = torch.ops.mkldnn._convolution_pointwise(x, *args, self.attr, self.scalars, self.algorithm)
+        elif self.activation not in (None, "relu"):  # oneDNN's binary post-op takes add then none/relu only
+            y = torch.ops.mkldnn._convolution_pointwise.binary(x, inputs[-1], *args, "add", None, None, [], None)
             _apply_activation_(y, self.activation)
-            return y
-        if self.inplace_residual:
-            # the runtime bound the output onto the residual's slot: accumulate in place, no copy
-            return torch.ops.mkldnn._convolution_pointwise_.binary(out, inputs[0], *args, "add", 1.0, unary, [], None)
-        return torch.ops.mkldnn._convolution_pointwise.binary(inputs[0], inputs[1], *args, "add", None, unary, [], None)
-
-    def _run_aten(self, inputs: list[Tensor], out: Tensor) -> Tensor:
-        y = F.conv2d(inputs[0], self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        if self.residual:
-            y.add_(inputs[1])
-        _apply_activation_(y, self.activation)
-        return y
+        elif self.inplace:  # out is the residual's buffer: accumulate into it, no allocation, no copy
+            unary = None if self.activation is None else self.attr
+            torch.ops.mkldnn._convolution_pointwise_.binary(out, x, *args, "add", 1.0, unary, [], None)
+            return
+        else:
+            unary = None if self.activation is None else self.attr
+            y = torch.ops.mkldnn._convolution_pointwise.binary(x, inputs[-1], *args, "add", None, unary, [], None)
+        out.copy_(y)
 
 
 # --------------------------------------------------------------------------------------------- gemm
 
 
-class Gemm(_Kernel):
-    """``y = act(x @ W (+ bias))``. ``trans_b=True``: W is ``[N, K]`` (nn.Linear), else ``[K, N]``.
+class Gemm:
+    """``y = act(x @ W (+ bias))`` with ``torch.addmm(out=)`` straight into the arena.
 
-    ``impl="addmm"`` (default): ``torch.addmm(out=)`` straight into the arena on a ``[K, N]`` weight.
-    ``impl="mkldnn"``: ``mkldnn::_linear_pointwise`` with fused activation, copied into the arena.
+    ``trans_b=True``: W is ``[N, K]`` (nn.Linear), else ``[K, N]``. ``prepare`` lays W out as the
+    transpose of a contiguous ``[N, K]``, which is what BLAS reads fastest.
     """
 
-    def __init__(self, params: dict, inputs: list[str], outputs: list[str]) -> None:
-        super().__init__(params, inputs, outputs)
-        self.activation = params.get("activation")
-        self.impl = params.get("impl", "addmm")
-        self.attr, self.scalars, self.algorithm = _mkldnn_activation(self.activation)
+    def __init__(self, dispatch: Dispatch) -> None:
+        self.names = dispatch.inputs
+        self.trans_b = bool(dispatch.params.get("trans_b", True))
+        self.activation = dispatch.params.get("activation")
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
-        self._take_weights(weights)
-        w = weights[self.input_names[1]]
-        w_nk = w if self.params.get("trans_b", True) else w.t()
-        self.bias = weights[self.input_names[2]].contiguous() if self.params.get("has_bias") else None
-        if self.impl == "mkldnn":
-            self.weight = w_nk.contiguous()
-        else:
-            # addmm wants [K, N]; the transpose of a contiguous [N, K] is what BLAS reads fastest
-            self.weight = w_nk.contiguous().t()
+        w = weights[self.names[1]]
+        self.weight = (w if self.trans_b else w.t()).contiguous().t()
+        self.bias = weights[self.names[2]].contiguous() if len(self.names) == 3 else None
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x, out = inputs[0], outputs[0]
-        x2 = x.reshape(-1, x.shape[-1])
-        out2 = out.view(-1, out.shape[-1])
-        if self.impl == "mkldnn":
-            out2.copy_(
-                torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, self.attr, self.scalars, self.algorithm)
-            )
-            return
+        x2, out2 = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
         if self.bias is None:
             torch.mm(x2, self.weight, out=out2)
         else:
@@ -258,74 +186,111 @@ class Gemm(_Kernel):
 # --------------------------------------------------------------------------------------------- others
 
 
-class MaxPool2d(_Kernel):
-    """Max pooling; params: kernel_size, stride (default kernel_size), padding, dilation, ceil_mode."""
+class MaxPool2d:
+    """Max pooling with the ``aten.max_pool2d`` attributes."""
 
-    def __init__(self, params: dict, inputs: list[str], outputs: list[str]) -> None:
-        super().__init__(params, inputs, outputs)
-        self.kernel_size = _pair(params["kernel_size"])
-        self.stride = _pair(params.get("stride") or params["kernel_size"])
-        self.padding = _pair(params.get("padding", 0))
-        self.dilation = _pair(params.get("dilation", 1))
-        self.ceil_mode = bool(params.get("ceil_mode", False))
-        self.returns_fresh = params.get("out_mode", "arena") == "fresh"
+    def __init__(self, dispatch: Dispatch) -> None:
+        p = dispatch.params
+        self.kernel_size = _pair(p["kernel_size"])
+        self.stride = _pair(p.get("stride") or p["kernel_size"])
+        self.padding = _pair(p.get("padding", 0))
+        self.dilation = _pair(p.get("dilation", 1))
+        self.ceil_mode = bool(p.get("ceil_mode", False))
 
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> list[Tensor] | None:
-        y = F.max_pool2d(inputs[0], self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
-        if self.returns_fresh:
-            return [y]
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        outputs[0].copy_(F.max_pool2d(inputs[0], self.kernel_size, self.stride, self.padding, self.dilation,
+                                      self.ceil_mode))
+
+
+class Binary:
+    """A broadcasting elementwise op written with ``out=`` (no temporary)."""
+
+    def __init__(self, fn: Callable[..., Tensor]) -> None:
+        self.fn = fn
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        self.fn(*inputs, out=outputs[0])
+
+
+class Reference:
+    """Any kernel of the library: the op's reference implementation, its results copied into the arena."""
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        def meta(name: str) -> TensorMeta:
+            spec = specs[name]
+            return TensorMeta(name, list(spec.shape), spec.dtype)
+
+        node = OpNode(dispatch.node, dispatch.kernel, [meta(n) for n in dispatch.inputs],
+                      [meta(n) for n in dispatch.outputs], dict(dispatch.params))
+        self.fn = bind_kernel(node, torch.device("cpu"))
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        for out, value in zip(outputs, self.fn(inputs, {})):
+            out.copy_(value)
+
+
+class ConvAddReference(Reference):
+    """``CONV_ADD`` where oneDNN cannot run it: the reference CONV, then the residual add and activation."""
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        conv = Dispatch("CONV", dispatch.node, dispatch.inputs[:-1], dispatch.outputs,
+                        {k: v for k, v in dispatch.params.items() if k != "inplace_residual"} | {"activation": None})
+        super().__init__(conv, specs)
+        self.activation = dispatch.params.get("activation")
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        (y,) = self.fn(inputs[:-1], {})
+        y = y + inputs[-1]
+        _apply_activation_(y, self.activation)
         outputs[0].copy_(y)
-        return None
 
 
-class GlobalAvgPool(_Kernel):
-    """Mean over H and W; ``keepdim=True`` gives ``[N, C, 1, 1]``, else ``[N, C]``."""
+# --------------------------------------------------------------------------------------------- choice
 
-    def __init__(self, params: dict, inputs: list[str], outputs: list[str]) -> None:
-        super().__init__(params, inputs, outputs)
-        self.keepdim = bool(params.get("keepdim", True))
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        torch.mean(inputs[0], (2, 3), keepdim=self.keepdim, out=outputs[0])
+_BINARY = {"aten.add.Tensor": torch.add, "aten.mul.Tensor": torch.mul, "aten.sub.Tensor": torch.sub}
 
 
-class Add(_Kernel):
-    """Broadcasting elementwise add with optional fused relu (residual ``add + relu`` in one kernel)."""
+def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> CpuKernel:
+    """The fastest CPU kernel that implements ``dispatch``; the reference one when no fast path applies.
 
-    def __init__(self, params: dict, inputs: list[str], outputs: list[str]) -> None:
-        super().__init__(params, inputs, outputs)
-        self.activation = params.get("activation")
+    ``weight_names`` are the inputs bound before the first run (weights and constants): fast paths that
+    prepack a weight need it to be one.
+    """
+    kind, params, names = dispatch.kernel, dispatch.params, dispatch.inputs
+    if kind in ("CONV", "CONV_ADD"):
+        x = specs[names[0]]
+        fast = len(x.shape) == 4 and x.dtype == "float32" and all(n in weight_names for n in _conv_weights(dispatch))
+        if fast and params.get("activation") in _MKLDNN_ACTIVATIONS:
+            return Conv2d(dispatch, list(x.shape), residual=kind == "CONV_ADD")
+        return ConvAddReference(dispatch, specs) if kind == "CONV_ADD" else Reference(dispatch, specs)
+    if kind == "GEMM" and not params.get("trans_a") and all(n in weight_names for n in names[1:]) \
+            and specs[names[0]].dtype == "float32":
+        return Gemm(dispatch)
+    if kind == "aten.max_pool2d.default":
+        return MaxPool2d(dispatch)
+    if kind in _BINARY and params.get("alpha", 1) == 1 and len(names) == 2 and _same_dtype(dispatch, specs):
+        return Binary(_BINARY[kind])
+    if kind == "aten.relu.default":
+        return Binary(lambda x, out: torch.clamp_min(x, 0.0, out=out))
+    return Reference(dispatch, specs)
 
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        torch.add(inputs[0], inputs[1], out=outputs[0])
-        _apply_activation_(outputs[0], self.activation)
+
+def _conv_weights(dispatch: Dispatch) -> list[str]:
+    end = len(dispatch.inputs) - (1 if dispatch.kernel == "CONV_ADD" else 0)
+    return dispatch.inputs[1:end]
 
 
-class Relu(_Kernel):
-    """``out = max(x, 0)``."""
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        torch.clamp_min(inputs[0], 0.0, out=outputs[0])
+def _same_dtype(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
+    return len({specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}) == 1
 
 
-class CopyView(_Kernel):
-    """Reshape/flatten done as a copy (when the output cannot alias the input)."""
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        outputs[0].copy_(inputs[0].reshape(outputs[0].shape))
-
-
-KernelFactory = Callable[[dict, list[str], list[str]], CpuKernel]
-
-KERNELS: dict[str, KernelFactory] = {
-    "conv2d": Conv2d,
-    "conv2d_add": lambda p, i, o: Conv2d(p, i, o, residual=True),
-    "gemm": Gemm,
-    "max_pool2d": MaxPool2d,
-    "global_avg_pool": GlobalAvgPool,
-    "add": Add,
-    "relu": Relu,
-    "copy_view": CopyView,
-}
-
-__all__ = ["KERNELS", "CpuKernel", "KernelFactory"]
+__all__ = ["CpuKernel", "make_kernel"]

@@ -1,0 +1,188 @@
+"""``compile``: IR -> normalized IR -> support check -> dispatches -> memory plan -> ``CompiledProgram``.
+
+Every check that can fail runs before the program exists, so a failed compile writes nothing, and
+every unsupported node is reported at once with its op and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_ir.ir import NPU_IR, load_ir
+from torch_ir.ir.serialize import ir_from_dict
+from torch_ir.ops.values import dtype_from_name
+from torch_ir.passes import NormalizeOptions, normalize
+
+from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
+from .library import Target, get_target, unsupported_reason
+from .lower import Lowered, lower, spec_of
+from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
+
+COMPILER_VERSION = "0.1.0"
+
+
+class CompileError(ValueError):
+    """The IR cannot be compiled for the target; the message names the nodes and the way forward."""
+
+
+class UnsupportedOpsError(CompileError):
+    """Some nodes have no kernel on the target. ``unsupported`` lists ``(node name, op type, reason)``."""
+
+    def __init__(self, message: str, unsupported: list[tuple[str, str, str]]):
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+@dataclass
+class CompileOptions:
+    """How to compile. The defaults give the fastest program for the target."""
+
+    # Run torch_ir.passes.normalize first (turn ATen graphs into NPU ops). Off only for an IR already normalized.
+    normalize: bool = True
+    normalize_options: NormalizeOptions | None = None
+    # "greedy_by_size" reuses memory; "naive" gives every tensor its own bytes (for comparison).
+    memory_strategy: str = "greedy_by_size"
+    alignment: int = 64
+    # Fuse CONV + residual add (+ relu) into one dispatch.
+    fuse: bool = True
+    # Name the program's outputs "output" (one output) or "output_0", "output_1", ...; False keeps IR names.
+    public_output_names: bool = True
+    # Keep the normalized IR inside the program (for inspection and CPU fallback); False for a smaller file.
+    embed_ir: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["normalize_options"] = None if self.normalize_options is None else repr(self.normalize_options)
+        return data
+
+
+IRSource = NPU_IR | dict | str | os.PathLike
+
+
+def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001 - the seed's name
+            options: CompileOptions | None = None) -> CompiledProgram:
+    """Compile an IR (an ``NPU_IR``, its JSON dict, or a path to its JSON file) into a ``CompiledProgram``.
+
+    Raises ``UnsupportedOpsError`` listing every node the target cannot run (use ``partition`` and
+    ``DAGExecutor`` to run those on the CPU), ``CompileError`` for other problems.
+    """
+    options = options or CompileOptions()
+    target = get_target(target)
+    ir = load_source(ir_or_path)
+    if options.normalize:
+        ir = normalize(ir, options.normalize_options)
+    check_compilable(ir, target)
+    if options.public_output_names:
+        ir = with_public_output_names(ir)
+    lowered = lower(ir, target, fuse=options.fuse)
+    memory = plan(lowered, ir, options)
+    return _program(ir, target, lowered, memory, options)
+
+
+def load_source(source: IRSource) -> NPU_IR:
+    if isinstance(source, NPU_IR):
+        return source
+    if isinstance(source, dict):
+        return ir_from_dict(source)
+    return load_ir(str(Path(source)))
+
+
+def check_compilable(ir: NPU_IR, target: Target) -> None:
+    """Raise if any node is unsupported (all of them listed) or the graph needs what programs lack."""
+    if ir.mutations:
+        raise CompileError(
+            f"IR {ir.model_name!r} writes buffers in place ({', '.join(sorted(ir.mutations))}); compiled programs "
+            "do not carry buffer mutations yet. Run it with torch_ir.IRExecutor, or export without the cache.")
+    bad = [(n.name, n.op_type, reason) for n in ir.nodes if (reason := unsupported_reason(n, target))]
+    if bad:
+        lines = [f"IR {ir.model_name!r}: {len(bad)} of {len(ir.nodes)} nodes cannot run on target {target.name!r}:"]
+        lines += [f"  {name} ({op}): {reason}" for name, op, reason in bad]
+        lines.append("Fix: run the graph through npu_compiler.partition(ir, is_op_supported) and "
+                     "npu_runtime.DAGExecutor, which run these nodes on the CPU; or register a kernel for them.")
+        raise UnsupportedOpsError("\n".join(lines), bad)
+    dynamic = [t for t in ir.graph_inputs if not t.is_static]
+    if dynamic:
+        raise CompileError(f"IR {ir.model_name!r}: inputs {[str(t) for t in dynamic]} have symbolic shapes; "
+                           "programs are planned for static shapes: export with fixed shapes")
+    produced = {t.name for n in ir.nodes for t in n.outputs}
+    passthrough = [t.name for t in ir.graph_outputs if t.name not in produced]
+    if passthrough:
+        raise CompileError(f"IR {ir.model_name!r}: outputs {passthrough} are not computed by any node (an input or "
+                           "weight returned as it is); return a computed value instead")
+
+
+def with_public_output_names(ir: NPU_IR) -> NPU_IR:
+    """Rename graph outputs to ``output`` (or ``output_i``) so callers need not know internal tensor names."""
+    outs = ir.graph_outputs
+    public = ["output"] if len(outs) == 1 else [f"output_{i}" for i in range(len(outs))]
+    taken = {t.name for t in ir.tensors()} - {t.name for t in outs}
+    if len({t.name for t in outs}) != len(outs) or taken & set(public):
+        return ir  # an output listed twice, or the names are taken: keep the IR's names
+    renames = {t.name: new for t, new in zip(outs, public)}
+    data = ir.to_dict()
+    for node in data["nodes"]:
+        for t in node["outputs"] + node["inputs"]:
+            t["name"] = renames.get(t["name"], t["name"])
+    for t in data["graph_outputs"]:
+        t["name"] = renames[t["name"]]
+    data["mutations"] = {k: renames.get(v, v) for k, v in data.get("mutations", {}).items()}
+    return ir_from_dict(data)
+
+
+def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions) -> MemoryPlan:
+    """Lifetimes -> offsets -> an independent overlap check. Activations only: weights live elsewhere."""
+    sizes = {name: spec.nbytes for name, spec in lowered.tensors.items()
+             if name not in lowered.aliases and name not in {c.name for c in ir.constants}}
+    lives = lifetimes([(d.inputs, d.outputs) for d in lowered.dispatches], sizes,
+                      live_in=[t.name for t in ir.graph_inputs], live_out=[t.name for t in ir.graph_outputs],
+                      aliases=lowered.aliases)
+    offsets, arena = plan_memory(lives, alignment=options.alignment, strategy=options.memory_strategy)
+    check_plan(lives, offsets, arena, alignment=options.alignment)
+    return MemoryPlan(arena, offsets, no_reuse_bytes(lives, options.alignment), options.alignment,
+                      dict(lowered.aliases))
+
+
+def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
+             options: CompileOptions) -> CompiledProgram:
+    read = {name for d in lowered.dispatches for name in d.inputs} | set(lowered.aliases.values())
+    inline = ir.constant_values
+    weights = [w for w in [*ir.weights, *(c for c in ir.constants if c.name not in inline)] if w.name in read]
+    tensors = dict(lowered.tensors)
+    constants = {}
+    for c in ir.constants:
+        if c.name in inline and c.name in read:
+            constants[c.name] = _constant_bytes(inline[c.name], c.dtype)
+        elif c.name not in inline:
+            tensors.pop(c.name, None)  # a constant stored in the weights file is a weight slot
+    metadata = {
+        "compiler": COMPILER_VERSION,
+        "options": options.to_dict(),
+        "source_nodes": ir.metadata.get("normalize", {}).get("nodes_before", len(ir.nodes)),
+        "normalized_nodes": len(ir.nodes),
+        # state-dict key -> tied keys, so a weights file that stored a tied weight once still loads
+        "weight_aliases": {k: v for k, v in ir.weight_aliases.items()
+                           if k in {ir.weight_name_mapping.get(w.name, w.name) for w in weights}},
+    }
+    return CompiledProgram(
+        model_name=ir.model_name, target=target.name,
+        input_specs=[lowered.tensors[t.name] for t in ir.graph_inputs],
+        output_specs=[lowered.tensors[t.name] for t in ir.graph_outputs],
+        weight_specs=[spec_of(w) for w in weights],
+        weight_keys={w.name: ir.weight_name_mapping.get(w.name, w.name) for w in weights},
+        tensors=tensors, dispatches=lowered.dispatches, memory=memory, constants=constants,
+        ir=ir.to_dict() if options.embed_ir else None, metadata=metadata,
+    )
+
+
+def _constant_bytes(value: Any, dtype: str) -> bytes:
+    """Little-endian bytes of an inline IR constant (via torch, which knows bfloat16)."""
+    t = torch.tensor(value, dtype=dtype_from_name(dtype)).contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+__all__ = ["COMPILER_VERSION", "CompileError", "CompileOptions", "TensorSpec", "UnsupportedOpsError", "compile"]

@@ -1,0 +1,57 @@
+"""The backend interface: what the executors need from a device, and nothing more.
+
+A backend allocates device memory, copies host arrays in and out, views a tensor inside an allocation,
+and turns a dispatch into a kernel it can run. The executors are written against this interface only,
+so a compute-shader backend (WebGPU) plugs in beside the CPU one without changing them or the compiler.
+Handles (``Any`` below) are whatever the backend uses for device memory: ``torch.Tensor`` on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from npu_compiler.compiled_program import Dispatch, TensorSpec
+
+
+class Kernel(Protocol):
+    """One dispatch bound to a backend: ``prepare`` once per weight set, ``run`` per inference."""
+
+    def prepare(self, weights: dict[str, Any]) -> None: ...
+
+    def run(self, inputs: list[Any], outputs: list[Any]) -> None: ...
+
+
+class Backend(Protocol):
+    #: short name, e.g. "cpu"
+    name: str
+    #: the compiler target whose kernels this backend implements (``npu_compiler.compile(target=...)``)
+    target: str
+
+    def allocate(self, nbytes: int) -> Any:
+        """Device memory of ``nbytes`` bytes (the activation arena)."""
+
+    def view(self, storage: Any, offset: int, spec: TensorSpec) -> Any:
+        """The tensor ``spec`` stored at byte ``offset`` of ``storage``, in the spec's layout."""
+
+    def upload(self, array: np.ndarray, spec: TensorSpec) -> Any:
+        """Copy a host array (logical order, the spec's dtype) to new device memory in the spec's layout."""
+
+    def from_bytes(self, data: bytes, spec: TensorSpec) -> Any:
+        """A constant from its little-endian bytes (the ``.npubin`` constant section)."""
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """Device-to-device copy between two tensors of one shape (layouts may differ)."""
+
+    def clone(self, src: Any) -> Any:
+        """A new device tensor holding a copy of ``src``."""
+
+    def download(self, handle: Any, spec: TensorSpec) -> np.ndarray:
+        """Copy a device tensor back to a host array in logical (row-major) order."""
+
+    def kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
+        """The kernel that runs ``dispatch``; ``weight_names`` are the inputs bound before the first run."""
+
+    def synchronize(self) -> None:
+        """Wait for all submitted work (a no-op on a synchronous backend); profiling calls it."""

@@ -1,0 +1,74 @@
+"""The CPU backend: device memory is ``torch.Tensor`` in host memory, kernels are PyTorch's CPU kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from npu_compiler.compiled_program import Dispatch, TensorSpec
+from torch_ir.ops.values import dtype_from_name
+
+from .base import Kernel
+from .cpu_kernels import make_kernel
+
+
+def _nhwc(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """Logical NCHW view of NHWC bytes."""
+    n, c, h, w = shape
+    return t.view(n, h, w, c).permute(0, 3, 1, 2)
+
+
+class CPUBackend:
+    """Runs compiled programs with PyTorch's CPU kernels (oneDNN convolutions, BLAS GEMMs).
+
+    ``threads`` sets PyTorch's intra-op thread count for the whole process (None leaves it as it is).
+    """
+
+    name = "cpu"
+    target = "cpu"
+
+    def __init__(self, threads: int | None = None) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def view(self, storage: torch.Tensor, offset: int, spec: TensorSpec) -> torch.Tensor:
+        flat = storage[offset:offset + spec.nbytes].view(dtype_from_name(spec.dtype))
+        if spec.layout == "NHWC":
+            return _nhwc(flat, spec.shape)
+        return flat.view(spec.shape)
+
+    def upload(self, array: np.ndarray | torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+        value = array if isinstance(array, torch.Tensor) else torch.tensor(array)
+        value = value.to(dtype_from_name(spec.dtype))
+        out = self.view(self.allocate(spec.nbytes), 0, spec)
+        out.copy_(value.reshape(spec.shape))
+        return out
+
+    def from_bytes(self, data: bytes, spec: TensorSpec) -> torch.Tensor:
+        storage = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else self.allocate(0)
+        return self.view(storage, 0, TensorSpec(spec.name, spec.shape, spec.dtype))
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def clone(self, src: torch.Tensor) -> torch.Tensor:
+        return src.clone()
+
+    def download(self, handle: torch.Tensor, spec: TensorSpec) -> np.ndarray:
+        t = handle.detach()
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: widen exactly to float32
+            t = t.float()
+        return t.contiguous().numpy().copy()
+
+    def kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
+        return make_kernel(dispatch, specs, weight_names)
+
+    def synchronize(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"CPUBackend(threads={torch.get_num_threads()})"
+

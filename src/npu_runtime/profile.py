@@ -1,0 +1,124 @@
+"""Profiling a run: time per dispatch, per kernel kind, and the runtime's own overhead."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+
+@dataclass
+class DispatchTime:
+    index: int
+    kernel: str
+    node: str
+    median_us: float
+
+
+@dataclass
+class Profile:
+    """Medians over ``runs`` runs. ``dispatches`` are timed one by one (the backend synchronized after each)."""
+
+    model_name: str
+    runs: int
+    dispatches: list[DispatchTime]
+    # a whole run (copy in, dispatch loop, copy out) without per-dispatch timers
+    run_ms: float
+    # the dispatch loop with every kernel replaced by a no-op, per dispatch: the runtime's own cost
+    host_us_per_dispatch: float
+    # a run with no-op kernels minus the loop: input checks, copy in, output copies
+    host_us_per_run: float
+
+    @property
+    def dispatch_count(self) -> int:
+        return len(self.dispatches)
+
+    def by_kernel(self) -> list[tuple[str, int, float, float]]:
+        """``(kernel, dispatches, total µs, share of all kernel time)``, slowest kernel first."""
+        totals: dict[str, list[float]] = {}
+        for d in self.dispatches:
+            totals.setdefault(d.kernel, []).append(d.median_us)
+        all_us = sum(d.median_us for d in self.dispatches) or 1.0
+        rows = [(k, len(v), sum(v), sum(v) / all_us) for k, v in totals.items()]
+        return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+    def table(self, top: int = 10) -> str:
+        """A text report: per kernel kind, then the slowest dispatches."""
+        lines = [f"profile of {self.model_name}: {self.dispatch_count} dispatches, median of {self.runs} runs",
+                 f"run: {self.run_ms:.3f} ms; host overhead {self.host_us_per_dispatch:.2f} µs/dispatch "
+                 f"+ {self.host_us_per_run:.1f} µs/run (input copy, output copies)", "",
+                 f"{'kernel':<32} {'count':>6} {'total µs':>10} {'share':>7}"]
+        lines += [f"{k:<32} {n:>6} {us:>10.1f} {share:>7.1%}" for k, n, us, share in self.by_kernel()]
+        lines += ["", f"slowest {min(top, self.dispatch_count)} dispatches:",
+                  f"{'#':>4} {'kernel':<32} {'node':<32} {'µs':>9}"]
+        slowest = sorted(self.dispatches, key=lambda d: -d.median_us)[:top]
+        lines += [f"{d.index:>4} {d.kernel:<32} {d.node[:32]:<32} {d.median_us:>9.1f}" for d in slowest]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name, "runs": self.runs, "run_ms": self.run_ms,
+            "host_us_per_dispatch": self.host_us_per_dispatch, "host_us_per_run": self.host_us_per_run,
+            "dispatches": [vars(d) for d in self.dispatches],
+            "by_kernel": [dict(zip(("kernel", "count", "total_us", "share"), r)) for r in self.by_kernel()],
+        }
+
+
+def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any = None, *, runs: int = 10,
+                     warmup: int = 2) -> Profile:
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    executor._prepare(weights)
+    for _ in range(warmup):
+        executor.run(inputs)
+    sync = executor.device.backend.synchronize
+    per_dispatch: list[list[float]] = [[] for _ in executor.steps]
+    totals = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        executor.run(inputs)
+        sync()
+        totals.append(time.perf_counter_ns() - start)
+        executor.copy_in(inputs)
+        for i, (run, ins, outs) in enumerate(executor.steps):
+            t0 = time.perf_counter_ns()
+            run(ins, outs)
+            sync()
+            per_dispatch[i].append(time.perf_counter_ns() - t0)
+    loop_us, run_us = host_overhead(executor, inputs, runs=max(runs, 20))
+    program = executor.program
+    return Profile(
+        model_name=program.model_name, runs=runs,
+        dispatches=[DispatchTime(i, d.kernel, d.node, statistics.median(ts) / 1e3)
+                    for i, (d, ts) in enumerate(zip(program.dispatches, per_dispatch))],
+        run_ms=statistics.median(totals) / 1e6,
+        host_us_per_dispatch=loop_us / max(len(executor.steps), 1),
+        host_us_per_run=max(run_us - loop_us, 0.0),
+    )
+
+
+def _noop(inputs: list[Any], outputs: list[Any]) -> None:
+    return None
+
+
+def host_overhead(executor: Executor, inputs: Mapping[str, Any], *, runs: int = 50) -> tuple[float, float]:
+    """Median µs of (the dispatch loop, a whole run) with every kernel a no-op: what the runtime itself costs."""
+    saved = executor.steps
+    executor.steps = [(_noop, ins, outs) for _, ins, outs in saved]
+    try:
+        loops, whole = [], []
+        for _ in range(runs):
+            t0 = time.perf_counter_ns()
+            executor.run_steps()
+            loops.append(time.perf_counter_ns() - t0)
+            t0 = time.perf_counter_ns()
+            executor.run(inputs)
+            whole.append(time.perf_counter_ns() - t0)
+    finally:
+        executor.steps = saved
+    return statistics.median(loops) / 1e3, statistics.median(whole) / 1e3
