@@ -7,7 +7,7 @@ every unsupported node is reported at once with its op and the reason.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
