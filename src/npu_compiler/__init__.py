@@ -12,9 +12,10 @@ from .compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
 from .compiler import COMPILER_VERSION, CompileError, CompileOptions, UnsupportedOpsError, compile
 from .library import TARGETS, Target, get_target, is_op_supported, register_target, unsupported_reason
 from .npubin import NpubinError
+from .partition import Partition, PartitionPlan, Placement, partition
 
 __all__ = [
     "COMPILER_VERSION", "TARGETS", "CompileError", "CompileOptions", "CompiledProgram", "Dispatch", "MemoryPlan",
-    "NpubinError", "Target", "TensorSpec", "UnsupportedOpsError", "compile", "get_target", "is_op_supported",
-    "register_target", "unsupported_reason",
+    "NpubinError", "Partition", "PartitionPlan", "Placement", "Target", "TensorSpec", "UnsupportedOpsError",
+    "compile", "get_target", "is_op_supported", "partition", "register_target", "unsupported_reason",
 ]

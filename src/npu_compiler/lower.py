@@ -184,7 +184,10 @@ def _write_in_place(lowered: Lowered, ir: NPU_IR) -> None:
         if d.kernel != "CONV_ADD":
             continue
         root, out = resolve_alias(d.inputs[-1], aliases), d.outputs[0]
-        if root in lowered.tensors and last_read.get(root) == k and root not in keep:
+        # the convolution must not read the residual's bytes itself (``conv(h) + h``): it would read
+        # values the in-place accumulation is overwriting
+        conv_reads = {resolve_alias(name, aliases) for name in d.inputs[:-1]}
+        if root in lowered.tensors and last_read.get(root) == k and root not in keep and root not in conv_reads:
             d.params["inplace_residual"] = True
             aliases[out] = d.inputs[-1]
             # the residual's bytes now also hold the output: they live until the output's last read

@@ -1,0 +1,211 @@
+"""``partition``: split a graph into NPU parts and CPU parts, for ``npu_runtime.DAGExecutor``.
+
+Each node is placed on the NPU when the predicate accepts its op type *and* the target can run it
+(dtypes, static shapes); otherwise on the CPU, with the reason. Nodes are then grouped so that every
+path through the graph switches device as few times as possible: a node's *level* is the number of
+device switches on the longest path that reaches it, and the nodes of one level and device form one
+partition. A partition only reads graph inputs and outputs of lower levels, so running partitions in
+order of level is a valid schedule, and no two partitions of one device at one level exist to merge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_ir.ir import NPU_IR, OpNode, TensorMeta
+from torch_ir.passes import normalize as normalize_ir
+
+from .compiler import CompileError, IRSource, load_source, with_public_output_names
+from .cost import node_flops
+from .library import Target, get_target, unsupported_reason
+
+NPU, CPU = "npu", "cpu"
+
+
+@dataclass
+class Placement:
+    node: str
+    op: str
+    device: str  # "npu" or "cpu"
+    flops: int
+    reason: str | None = None  # why a CPU node is on the CPU
+
+
+@dataclass
+class Partition:
+    """A connected run of the graph on one device: a sub-IR whose inputs come from outside it."""
+
+    index: int
+    device: str
+    ir: NPU_IR
+    level: int
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n.name for n in self.ir.nodes]
+
+    @property
+    def inputs(self) -> list[str]:
+        return [t.name for t in self.ir.graph_inputs]
+
+    @property
+    def outputs(self) -> list[str]:
+        return [t.name for t in self.ir.graph_outputs]
+
+
+@dataclass
+class PartitionPlan:
+    """The partitions in execution order, the placement of every node, and the (normalized) whole IR."""
+
+    ir: NPU_IR
+    target: str
+    partitions: list[Partition]
+    placements: list[Placement]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """``{"npu": {"nodes": .., "flops": ..}, "cpu": {...}}``."""
+        out = {d: {"nodes": 0, "flops": 0} for d in (NPU, CPU)}
+        for p in self.placements:
+            out[p.device]["nodes"] += 1
+            out[p.device]["flops"] += p.flops
+        return out
+
+    def cpu_placements(self) -> list[Placement]:
+        return [p for p in self.placements if p.device == CPU]
+
+    def summary(self) -> str:
+        """The placement summary: nodes and FLOPs per device, why each CPU node is there, the partitions."""
+        totals = self.totals()
+        all_flops = sum(t["flops"] for t in totals.values()) or 1
+        kinds = {d: sum(1 for p in self.partitions if p.device == d) for d in (NPU, CPU)}
+        lines = [f"placement of {self.ir.model_name!r} on target {self.target!r}: {len(self.placements)} nodes, "
+                 f"{len(self.partitions)} partitions (NPU {kinds[NPU]}, CPU {kinds[CPU]})",
+                 f"  {'':<4} {'nodes':>6} {'MFLOPs':>12} {'share':>7}"]
+        for d in (NPU, CPU):
+            t = totals[d]
+            lines.append(f"  {d.upper():<4} {t['nodes']:>6} {t['flops'] / 1e6:>12.2f} {t['flops'] / all_flops:>7.1%}")
+        cpu = self.cpu_placements()
+        if cpu:
+            lines.append("CPU nodes and why:")
+            lines += [f"  {p.node} ({p.op}): {p.reason}" for p in cpu]
+        lines.append("partitions, in execution order:")
+        for part in self.partitions:
+            lines.append(f"  {part.index}: {part.device.upper()} {len(part.nodes)} nodes; reads "
+                         f"{_names(part.inputs)}; gives {_names(part.outputs)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_name": self.ir.model_name, "target": self.target, "totals": self.totals(),
+            "placements": [vars(p) for p in self.placements],
+            "partitions": [{"index": p.index, "device": p.device, "level": p.level, "nodes": p.nodes,
+                            "inputs": p.inputs, "outputs": p.outputs} for p in self.partitions],
+        }
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "nothing"
+
+
+def partition(ir_dict_or_ir: IRSource, is_op_supported: Callable[[str], bool], *, target: str | Target = "cpu",
+              normalize: bool = True, public_output_names: bool = True) -> PartitionPlan:
+    """Split the IR (an ``NPU_IR``, its JSON dict or a path) into NPU and CPU partitions.
+
+    ``is_op_supported(op_type) -> bool`` decides which ops may go to the NPU: the kernel library's own
+    ``npu_compiler.is_op_supported`` or any user predicate (which can only narrow what the target runs).
+    The IR is normalized first (so that ops are NPU ops), as ``compile`` does.
+    """
+    target = get_target(target)
+    ir = load_source(ir_dict_or_ir)
+    if ir.mutations:
+        raise CompileError(f"IR {ir.model_name!r} writes buffers in place ({', '.join(sorted(ir.mutations))}); "
+                           "partitioned execution does not carry buffer mutations yet")
+    if normalize:
+        ir = normalize_ir(ir)
+    if public_output_names:
+        ir = with_public_output_names(ir)
+    placements = [_place(node, is_op_supported, target) for node in ir.nodes]
+    levels = _levels(ir, placements)
+    parts = _partitions(ir, placements, levels)
+    return PartitionPlan(ir, target.name, parts, placements)
+
+
+def _place(node: OpNode, predicate: Callable[[str], bool], target: Target) -> Placement:
+    flops = node_flops(node)
+    reason = unsupported_reason(node, target)
+    if reason is None and not predicate(node.op_type):
+        name = getattr(predicate, "__name__", type(predicate).__name__)
+        reason = f"the predicate {name} rejected {node.op_type}"
+    return Placement(node.name, node.op_type, CPU if reason else NPU, flops, reason)
+
+
+def _levels(ir: NPU_IR, placements: list[Placement]) -> list[int]:
+    """Device switches on the longest path reaching each node."""
+    producer: dict[str, int] = {}
+    levels: list[int] = []
+    for i, node in enumerate(ir.nodes):
+        level = 0
+        for t in node.inputs:
+            j = producer.get(t.name)
+            if j is not None:
+                level = max(level, levels[j] + (placements[j].device != placements[i].device))
+        levels.append(level)
+        for t in node.outputs:
+            producer[t.name] = i
+    return levels
+
+
+def _partitions(ir: NPU_IR, placements: list[Placement], levels: list[int]) -> list[Partition]:
+    groups: dict[tuple[int, str], list[OpNode]] = {}
+    for node, place, level in zip(ir.nodes, placements, levels):
+        groups.setdefault((level, place.device), []).append(node)
+    order = sorted(groups, key=lambda key: (key[0], key[1] != NPU))
+    needed_later = _readers_outside(ir, groups)
+    return [Partition(i, device, _sub_ir(ir, groups[(level, device)], needed_later[(level, device)], i), level)
+            for i, (level, device) in enumerate(order)]
+
+
+def _readers_outside(ir: NPU_IR, groups: dict[tuple[int, str], list[OpNode]]) -> dict[tuple[int, str], set[str]]:
+    """For each group, the tensors it defines that another group or the graph's outputs read."""
+    owner = {t.name: key for key, nodes in groups.items() for n in nodes for t in n.outputs}
+    needed: dict[tuple[int, str], set[str]] = {key: set() for key in groups}
+    for key, nodes in groups.items():
+        for n in nodes:
+            for t in n.inputs:
+                if owner.get(t.name, key) != key:
+                    needed[owner[t.name]].add(t.name)
+    for t in ir.graph_outputs:
+        if t.name in owner:
+            needed[owner[t.name]].add(t.name)
+    return needed
+
+
+def _sub_ir(ir: NPU_IR, nodes: list[OpNode], outputs: set[str], index: int) -> NPU_IR:
+    """The nodes as a graph of their own: outside activations become inputs, weights stay weights."""
+    weights = {w.name: w for w in ir.weights}
+    constants = {c.name: c for c in ir.constants}
+    defined = {t.name for n in nodes for t in n.outputs}
+    inputs: dict[str, TensorMeta] = {}
+    used_weights: dict[str, TensorMeta] = {}
+    used_constants: dict[str, TensorMeta] = {}
+    for n in nodes:
+        for t in n.inputs:
+            if t.name in weights:
+                used_weights[t.name] = weights[t.name]
+            elif t.name in constants:
+                used_constants[t.name] = constants[t.name]
+            elif t.name not in defined:
+                inputs.setdefault(t.name, TensorMeta(t.name, list(t.shape), t.dtype, role="input"))
+    graph_outputs = [t for n in nodes for t in n.outputs if t.name in outputs]
+    return NPU_IR(
+        model_name=f"{ir.model_name}.part{index}", graph_inputs=list(inputs.values()),
+        graph_outputs=graph_outputs, weights=list(used_weights.values()), nodes=list(nodes),
+        weight_name_mapping={k: v for k, v in ir.weight_name_mapping.items() if k in used_weights},
+        weight_aliases=dict(ir.weight_aliases), constants=list(used_constants.values()),
+        constant_values={k: v for k, v in ir.constant_values.items() if k in used_constants},
+        symbols=dict(ir.symbols), producer=dict(ir.producer), metadata={"partition_of": ir.model_name},
+    )
