@@ -214,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .passes.cli import add_parser as add_normalize_parser
 
     add_normalize_parser(sub)
+    from npu_compiler.cli import add_parsers as add_compiler_parsers
+    from npu_runtime.cli import add_parsers as add_runtime_parsers
+
+    add_compiler_parsers(sub)
+    add_runtime_parsers(sub)
     from .frontends.tinygrad.cli import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)
@@ -227,13 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from npu_compiler import CompileError, NpubinError
+    from npu_runtime import RuntimeInputError
+
     from .errors import TorchIRError
     from .ir import IRValidationError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TorchIRError, IRValidationError, FileNotFoundError) as e:
+    except (TorchIRError, IRValidationError, FileNotFoundError, CompileError, NpubinError, RuntimeInputError) as e:
         print(f"torch-ir: error: {e}", file=sys.stderr)
         return 2
 

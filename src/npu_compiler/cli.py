@@ -1,0 +1,67 @@
+"""``torch-ir compile`` and ``torch-ir partition``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    source_help = "an IR JSON file, a zoo name or package.module:factory (extracted now, on meta)"
+    p = sub.add_parser("compile", help="compile an IR into a program of kernel dispatches (.npubin)")
+    p.add_argument("source", help=source_help)
+    p.add_argument("-o", "--output", help="program file (default: <name>.npubin)")
+    p.add_argument("--target", default="cpu", help="kernel library to compile for (default: cpu)")
+    p.add_argument("--no-fuse", action="store_true", help="one dispatch per node: no CONV_ADD fusion")
+    p.add_argument("--memory", default="greedy_by_size", choices=("greedy_by_size", "naive"),
+                   help="memory planning strategy (naive: no reuse, for comparison)")
+    p.add_argument("--no-ir", action="store_true", help="leave the normalized IR out of the program file")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
+    p.add_argument("source", help=source_help)
+    p.add_argument("--target", default="cpu", help="kernel library to place against (default: cpu)")
+    p.add_argument("--json", metavar="FILE", help="also write the plan (placements, partitions) as JSON")
+    p.set_defaults(func=cmd_partition)
+
+
+def _load(source: str):
+    from torch_ir.passes.cli import _load as load_ir_or_model
+
+    ir, _ = load_ir_or_model(source)
+    return ir
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from . import CompileError, CompileOptions, UnsupportedOpsError, compile, is_op_supported, partition
+
+    ir = _load(args.source)
+    options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir)
+    try:
+        program = compile(ir, target=args.target, options=options)
+    except UnsupportedOpsError as e:
+        print(f"torch-ir compile: {e}\n", file=sys.stderr)
+        print(partition(ir, is_op_supported, target=args.target).summary())
+        print("nothing written", file=sys.stderr)
+        return 1
+    except (CompileError, ValueError) as e:
+        print(f"torch-ir compile: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.output or f"{program.model_name}.npubin")
+    program.save(out)
+    print(program.summary())
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from . import is_op_supported, partition
+
+    plan = partition(_load(args.source), is_op_supported, target=args.target)
+    print(plan.summary())
+    if args.json:
+        Path(args.json).write_text(json.dumps(plan.to_dict(), indent=1), encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,102 @@
+"""``torch-ir run`` and ``torch-ir profile``: run a ``.npubin`` program with its weights."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    for name, help_text, func in (
+        ("run", "run a compiled program (.npubin) with its weights and print the outputs", cmd_run),
+        ("profile", "time every dispatch of a compiled program: per kernel kind and the slowest", cmd_profile),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("program", help="a .npubin file (torch-ir compile)")
+        p.add_argument("--weights", required=True, help=".safetensors (or .pt) weights, keyed by state-dict key")
+        p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="an input array (repeatable); inputs not given are random, seeded by --seed")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        p.set_defaults(func=func)
+        if name == "run":
+            p.add_argument("-o", "--output", help="write the outputs to this .npz file")
+        else:
+            p.add_argument("--runs", type=int, default=10, help="timed runs (median reported)")
+            p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
+
+
+def _setup(args: argparse.Namespace):
+    from npu_compiler.compiled_program import CompiledProgram
+
+    from . import Device, Executor, load_weights
+
+    program = CompiledProgram.load(args.program)
+    device = Device()
+    executor = Executor(program, device)
+    weights = load_weights(args.weights, program, device)
+    return program, executor, weights, _inputs(program, args.input, args.seed)
+
+
+def _inputs(program, given: list[str], seed: int) -> dict[str, np.ndarray]:
+    """Arrays from ``NAME=FILE.npy``; the others random (floats normal, integers 0 or 1, as token ids or masks)."""
+    arrays = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--input {item!r}: write NAME=FILE.npy")
+        arrays[name] = np.load(path, allow_pickle=False)
+    rng = np.random.default_rng(seed)
+    for spec in program.input_specs:
+        if spec.name in arrays:
+            continue
+        if spec.dtype.startswith(("float", "bfloat")):
+            arrays[spec.name] = rng.standard_normal(spec.shape).astype("float32" if spec.dtype == "bfloat16"
+                                                                      else spec.dtype)
+        else:
+            arrays[spec.name] = rng.integers(0, 2, spec.shape).astype(spec.dtype)
+        print(f"input {spec.name}: random {spec.dtype}{spec.shape} (seed {seed})", file=sys.stderr)
+    return arrays
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    program, executor, weights, inputs = _setup(args)
+    outputs = {name: buf.to_numpy() for name, buf in executor.run(inputs, weights=weights).items()}
+    print(f"{program.model_name}: {program.dispatch_count} dispatches")
+    for name, value in outputs.items():
+        line = f"{name}: {value.dtype}{list(value.shape)} min {value.min():.5g} max {value.max():.5g} " \
+               f"mean {value.mean():.5g}"
+        if value.ndim == 2 and value.shape[0] <= 4 and np.issubdtype(value.dtype, np.floating):
+            line += "; top-5 per row: " + "; ".join(str(np.argsort(-row)[:5].tolist()) for row in value)
+        print(line)
+    if args.output:
+        _save_npz(Path(args.output), outputs)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write atomically: a failed write leaves no half-written file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    _, executor, weights, inputs = _setup(args)
+    profile = executor.profile(inputs, weights, runs=args.runs)
+    print(profile.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(profile.to_dict(), indent=1), encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
