@@ -12,7 +12,8 @@ from torch_ir.cli import main
 def test_help_lists_every_subcommand():
     result = subprocess.run([sys.executable, "-m", "torch_ir.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
-    for command in ("demo", "extract", "inspect", "verify", "zoo", "ops"):
+    for command in ("demo", "extract", "inspect", "verify", "zoo", "ops", "normalize", "compile", "partition", "run",
+                    "profile"):
         assert command in result.stdout
 
 

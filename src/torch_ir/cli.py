@@ -7,6 +7,10 @@
     torch-ir zoo --category attention --output reports/   the report runner over the model zoo
     torch-ir ops --markdown             the operator table (docs/operators.md)
     torch-ir normalize bert --markdown r.md   fuse into the NPU op set, with the report
+    torch-ir compile ir.json -o m.npubin      compile to a program of kernel dispatches (npu_compiler)
+    torch-ir partition ir.json          placement summary: NPU and CPU parts, and why
+    torch-ir run m.npubin --weights w.safetensors      run a program (npu_runtime, CPU backend)
+    torch-ir profile m.npubin --weights w.safetensors  time per dispatch and per kernel kind
 """
 
 from __future__ import annotations
