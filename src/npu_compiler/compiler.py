@@ -175,8 +175,18 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
         weight_specs=[spec_of(w) for w in weights],
         weight_keys={w.name: ir.weight_name_mapping.get(w.name, w.name) for w in weights},
         tensors=tensors, dispatches=lowered.dispatches, memory=memory, constants=constants,
-        ir=ir.to_dict() if options.embed_ir else None, metadata=metadata,
+        ir=_deterministic_ir_dict(ir) if options.embed_ir else None, metadata=metadata,
     )
+
+
+def _deterministic_ir_dict(ir: NPU_IR) -> dict[str, Any]:
+    """The IR as a dict without normalize's wall-clock timings, so the same model gives the same file."""
+    data = ir.to_dict()
+    stages = data.get("metadata", {}).get("normalize", {}).get("stages", [])
+    for stage in stages:
+        if isinstance(stage, dict):
+            stage.pop("seconds", None)
+    return data
 
 
 def _constant_bytes(value: Any, dtype: str) -> bytes:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import assert_topk_match
+from tests.helpers import assert_topk_match, randomize_batch_norm
 from torch_ir import save_weights
 from torch_ir.weights import module_state
 
@@ -100,13 +100,7 @@ def _pair(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
     with torch.device("meta"):
         meta = cls().eval()
     torch.manual_seed(0)
-    real = cls().eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # non-trivial batch-norm statistics, so that folding them is tested
-        for m in real.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 0.2 - 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+    real = randomize_batch_norm(cls().eval(), seed=1)  # so that folding batch norm is tested
     return meta, real
 
 
