@@ -136,8 +136,9 @@ def with_public_output_names(ir: NPU_IR) -> NPU_IR:
 
 def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions) -> MemoryPlan:
     """Lifetimes -> offsets -> an independent overlap check. Activations only: weights live elsewhere."""
+    constants = {c.name for c in ir.constants}
     sizes = {name: spec.nbytes for name, spec in lowered.tensors.items()
-             if name not in lowered.aliases and name not in {c.name for c in ir.constants}}
+             if name not in lowered.aliases and name not in constants}
     lives = lifetimes([(d.inputs, d.outputs) for d in lowered.dispatches], sizes,
                       live_in=[t.name for t in ir.graph_inputs], live_out=[t.name for t in ir.graph_outputs],
                       aliases=lowered.aliases)

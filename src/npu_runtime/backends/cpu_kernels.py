@@ -21,7 +21,7 @@ writes them without conversion.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -30,15 +30,9 @@ from npu_compiler.compiled_program import Dispatch, TensorSpec
 from torch_ir.ir import OpNode, TensorMeta
 from torch_ir.ops.registry import bind_kernel
 
+from .base import Kernel
+
 Tensor = torch.Tensor
-
-
-class CpuKernel(Protocol):
-    """A dispatchable CPU kernel: ``prepare`` once per weight set, ``run`` per inference."""
-
-    def prepare(self, weights: dict[str, Tensor]) -> None: ...
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -259,7 +253,7 @@ class ConvAddReference(Reference):
 _BINARY = {"aten.add.Tensor": torch.add, "aten.mul.Tensor": torch.mul, "aten.sub.Tensor": torch.sub}
 
 
-def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> CpuKernel:
+def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
     """The fastest CPU kernel that implements ``dispatch``; the reference one when no fast path applies.
 
     ``weight_names`` are the inputs bound before the first run (weights and constants): fast paths that
@@ -293,4 +287,4 @@ def _same_dtype(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
     return len({specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}) == 1
 
 
-__all__ = ["CpuKernel", "make_kernel"]
+__all__ = ["make_kernel"]
