@@ -6,6 +6,7 @@ every unsupported node is reported at once with its op and the reason.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,9 +57,8 @@ class CompileOptions:
     embed_ir: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["normalize_options"] = None if self.normalize_options is None else repr(self.normalize_options)
-        return data
+        """JSON values only, sets sorted: the options go into the program, which must be deterministic."""
+        return json.loads(json.dumps(asdict(self), default=sorted))
 
 
 IRSource = NPU_IR | dict | str | os.PathLike

@@ -20,6 +20,7 @@ from torch_ir.ir import NPU_IR, OpNode, TensorMeta
 
 from .compiled_program import Dispatch, TensorSpec
 from .library import VIEW_OPS, Target
+from .memory import resolve_alias
 
 NHWC = "NHWC"
 # ops whose 4-D activations are stored NHWC on a channels_last target
@@ -170,8 +171,6 @@ def _residual_chain(i: int, dispatches: list[Dispatch], readers: dict[str, list[
 
 def _write_in_place(lowered: Lowered, ir: NPU_IR) -> None:
     """Let a CONV_ADD write its output over its residual when the residual is not read afterwards."""
-    from .memory import resolve_alias
-
     keep = {t.name for t in [*ir.graph_inputs, *ir.graph_outputs]}
     aliases = lowered.aliases
     last_read: dict[str, int] = {}

@@ -61,7 +61,7 @@ class NPUBuffer:
             spec = TensorSpec("buffer", list(array.shape), numpy_dtype_name(array))
         else:
             check_array(array, spec, f"array for {spec.name!r}")
-        return cls(device.backend.upload(array, spec), spec, device)
+        return cls(new_tensor(device, spec, array), spec, device)
 
     def to_numpy(self, spec: TensorSpec | None = None) -> np.ndarray:
         """Copy back to the host in logical order (bfloat16 is widened to float32)."""
@@ -77,6 +77,14 @@ class NPUBuffer:
 
     def __repr__(self) -> str:
         return f"NPUBuffer({self.spec.name!r}, {_describe(self.spec)}, {self.device.name})"
+
+
+def new_tensor(device: Device, spec: TensorSpec, array: Any) -> Any:
+    """Device memory for ``spec``, holding ``array``."""
+    backend = device.backend
+    data = backend.view(backend.allocate(spec.nbytes), 0, spec)
+    backend.copy_in(data, array)
+    return data
 
 
 def check_array(array: np.ndarray, spec: TensorSpec, what: str) -> None:

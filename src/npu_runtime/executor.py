@@ -88,12 +88,14 @@ class Executor:
     def run(self, inputs: Mapping[str, InputValue],
             weights: Weights | Mapping[str, NPUBuffer] | None = None) -> dict[str, NPUBuffer]:
         """Run once; returns the outputs by name as new buffers (the next run does not overwrite them)."""
-        self._prepare(weights)
+        self.ensure_bound(weights)
         self.copy_in(inputs)
         self.run_steps()
         return self.copy_out()
 
-    def _prepare(self, weights: Any) -> None:
+    def ensure_bound(self, weights: Any) -> None:
+        """Bind ``weights`` if they are new; without weights, the ones bound before (a program without
+        weight slots needs none)."""
         if weights is not None and weights is not self.bound:
             self.bind(weights)
         elif self.bound is None:
@@ -123,7 +125,7 @@ class Executor:
             else:
                 array = _as_numpy(value)
                 check_array(array, spec, where)
-                backend.copy(self.tensors[spec.name], backend.upload(array, spec))
+                backend.copy_in(self.tensors[spec.name], array)
 
     def run_steps(self) -> None:
         """The dispatch loop itself."""

@@ -73,7 +73,7 @@ def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any
                      warmup: int = 2) -> Profile:
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
-    executor._prepare(weights)
+    executor.ensure_bound(weights)
     for _ in range(warmup):
         executor.run(inputs)
     sync = executor.device.backend.synchronize

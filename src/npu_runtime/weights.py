@@ -14,7 +14,7 @@ from npu_compiler.compiled_program import CompiledProgram, TensorSpec
 from torch_ir.ops.values import dtype_name
 from torch_ir.weights import load_state_dict
 
-from .device import Device, NPUBuffer, RuntimeInputError, as_device
+from .device import Device, NPUBuffer, RuntimeInputError, as_device, new_tensor
 
 WeightsInput = str | os.PathLike | Mapping[str, Any] | torch.nn.Module
 
@@ -66,7 +66,7 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
         if problem:
             wrong.append(f"{found}: {problem}")
             continue
-        buffers[spec.name] = NPUBuffer(device.backend.upload(array, spec), spec, device)
+        buffers[spec.name] = NPUBuffer(new_tensor(device, spec, array), spec, device)
     if missing or wrong:
         raise RuntimeInputError(_report(where, program, missing, wrong))
     return Weights(program, buffers, sorted(set(state) - used))

@@ -35,8 +35,8 @@ class Backend(Protocol):
     def view(self, storage: Any, offset: int, spec: TensorSpec) -> Any:
         """The tensor ``spec`` stored at byte ``offset`` of ``storage``, in the spec's layout."""
 
-    def upload(self, array: np.ndarray, spec: TensorSpec) -> Any:
-        """Copy a host array (logical order, the spec's dtype) to new device memory in the spec's layout."""
+    def copy_in(self, dst: Any, array: np.ndarray) -> None:
+        """Copy a host array (logical order) into the device tensor ``dst``, converting to its dtype and layout."""
 
     def from_bytes(self, data: bytes, spec: TensorSpec) -> Any:
         """A constant from its little-endian bytes (the ``.npubin`` constant section)."""

@@ -40,12 +40,14 @@ class CPUBackend:
             return _nhwc(flat, spec.shape)
         return flat.view(spec.shape)
 
-    def upload(self, array: np.ndarray | torch.Tensor, spec: TensorSpec) -> torch.Tensor:
-        value = array if isinstance(array, torch.Tensor) else torch.tensor(array)
-        value = value.to(dtype_from_name(spec.dtype))
-        out = self.view(self.allocate(spec.nbytes), 0, spec)
-        out.copy_(value.reshape(spec.shape))
-        return out
+    def copy_in(self, dst: torch.Tensor, array: np.ndarray | torch.Tensor) -> None:
+        if isinstance(array, torch.Tensor):
+            value = array
+        elif array.flags.writeable:  # share the array's memory: copy_ below is the only copy
+            value = torch.from_numpy(np.ascontiguousarray(array))
+        else:  # torch refuses to share read-only memory (a safetensors mapping, say)
+            value = torch.tensor(array)
+        dst.copy_(value.reshape(dst.shape))
 
     def from_bytes(self, data: bytes, spec: TensorSpec) -> torch.Tensor:
         storage = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else self.allocate(0)
