@@ -64,7 +64,7 @@ def test_bad_files_give_one_line_and_status_2(tmp_path, capsys):
     bad.write_text('{"ir_version": "1.0", "model_name": "x", "graph_inputs": [')
     assert main(["inspect", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("torch-ir: error:") and "broken.json: not valid JSON" in err
+    assert err.startswith("torch-ir inspect: error:") and "broken.json: not valid JSON" in err
     assert main(["inspect", str(tmp_path / "missing.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from torch_ir.naming import default_output
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     source_help = "an IR JSON file, a zoo name or package.module:factory (extracted now, on meta)"
@@ -35,8 +37,12 @@ def _load(source: str):
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from torch_ir.fileio import check_output_path
+
     from . import CompileError, CompileOptions, UnsupportedOpsError, compile, is_op_supported, partition
 
+    if args.output:  # refuse an unwritable path before compiling, not after
+        check_output_path(args.output, "program file")
     ir = _load(args.source)
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir)
     try:
@@ -49,7 +55,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     except (CompileError, ValueError) as e:
         print(f"torch-ir compile: {e}", file=sys.stderr)
         return 2
-    out = Path(args.output or f"{program.model_name}.npubin")
+    out = Path(args.output) if args.output else default_output(program.model_name, ".npubin")
     program.save(out)
     print(program.summary())
     print(f"wrote {out}")
@@ -57,11 +63,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    from torch_ir.fileio import atomic_write, check_output_path
+
     from . import is_op_supported, partition
 
+    if args.json:
+        check_output_path(args.json, "partition plan file")
     plan = partition(_load(args.source), is_op_supported, target=args.target)
     print(plan.summary())
     if args.json:
-        Path(args.json).write_text(json.dumps(plan.to_dict(), indent=1), encoding="utf-8")
+        atomic_write(args.json, json.dumps(plan.to_dict(), indent=1), what="partition plan file")
         print(f"wrote {args.json}")
     return 0

@@ -30,6 +30,13 @@ DTYPE_SIZES: dict[str, int] = {
 }
 
 
+def _int(value: Any) -> int:
+    """An integer field of a file: a JSON integer, not a float, string or bool that ``int()`` would accept."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
 def dtype_size(dtype: str) -> int:
     """Bytes per element of `dtype`; an unknown name is an error because a guessed size corrupts memory plans."""
     try:
@@ -64,7 +71,7 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
-        return cls(name=data["name"], shape=[int(d) for d in data["shape"]], dtype=data["dtype"],
+        return cls(name=data["name"], shape=[_int(d) for d in data["shape"]], dtype=data["dtype"],
                    layout=data.get("layout"))
 
 
@@ -87,6 +94,8 @@ class Dispatch:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Dispatch:
+        if not all(isinstance(data[k], list) for k in ("inputs", "outputs")):
+            raise TypeError("dispatch inputs and outputs must be lists of tensor names")
         return cls(kernel=data["kernel"], node=data["node"], inputs=list(data["inputs"]),
                    outputs=list(data["outputs"]), params=dict(data.get("params", {})))
 
@@ -110,8 +119,8 @@ class MemoryPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MemoryPlan:
-        return cls(arena_bytes=int(data["arena_bytes"]), offsets={k: int(v) for k, v in data["offsets"].items()},
-                   no_reuse_bytes=int(data["no_reuse_bytes"]), alignment=int(data.get("alignment", 64)),
+        return cls(arena_bytes=_int(data["arena_bytes"]), offsets={k: _int(v) for k, v in data["offsets"].items()},
+                   no_reuse_bytes=_int(data["no_reuse_bytes"]), alignment=_int(data.get("alignment", 64)),
                    aliases=dict(data.get("aliases", {})))
 
 

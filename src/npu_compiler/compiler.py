@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from torch_ir.errors import TorchIRError
 from torch_ir.ir import NPU_IR, load_ir
 from torch_ir.ir.serialize import ir_from_dict
+from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.values import dtype_from_name
 from torch_ir.passes import NormalizeOptions, normalize
 
@@ -27,7 +29,7 @@ from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
 COMPILER_VERSION = "0.1.0"
 
 
-class CompileError(ValueError):
+class CompileError(TorchIRError, ValueError):
     """The IR cannot be compiled for the target; the message names the nodes and the way forward."""
 
 
@@ -105,6 +107,7 @@ def check_compilable(ir: NPU_IR, target: Target) -> None:
         lines.append("Fix: run the graph through npu_compiler.partition(ir, is_op_supported) and "
                      "npu_runtime.DAGExecutor, which run these nodes on the CPU; or register a kernel for them.")
         raise UnsupportedOpsError("\n".join(lines), bad)
+    _check_sizes(ir)
     dynamic = [t for t in ir.graph_inputs if not t.is_static]
     if dynamic:
         raise CompileError(f"IR {ir.model_name!r}: inputs {[str(t) for t in dynamic]} have symbolic shapes; "
@@ -114,6 +117,14 @@ def check_compilable(ir: NPU_IR, target: Target) -> None:
     if passthrough:
         raise CompileError(f"IR {ir.model_name!r}: outputs {passthrough} are not computed by any node (an input or "
                            "weight returned as it is); return a computed value instead")
+
+
+def _check_sizes(ir: NPU_IR) -> None:
+    """Every static tensor within ``torch_ir.limits`` (an IR shape of [1e12, 1e12] must not become an arena)."""
+    for t in ir.tensors():
+        if t.is_static:
+            itemsize = dtype_from_name(t.dtype).itemsize
+            check_shape([int(d) for d in t.shape], itemsize, f"IR {ir.model_name!r}: tensor {t.name!r}")
 
 
 def with_public_output_names(ir: NPU_IR) -> NPU_IR:
@@ -144,6 +155,7 @@ def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions) -> MemoryPlan:
                       aliases=lowered.aliases)
     offsets, arena = plan_memory(lives, alignment=options.alignment, strategy=options.memory_strategy)
     check_plan(lives, offsets, arena, alignment=options.alignment)
+    check_alloc(arena, f"IR {ir.model_name!r}: the activation arena")
     return MemoryPlan(arena, offsets, no_reuse_bytes(lives, options.alignment), options.alignment,
                       dict(lowered.aliases))
 

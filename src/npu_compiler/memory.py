@@ -21,6 +21,8 @@ import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from torch_ir.errors import TorchIRError
+
 __all__ = [
     "Lifetime",
     "MemoryPlanError",
@@ -37,7 +39,7 @@ __all__ = [
 STRATEGIES = ("greedy_by_size", "naive")
 
 
-class MemoryPlanError(ValueError):
+class MemoryPlanError(TorchIRError, ValueError):
     """A memory plan (or its input) is invalid: two live tensors share bytes, or a tensor is misplaced."""
 
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from npu_compiler.compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
+from torch_ir.errors import InputNotFoundError, TorchIRError
+from torch_ir.fileio import atomic_write, read_input
 
 MAGIC = b"NPUBIN\0\0"
 FORMAT_VERSION = (1, 0)
@@ -43,7 +44,7 @@ REQUIRED_FIELDS = ("model_name", "target", "input_specs", "output_specs", "weigh
                    "tensors", "dispatches", "memory", "constants", "blob_nbytes", "ir", "metadata")
 
 
-class NpubinError(ValueError):
+class NpubinError(TorchIRError, ValueError):
     """A file that is not a usable `.npubin`; the message names the file, the broken rule and the fix."""
 
 
@@ -62,8 +63,10 @@ def write_npubin(program: CompiledProgram, path: str | os.PathLike[str]) -> None
     """Write `program` to `path` atomically: readers see the old file or the complete new one, never a mix.
 
     The bytes are encoded before any file is touched, so an unserializable program leaves the disk untouched.
+    The write is ``torch_ir.fileio.atomic_write`` (random temp name beside `path`, fsync, rename); an
+    unwritable path raises ``OutputWriteError`` naming `path`.
     """
-    _atomic_write(Path(path), encode_npubin(program))
+    atomic_write(path, encode_npubin(program), what="program file")
 
 
 def encode_npubin(program: CompiledProgram) -> bytes:
@@ -130,37 +133,6 @@ def _encode_header(header: dict[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Write to a temp file beside `path`, fsync, then rename over it; on any failure remove the temp file."""
-    # Same directory so os.replace is a rename within one file system (atomic); random name so that two
-    # writers never share a temp file. open(..., "xb") keeps the usual umask permissions, unlike mkstemp.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable; best effort because some platforms cannot open a directory."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------------------------- reading
 
 
@@ -168,11 +140,11 @@ def read_npubin(path: str | os.PathLike[str]) -> CompiledProgram:
     """Load a `.npubin` file; raises `NpubinError` (naming the file, the broken rule and the fix) if unusable."""
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        data = read_input(path, "program file", "check the path, or compile the model to create it")
+    except InputNotFoundError:
         raise _error(path, "no such file", "check the path, or compile the model to create it") from None
-    except OSError as err:
-        raise _error(path, f"cannot be read ({err.strerror or err})", "check the path and its permissions") from err
+    except TorchIRError as err:
+        raise NpubinError(str(err)) from None
     return decode_npubin(data, path)
 
 
@@ -184,7 +156,11 @@ def decode_npubin(data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Comp
     blob = data[_align(_FIXED.size + header_len):len(data) - _DIGEST_BYTES]
     if len(blob) != header["blob_nbytes"]:
         raise _error(path, f"blob holds {len(blob)} bytes but the header declares {header['blob_nbytes']}")
-    return _program_from_header(header, blob, path)
+    program = _program_from_header(header, blob, path)
+    from .program_check import check_program  # it raises this module's NpubinError
+
+    check_program(program, str(path), to_run=False)
+    return program
 
 
 def _check_fixed_header(data: bytes, path: Path | str) -> int:
@@ -216,11 +192,19 @@ def _check_checksum(data: bytes, path: Path | str) -> None:
         raise _error(path, "checksum mismatch: file was altered or truncated", "recompile the model")
 
 
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not strict JSON")
+
+
 def _parse_header(raw: bytes, path: Path | str) -> dict[str, Any]:
+    # Strict JSON as the writer produces it: NaN/Infinity refused (parse_constant), and integers longer
+    # than Python's digit limit or nesting deeper than its recursion limit refused rather than crashing.
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _error(path, f"header is not valid UTF-8 JSON ({err})") from None
+        header = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise _error(path, f"header is not valid UTF-8 JSON (strict: no NaN or Infinity; {err})") from None
+    except RecursionError:
+        raise _error(path, "header is nested too deeply to be a program") from None
     if not isinstance(header, dict):
         raise _error(path, f"header is a JSON {type(header).__name__}, not an object")
     for name in REQUIRED_FIELDS:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from torch_ir.fileio import read_input
+
+from .device import RuntimeInputError
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -43,14 +46,24 @@ def _setup(args: argparse.Namespace):
     return program, executor, weights, _inputs(program, args.input, args.seed)
 
 
+def _load_npy(name: str, path: str) -> np.ndarray:
+    """One ``.npy`` input, read as data only (no pickles), bounded by torch_ir.limits like every file."""
+    data = read_input(path, f"input file for {name!r}", "give a .npy file written by numpy.save")
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise RuntimeInputError(f"input file {path!r} for {name!r} is not a readable .npy array ({e}); "
+                                "write it with numpy.save (object arrays are refused)") from None
+
+
 def _inputs(program, given: list[str], seed: int) -> dict[str, np.ndarray]:
     """Arrays from ``NAME=FILE.npy``; the others random (floats normal, integers 0 or 1, as token ids or masks)."""
     arrays = {}
     for item in given:
         name, sep, path = item.partition("=")
         if not sep:
-            raise ValueError(f"--input {item!r}: write NAME=FILE.npy")
-        arrays[name] = np.load(path, allow_pickle=False)
+            raise RuntimeInputError(f"--input {item!r}: write NAME=FILE.npy")
+        arrays[name] = _load_npy(name, path)
     rng = np.random.default_rng(seed)
     for spec in program.input_specs:
         if spec.name in arrays:
@@ -65,6 +78,10 @@ def _inputs(program, given: list[str], seed: int) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from torch_ir.fileio import check_output_path
+
+    if args.output:  # refuse an unwritable path before the run, not after it
+        check_output_path(args.output, "outputs file")
     program, executor, weights, inputs = _setup(args)
     outputs = {name: buf.to_numpy() for name, buf in executor.run(inputs, weights=weights).items()}
     print(f"{program.model_name}: {program.dispatch_count} dispatches")
@@ -81,22 +98,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically: a failed write leaves no half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write atomically (``torch_ir.fileio.atomic_write``): a failed write leaves no half-written file."""
+    from torch_ir.fileio import atomic_write
+
+    atomic_write(path, lambda handle: np.savez(handle, **arrays), what="outputs file")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from torch_ir.fileio import atomic_write, check_output_path
+
+    if args.json:  # refuse an unwritable path before the timed runs, not after them
+        check_output_path(args.json, "profile file")
     _, executor, weights, inputs = _setup(args)
     profile = executor.profile(inputs, weights, runs=args.runs)
     print(profile.table())
     if args.json:
-        Path(args.json).write_text(json.dumps(profile.to_dict(), indent=1), encoding="utf-8")
+        atomic_write(args.json, json.dumps(profile.to_dict(), indent=1), what="profile file")
         print(f"wrote {args.json}")
     return 0

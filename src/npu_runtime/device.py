@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 
 from npu_compiler.compiled_program import TensorSpec
+from torch_ir.errors import TorchIRError
 
 from .backends import Backend, get_backend
 
 
-class RuntimeInputError(ValueError):
+class RuntimeInputError(TorchIRError, ValueError):
     """An input, a weight or a buffer does not match what the program expects; the message says which."""
 
 

@@ -16,6 +16,8 @@ import numpy as np
 
 from npu_compiler.compiled_program import CompiledProgram, TensorSpec
 from npu_compiler.memory import resolve_alias
+from npu_compiler.program_check import check_program
+from torch_ir.errors import TorchIRError
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
 from .weights import Weights, load_weights
@@ -24,7 +26,7 @@ Step = tuple[Callable[[list[Any], list[Any]], None], list[Any], list[Any]]
 InputValue = NPUBuffer | np.ndarray | Any
 
 
-class DispatchError(RuntimeError):
+class DispatchError(TorchIRError, RuntimeError):
     """A kernel failed; the message names the dispatch, its kernel and the IR node it came from."""
 
 
@@ -45,15 +47,26 @@ class Executor:
                 f"program {program.model_name!r} was compiled for target {program.target!r}; the {backend.name} "
                 f"backend runs target {backend.target!r}: compile with npu_compiler.compile(..., "
                 f"target={backend.target!r})")
+        check_program(program)  # a loaded program is untrusted data: re-check it before allocating anything
         self.arena = backend.allocate(program.arena_bytes)
         self.tensors = self._place()
         self.constants = {name: backend.from_bytes(data, program.tensors[name])
                           for name, data in program.constants.items()}
         self.specs: dict[str, TensorSpec] = {**program.tensors, **{w.name: w for w in program.weight_specs}}
         self.fixed = set(self.constants) | {w.name for w in program.weight_specs}
-        self.kernels = [backend.kernel(d, self.specs, self.fixed) for d in program.dispatches]
+        self.kernels = [self._kernel(i, d) for i, d in enumerate(program.dispatches)]
         self.steps: list[Step] = []
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
+
+    def _kernel(self, index: int, dispatch: Any) -> Any:
+        try:
+            return self.device.backend.kernel(dispatch, self.specs, self.fixed)
+        except TorchIRError:
+            raise
+        except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+            raise RuntimeInputError(
+                f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {self.program.model_name!r} "
+                f"has parameters its kernel cannot use ({type(e).__name__}: {e}); recompile the model") from None
 
     def _place(self) -> dict[str, Any]:
         """Every activation (and view) at its offset in the arena."""

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from npu_compiler.compiled_program import CompiledProgram, TensorSpec
+from torch_ir.errors import TorchIRError
 from torch_ir.ops.values import dtype_name
 from torch_ir.weights import load_state_dict
 
@@ -61,7 +61,7 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
             missing.append(f"{key} ({spec.dtype}{list(spec.shape)})")
             continue
         used.add(found)
-        array = state[found]
+        array = _host(state[found], found, where)  # only the tensors a slot reads are converted
         problem = _mismatch(array, spec)
         if problem:
             wrong.append(f"{found}: {problem}")
@@ -72,28 +72,51 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
     return Weights(program, buffers, sorted(set(state) - used))
 
 
-def _read(source: WeightsInput, where: str) -> dict[str, np.ndarray]:
-    if isinstance(source, (str, os.PathLike)) and not Path(source).is_file():
-        raise RuntimeInputError(f"weights file {where!r} does not exist")
+def _read(source: WeightsInput, where: str) -> Mapping[str, Any]:
+    """The source's tensors (or arrays) by key, unconverted: a tensor of a dtype numpy lacks (float8, ...)
+    under a key no slot reads must not stop the load. Any unreadable source -> RuntimeInputError naming it."""
     if isinstance(source, Mapping):
-        source = {k: torch.from_numpy(np.asarray(v)) if not isinstance(v, torch.Tensor) else v
-                  for k, v in source.items()}
+        bad = [k for k in source if not isinstance(k, str)]
+        if bad:
+            raise RuntimeInputError(f"weights dict has {len(bad)} key(s) that are not names (first: {bad[0]!r:.60}); "
+                                    "key it by state-dict name (model.state_dict())")
+        return source
     try:
-        state = load_state_dict(source)
-    except (OSError, ValueError) as e:
-        raise RuntimeInputError(f"cannot read weights from {where}: {e}") from None
-    return {k: _host(v) for k, v in state.items()}
+        return load_state_dict(source)
+    except (TorchIRError, OSError, ValueError, TypeError) as e:
+        message = str(e) if where in str(e) else f"cannot read weights from {where}: {e}"
+        raise RuntimeInputError(message) from None
 
 
-def _host(t: torch.Tensor) -> Any:
-    """numpy for everything numpy has; bfloat16 stays a tensor (numpy has no bfloat16)."""
-    t = t.detach()
-    return t if t.dtype == torch.bfloat16 or t.device.type == "meta" else t.cpu().numpy()
+def _host(value: Any, key: str, where: str) -> Any:
+    """numpy for everything numpy has; a tensor numpy cannot hold (bfloat16, float8, ...) stays a tensor and
+    is then checked against the slot's dtype like any other."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise RuntimeInputError(f"weight {key!r} from {where} is an array of Python objects, not numbers; "
+                                    "pass numeric arrays or tensors")
+        return value
+    if not isinstance(value, torch.Tensor):
+        try:
+            array = np.asarray(value)
+        except Exception as e:  # noqa: BLE001 - any value can be passed in a dict
+            raise RuntimeInputError(f"weight {key!r} from {where} is a {type(value).__name__}, not an array "
+                                    f"({e}); pass tensors or numpy arrays") from None
+        return _host(array, key, where)
+    t = value.detach()
+    if t.dtype == torch.bfloat16 or t.device.type == "meta" or t.layout != torch.strided:
+        return t
+    try:
+        return t.cpu().numpy()
+    except TypeError:  # a dtype numpy has no type for
+        return t
 
 
 def _mismatch(value: Any, spec: TensorSpec) -> str | None:
     if isinstance(value, torch.Tensor) and value.device.type == "meta":
         return "is on the meta device (no data); load the real weights"
+    if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+        return f"is a {str(value.layout).removeprefix('torch.')} tensor; store it dense (tensor.to_dense())"
     dtype = dtype_name(value.dtype) if isinstance(value, torch.Tensor) else value.dtype.name
     if list(value.shape) != list(spec.shape):
         return f"shape {list(value.shape)}, the program expects {list(spec.shape)}"

@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from tqdm import tqdm
@@ -56,12 +58,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
+    from .fileio import check_output_path
+    from .naming import default_output
     from .report import ir_statistics
     from .weights import module_state, save_weights
     from .zoo.runner import resolve_spec
 
+    # every output is checked before anything is built or written: no IR left behind by a bad --weights path
+    if args.output:
+        check_output_path(args.output, "IR file")
+    if args.weights:
+        check_output_path(args.weights, "weights file")
     spec = resolve_spec(args.model)
-    out = Path(args.output or f"{spec.name}.json")
+    out = Path(args.output) if args.output else default_output(spec.name, ".json")
+    check_output_path(out, "IR file")
     with _progress(f"extract {spec.name}", total=3) as bar:
         step = _stage_printer(bar)
         step("build on meta")
@@ -79,9 +89,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from .fileio import atomic_write, check_output_path
     from .ir import load_ir
     from .report import ir_statistics, markdown_report, to_mermaid
 
+    if args.markdown:
+        check_output_path(args.markdown, "report file")
     ir = load_ir(args.ir)
     stats = ir_statistics(ir)
     if args.text:
@@ -92,7 +105,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print()
         print(to_mermaid(ir))
     if args.markdown:
-        Path(args.markdown).write_text(markdown_report(ir, stats), encoding="utf-8")
+        atomic_write(args.markdown, markdown_report(ir, stats), what="report file")
         print(f"wrote {args.markdown}")
     return 0
 
@@ -120,6 +133,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
+    from .fileio import atomic_write
     from .zoo import get_model, list_models
     from .zoo.runner import resolve_spec, run_model
 
@@ -141,7 +155,7 @@ def cmd_zoo(args: argparse.Namespace) -> int:
             rows.append(f"| {entry.name} | {entry.category} | - | ERROR: {type(e).__name__}: {str(e)[:120]} |")
             failed += 1
     summary = ["# Model zoo report", "", "| model | category | nodes | verification |", "|---|---|---|---|", *rows]
-    (out / "summary.md").write_text("\n".join(summary) + "\n", encoding="utf-8")
+    atomic_write(out / "summary.md", "\n".join(summary) + "\n", what="summary file")
     print("\n".join(summary))
     print(f"\nwrote {out / 'summary.md'}")
     return 1 if failed else 0
@@ -173,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torch-ir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    model_help = "a zoo name (torch-ir zoo --list) or package.module:factory returning (model, args[, kwargs])"
+    model_help = ("a zoo name (torch-ir zoo --list) or package.module:factory returning (model, args[, kwargs]). "
+                  "Warning: a spec imports that module and calls the factory, which runs its code; "
+                  "only use specs you trust")
 
     p = sub.add_parser("demo", help="the main job on a built-in example, printing the report")
     p.add_argument("--model", default="convnet", help=model_help)
@@ -236,18 +252,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from npu_compiler import CompileError, NpubinError
-    from npu_runtime import RuntimeInputError
-
-    from .errors import TorchIRError
-    from .ir import IRValidationError
-
+    """Run one command. Bad input (any ``TorchIRError``, an unreadable or unwritable path) ends with one
+    line on stderr and exit code 2; an unexpected exception is a bug: one line, exit code 3, and the
+    traceback with ``TORCH_IR_TRACEBACK=1``."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TorchIRError, IRValidationError, FileNotFoundError, CompileError, NpubinError, RuntimeInputError) as e:
-        print(f"torch-ir: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line; see error_line
+        code, line = error_line(e)
+        if os.environ.get("TORCH_IR_TRACEBACK"):
+            traceback.print_exc()
+        print(f"torch-ir {args.command}: {line}", file=sys.stderr)
+        return code
+
+
+def error_line(e: BaseException) -> tuple[int, str]:
+    """The exit code and the one line the CLI prints for ``e``."""
+    from .errors import TorchIRError
+
+    if isinstance(e, TorchIRError):
+        return 2, f"error: {e}"
+    if isinstance(e, OSError):  # a path the user gave: missing, a directory, read-only, name too long, disk full
+        where = f"{e.filename}: " if e.filename else ""
+        return 2, f"error: {where}{e.strerror or e}"
+    if isinstance(e, RecursionError):
+        return 2, "error: the input is nested too deeply to process (a hostile or corrupt file?)"
+    if isinstance(e, MemoryError):
+        return 2, ("error: out of memory; the input asks for more than this machine has "
+                   "(see torch_ir.limits and docs/security.md)")
+    return 3, (f"internal error: {type(e).__name__}: {e} (this is a bug in torch-ir: please report it; "
+               "set TORCH_IR_TRACEBACK=1 for the traceback)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import WeightsMismatchError
+from .errors import InputNotFoundError, WeightsMismatchError
+from .fileio import atomic_write, check_output_path
 from .ir import NPU_IR, TensorMeta
 from .ops.values import dtype_from_name, dtype_name
 
@@ -21,24 +22,33 @@ WeightsSource = str | os.PathLike | Mapping[str, torch.Tensor] | torch.nn.Module
 
 
 def load_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
-    """A ``.safetensors`` or ``.pt``/``.pth``/``.bin`` file, a dict of tensors, or a module."""
+    """A ``.safetensors`` or ``.pt``/``.pth``/``.bin`` file, a dict of tensors, or a module.
+
+    A ``.pt`` file is read with ``torch.load(weights_only=True)``: tensors and plain containers only, never
+    arbitrary pickled objects. Anything but a mapping of names to tensors raises ``WeightsMismatchError``.
+    """
     if isinstance(source, torch.nn.Module):
         return module_state(source)
     if isinstance(source, Mapping):
-        bad = [k for k, v in source.items() if not isinstance(v, torch.Tensor)]
-        if bad:
-            raise WeightsMismatchError(f"weights dict has non-tensor values under {bad[:5]}; pass a state dict")
-        return dict(source)
+        return _checked_state(source, "weights dict")
+    if not isinstance(source, (str, os.PathLike)):
+        raise WeightsMismatchError(
+            f"weights source is a {type(source).__name__}; pass a state dict (a mapping of names to tensors), "
+            "a module, or the path of a .safetensors/.pt file")
     path = Path(source)
+    if path.is_dir():
+        raise WeightsMismatchError(
+            f"weights path {str(path)!r} is a directory; a weights file is expected (.safetensors, .pt or .pth), "
+            "e.g. one written by torch_ir.save_weights")
     if not path.is_file():
-        raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
+        raise InputNotFoundError(f"weights file {str(path)!r} does not exist; check the path")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
             return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as e:
+        except (SafetensorError, OSError, ValueError, TypeError) as e:
             raise WeightsMismatchError(f"{path}: not a readable safetensors file ({e})") from None
     if path.suffix in (".pt", ".pth", ".bin"):
         try:
@@ -50,8 +60,36 @@ def load_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
             ) from None
         if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
             state = state["state_dict"]
-        return load_state_dict(state)
+        return _checked_state(state, str(path))
     raise WeightsMismatchError(f"{path}: unknown weights format {path.suffix!r}; use .safetensors, .pt or .pth")
+
+
+_SAVE_HINT = "save with torch.save(model.state_dict(), path) or torch_ir.save_weights"
+
+
+def _checked_state(state: object, where: str) -> dict[str, torch.Tensor]:
+    """``state`` as a dict of tensors keyed by name, or WeightsMismatchError naming ``where`` and the fix."""
+    if not isinstance(state, Mapping):
+        raise WeightsMismatchError(
+            f"{where} holds {_kind(state)}, not a state dict (a mapping of names to tensors); {_SAVE_HINT}")
+    bad_keys = [k for k in state if not isinstance(k, str)]
+    if bad_keys:
+        raise WeightsMismatchError(
+            f"{where} has {len(bad_keys)} key(s) that are not names (first: {_kind(bad_keys[0])} {bad_keys[0]!r:.60}); "
+            f"a state dict maps str names to tensors; {_SAVE_HINT}")
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        shown = ", ".join(f"{k!r:.80} ({_kind(state[k])})" for k in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        raise WeightsMismatchError(
+            f"{where} holds {len(bad)} value(s) that are not tensors: {shown}; a state dict maps names to "
+            f"tensors; {_SAVE_HINT}")
+    return dict(state)
+
+
+def _kind(value: object) -> str:
+    """"a list", "a Tensor", "an int": how a message names a value's type."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def module_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -134,15 +172,21 @@ def _mismatch_report(ir: NPU_IR, missing: list, wrong: list, unexpected: list) -
 
 
 def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
-    """Save a state dict as ``.safetensors``, keeping one copy of tied tensors; atomic."""
-    from safetensors.torch import save_file
+    """Save a state dict as ``.safetensors``, keeping one copy of tied tensors.
+
+    Atomic (``torch_ir.fileio.atomic_write``): a temp file with a random name beside ``path``, fsynced, then
+    renamed, so concurrent writers and a crash never leave a partial file. An unwritable path raises
+    ``OutputWriteError`` before any tensor is copied.
+    """
+    from safetensors.torch import save
 
     path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"cannot save weights to {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    check_output_path(path, "weights file")
     seen: dict[tuple[int, int], str] = {}
     unique: dict[str, torch.Tensor] = {}
     for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            raise WeightsMismatchError(f"weight {name!r} is {_kind(t)}, not a tensor; save_weights takes a state dict")
         if t.device.type == "meta":
             raise WeightsMismatchError(f"weight {name!r} is on the meta device and has no data to save")
         key = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
@@ -150,10 +194,5 @@ def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> 
             continue  # tied: the IR's weight_aliases find it under the first name
         seen[key] = name
         unique[name] = t.detach().contiguous().cpu()
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        save_file(unique, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
+    # bytes, not safetensors.torch.save_file: that one renames its own temp file onto the name it is given
+    atomic_write(path, save(unique), what="weights file")

@@ -43,7 +43,7 @@ def make_program() -> CompiledProgram:
             Dispatch("gemm", "fc", ["flat", "w_fc"], ["fc_out"], {"trans_b": True, "alpha": 1.0}),
             Dispatch("aten.mul.Tensor", "mul", ["fc_out", "scale"], ["y"], {"note": "ünïcode ok", "none": None}),
         ],
-        memory=MemoryPlan(arena_bytes=2048, offsets={"x": 0, "conv_out": 768, "relu_out": 0, "fc_out": 1024,
+        memory=MemoryPlan(arena_bytes=2048, offsets={"x": 0, "conv_out": 1024, "relu_out": 0, "fc_out": 1024,
                                                      "y": 1088},
                           no_reuse_bytes=4096, alignment=64, aliases={"flat": "relu_out"}),
         constants={"scale": bytes(range(20)), "index": struct.pack("<3q", 2, 0, 1)},
@@ -100,6 +100,8 @@ def test_layout_magic_version_alignment_and_checksum(saved):
 def test_program_without_ir_or_constants_round_trips(tmp_path):
     program = make_program()
     program.ir, program.constants = None, {}
+    # without its embedded constants, "scale" must be a weight slot: a tensor read with no storage is refused
+    program.weight_specs.append(program.tensors.pop("scale"))
     program.save(tmp_path / "p.npubin")
     assert CompiledProgram.load(tmp_path / "p.npubin") == program
 

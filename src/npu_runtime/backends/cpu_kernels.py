@@ -46,15 +46,26 @@ def _pair(value: int | Sequence[int]) -> list[int]:
     return values * 2 if len(values) == 1 else values
 
 
-# activation -> oneDNN post-op (attr, scalars, algorithm)
+# activation -> oneDNN post-op (attr, scalars, algorithm). relu and relu6 are not fused into oneDNN:
+# its clamping post-ops turn NaN into 0 (a NaN weight would give finite logits, where eager gives NaN);
+# they run as torch's NaN-propagating clamp in the copy into the arena instead, which costs no extra pass.
 _MKLDNN_ACTIVATIONS: dict[str | None, tuple[str, list[Any], str]] = {
     None: ("none", [], ""),
-    "relu": ("relu", [], ""),
-    "relu6": ("hardtanh", [0.0, 6.0], ""),
+    "relu": ("none", [], ""),
+    "relu6": ("none", [], ""),
     "silu": ("swish", [], ""),
     "gelu": ("gelu", [], "none"),
     "gelu_tanh": ("gelu", [], "tanh"),
 }
+_CLAMPS = {"relu": (0.0, None), "relu6": (0.0, 6.0)}
+
+
+def _store(out: Tensor, y: Tensor, activation: str | None) -> None:
+    """``out = clamp(y)`` for the activations oneDNN does not apply (see ``_MKLDNN_ACTIVATIONS``), else a copy."""
+    if activation in _CLAMPS:
+        torch.clamp(y, *_CLAMPS[activation], out=out)
+    else:
+        out.copy_(y)
 
 
 def _apply_activation_(t: Tensor, name: str | None) -> None:
@@ -132,17 +143,15 @@ class Conv2d:
         args = (self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups)
         if not self.residual:
             y = torch.ops.mkldnn._convolution_pointwise(x, *args, self.attr, self.scalars, self.algorithm)
-        elif self.activation not in (None, "relu"):  # oneDNN's binary post-op takes add then none/relu only
-            y = torch.ops.mkldnn._convolution_pointwise.binary(x, inputs[-1], *args, "add", None, None, [], None)
-            _apply_activation_(y, self.activation)
         elif self.inplace:  # out is the residual's buffer: accumulate into it, no allocation, no copy
-            unary = None if self.activation is None else self.attr
-            torch.ops.mkldnn._convolution_pointwise_.binary(out, x, *args, "add", 1.0, unary, [], None)
+            torch.ops.mkldnn._convolution_pointwise_.binary(out, x, *args, "add", 1.0, None, [], None)
+            _apply_activation_(out, self.activation)
             return
-        else:
-            unary = None if self.activation is None else self.attr
-            y = torch.ops.mkldnn._convolution_pointwise.binary(x, inputs[-1], *args, "add", None, unary, [], None)
-        out.copy_(y)
+        else:  # oneDNN's binary post-op is add, then no activation (see _MKLDNN_ACTIVATIONS for relu)
+            y = torch.ops.mkldnn._convolution_pointwise.binary(x, inputs[-1], *args, "add", None, None, [], None)
+            if self.activation not in _CLAMPS:
+                _apply_activation_(y, self.activation)
+        _store(out, y, self.activation)
 
 
 # --------------------------------------------------------------------------------------------- gemm

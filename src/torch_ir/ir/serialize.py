@@ -10,11 +10,11 @@ import contextlib
 import gc
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..fileio import atomic_write, check_output_path, read_input
 from .core import NPU_IR, OpNode, TensorMeta
 from .validate import IRValidationError, check_document, check_integrity
 
@@ -98,38 +98,23 @@ def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
 
 
 def save_ir(ir: NPU_IR, path: str | os.PathLike, *, indent: int | None = None) -> None:
-    """Write ``ir`` as JSON. The file appears whole or not at all (temp file + rename)."""
+    """Write ``ir`` as JSON. The file appears whole or not at all (``torch_ir.fileio.atomic_write``);
+    an unwritable path raises ``OutputWriteError`` before the IR is encoded."""
     path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(
-            f"cannot save IR to {str(path)!r}: directory {str(path.parent)!r} does not exist; "
-            "create it first (mkdir -p) or choose another path"
-        )
+    check_output_path(path, "IR file")
     check_integrity(ir, source=f"IR {ir.model_name!r} being saved to {path}")
     with _gc_paused():
         text = json.dumps(ir_to_dict(ir), indent=indent, allow_nan=False)
-    atomic_write_text(path, text)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, text, what="IR file")
 
 
 def load_ir(path: str | os.PathLike) -> NPU_IR:
     """Read an IR JSON file written by :meth:`NPU_IR.save`, checking it field by field."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"IR file {str(path)!r} does not exist")
+    data = read_input(path, "IR file", "extract or save the IR again")
     try:
         with _gc_paused():
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise IRValidationError(f"{path}: not a text (UTF-8) file: {e}") from None
     except json.JSONDecodeError as e:
@@ -137,8 +122,19 @@ def load_ir(path: str | os.PathLike) -> NPU_IR:
             f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
             "the file is corrupt or truncated; extract or save the IR again"
         ) from None
-    with _gc_paused():
-        return ir_from_dict(doc, source=str(path))
+    except ValueError as e:  # NaN/Infinity literals, integers past Python's digit limit
+        raise IRValidationError(f"{path}: not strict JSON ({e}); extract or save the IR again") from None
+    except RecursionError:
+        raise IRValidationError(f"{path}: nested too deeply to be an IR file; extract or save the IR again") from None
+    try:
+        with _gc_paused():
+            return ir_from_dict(doc, source=str(path))
+    except RecursionError:
+        raise IRValidationError(f"{path}: nested too deeply to be an IR file; extract or save the IR again") from None
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value (non-finite numbers are stored tagged, as {{\"float\": \"nan\"}})")
 
 
 @contextlib.contextmanager

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import IRValidationError, TorchIRError
+from ..limits import get_limits
+from ..ops.symbolic import parse_sym
+from ..ops.values import check_value
 from .core import NPU_IR, ROLES, OpNode
 
 SUPPORTED_MAJOR = 1
-
-
-class IRValidationError(ValueError):
-    """An IR file or object breaks a rule of the format; the message names where and which."""
 
 
 def _fail(source: str, path: str, rule: str) -> None:
@@ -35,10 +35,14 @@ def _check_tensor(t: Any, path: str, source: str) -> None:
     if not isinstance(t["name"], str) or not t["name"]:
         _fail(source, f"{path}.name", "expected a non-empty string")
     shape = t["shape"]
+    max_dim = get_limits().max_dim
     if not isinstance(shape, list) or not all(
-        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape
+        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= max_dim) for d in shape
     ):
-        _fail(source, f"{path}.shape", "expected list of int or str (non-negative sizes or symbols)")
+        _fail(source, f"{path}.shape", f"expected list of int or str (sizes from 0 to {max_dim}, or symbols)")
+    for d in shape:
+        if isinstance(d, str):
+            parse_sym(d, f"{source}: {path}.shape")
     if not isinstance(t["dtype"], str):
         _fail(source, f"{path}.dtype", "expected a dtype name string such as 'float32'")
     role = t.get("role")
@@ -99,8 +103,41 @@ def check_document(doc: Any, *, source: str = "<dict>") -> None:
         for key in ("inputs", "outputs"):
             for j, t in enumerate(_check_list(node, key, f"{source}: {path}")):
                 _check_tensor(t, f"{path}.{key}[{j}]", source)
-        if not isinstance(node.get("attrs", {}), dict):
+        attrs = node.get("attrs", {})
+        if not isinstance(attrs, dict):
             _fail(source, f"{path}.attrs", "expected an object of attribute values")
+        for name, value in attrs.items():
+            _check_attr(value, f"{path}.attrs.{name}", source)
+    _check_symbols(doc.get("symbols", {}), source)
+
+
+def _check_attr(value: Any, path: str, source: str) -> None:
+    try:
+        check_value(value, f"{source}: {path}")
+    except ValueError as e:
+        if isinstance(e, TorchIRError):
+            raise
+        raise IRValidationError(str(e)) from None
+
+
+def _check_symbols(symbols: Any, source: str) -> None:
+    """``symbols``: name -> {"min": int | null, "max": int | null, "expr": {"sym": ...} (optional)}."""
+    if not isinstance(symbols, dict):
+        _fail(source, "symbols", "expected an object mapping symbol names to their ranges")
+    for name, spec in symbols.items():
+        path = f"symbols.{name}"
+        if not name.isidentifier():
+            _fail(source, path, "a symbol name must be an identifier such as 's0' or 'batch'")
+        if not isinstance(spec, dict):
+            _fail(source, path, "expected an object with min, max and optionally expr")
+        for bound in ("min", "max"):
+            value = spec.get(bound)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                _fail(source, f"{path}.{bound}", "expected an integer or null")
+        if "expr" in spec:
+            if not (isinstance(spec["expr"], dict) and set(spec["expr"]) == {"sym"}):
+                _fail(source, f"{path}.expr", 'expected {"sym": "<expression>"}')
+            _check_attr(spec["expr"], f"{path}.expr", source)
 
 
 # -- object level ------------------------------------------------------------------------------------

@@ -8,20 +8,32 @@ Lookup order for an op type such as ``"aten.conv2d.default"``:
    ``torch.library`` custom op that is loaded, runs this way.
 
 An op found by neither is reported with the node and a ready-to-paste registration.
+
+The op type comes from a file, so the generic path is not "call whatever the file names": an op is
+refused (:class:`UnsafeInputError`) when its schema writes to any argument (in-place and ``out=``
+variants: they would write outside the node's own outputs), when it returns nothing (it can only
+act through side effects), when it is on :data:`DENIED_OPS` (it reads or writes files, or global
+state), or when its namespace is one of torch's own non-ATen namespaces (:data:`DENIED_NAMESPACES`:
+distributed collectives, the profiler, prepacked-weight backends, ...). A node's attributes must be
+arguments of the op's schema: a misspelled one is refused, not silently replaced by the default.
+Before the first run, a node whose attributes are all static runs once on the meta device, so an
+output larger than ``torch_ir.limits`` (``aten.full(size=[1e6, 1e6])``) is refused before allocating.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..errors import UnsupportedOpError
+from ..errors import IRValidationError, UnsafeInputError, UnsupportedOpError
 from ..ir import OpNode
-from .values import decode_value, has_symbols
+from ..limits import check_alloc
+from .values import decode_value, dtype_from_name, has_symbols
 
 Kernel = Callable[[Sequence[torch.Tensor], Mapping[str, int]], list[torch.Tensor]]
 """A node bound to its implementation: (input tensors, bound symbols) -> output tensors."""
@@ -101,8 +113,45 @@ def _provided(op_type: str) -> OpDef | None:
     return _REGISTRY.get(op_type) if provide(op_type) else None
 
 
+#: ATen ops refused on the generic path although their schema looks pure: they read or write files or
+#: process-wide state. (Ops that write an argument or return no tensor are refused by their schema.)
+DENIED_OPS = frozenset({
+    "aten.from_file", "aten._cufft_set_plan_cache_max_size", "aten._cufft_clear_plan_cache",
+    "aten._cufft_get_plan_cache_size", "aten._cufft_get_plan_cache_max_size", "aten.record_stream",
+    "aten._print", "aten.set_", "aten._linalg_check_errors",
+})
+
+#: torch's own namespaces other than ``aten`` and ``prims``: collectives that open network connections,
+#: the profiler, runtimes and prepacked-weight backends whose ops trust their inputs. A namespace that a
+#: user's own ``torch.library`` code defines is not here, so loaded custom ops keep working.
+DENIED_NAMESPACES = frozenset({
+    "quantized", "_quantized", "symm_mem", "static_runtime", "c10d", "_c10d_functional",
+    "_c10d_functional_autograd", "c10d_functional", "onednn", "mkldnn", "mkldnn_prepacked", "mkl", "sparse",
+    "inductor", "inductor_prims", "profiler", "_test", "quantization", "debugprims", "rngprims", "_native",
+    "debug_mode_ops", "export", "_dtensor", "higher_order", "fbgemm", "_inductor_test", "cuda", "xpu", "mps",
+})
+
+
+def unsafe_reason(op_type: str, overload: torch._ops.OpOverload) -> str | None:
+    """Why the generic path must not run ``overload`` for an op type read from a file (None: it may)."""
+    ns, name, _ = op_type.split(".")
+    schema = overload._schema
+    if ns in DENIED_NAMESPACES:
+        return f"namespace {ns!r} is torch's own non-ATen namespace (collectives, profiler, backends), not a model op"
+    if f"{ns}.{name}" in DENIED_OPS:
+        return "it reads or writes files or process-wide state"
+    if schema.is_mutable:
+        return "its schema writes to an argument (an in-place or out= variant); use the functional overload"
+    if not schema.returns:
+        return "it returns nothing, so it can only act through side effects"
+    return None
+
+
 def is_supported(op_type: str) -> bool:
-    return op_type in _REGISTRY or resolve_overload(op_type) is not None or _provided(op_type) is not None
+    if op_type in _REGISTRY or _provided(op_type) is not None:
+        return True
+    overload = resolve_overload(op_type)
+    return overload is not None and unsafe_reason(op_type, overload) is None
 
 
 def bind_kernel(node: OpNode, device: torch.device) -> Kernel:
@@ -112,6 +161,12 @@ def bind_kernel(node: OpNode, device: torch.device) -> Kernel:
         return _bind_registered(node, opdef, device)
     overload = resolve_overload(node.op_type)
     if overload is not None:
+        reason = unsafe_reason(node.op_type, overload)
+        if reason is not None:
+            raise UnsafeInputError(
+                f"node {node.name!r} names op {node.op_type}, which an IR file may not run: {reason}. "
+                "See docs/security.md; a model that needs it can register a reference implementation with "
+                "@torch_ir.register_op")
         return _bind_schema(node, overload, device)
     opdef = _provided(node.op_type)
     if opdef is not None:
@@ -140,8 +195,25 @@ def _as_list(result: Any) -> list[torch.Tensor]:
     return [r for r in result if isinstance(r, torch.Tensor)]
 
 
+def _unknown_attrs(node: OpNode, known: Sequence[str], signature: str) -> None:
+    unknown = sorted(set(node.attrs) - set(known))
+    if unknown:
+        raise IRValidationError(
+            f"node {node.name!r} ({node.op_type}) has attribute(s) {unknown} that the op does not take; "
+            f"it takes {signature}. A misspelled attribute would silently fall back to its default: "
+            "fix the name in the IR")
+
+
 def _bind_registered(node: OpNode, opdef: OpDef, device: torch.device) -> Kernel:
     impl, attrs = opdef.impl, node.attrs
+    try:
+        params = inspect.signature(impl).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: it checks its own keywords
+        params = None
+    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        names = [p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        _unknown_attrs(node, names, f"({', '.join(names)})")
     if has_symbols(attrs):
         return lambda inputs, syms: _as_list(impl(*inputs, **decode_value(attrs, syms, device)))
     static = {k: decode_value(v, None, device) for k, v in attrs.items()}
@@ -152,11 +224,17 @@ def _bind_schema(node: OpNode, overload: torch._ops.OpOverload, device: torch.de
     """Plan how each schema argument is filled: from an input, a list of inputs, or an attribute."""
     plan: list[tuple[str, str, Any]] = []  # (arg name, kind, payload)
     cursor = 0
+    _unknown_attrs(node, [arg.name for arg in overload._schema.arguments], str(overload._schema))
     for arg in overload._schema.arguments:
         is_list = isinstance(arg.type, torch.ListType) and _holds_tensors(arg.type.getElementType())
         if arg.name in node.attrs:
             value = node.attrs[arg.name]
             if is_list and value is not None:
+                if not isinstance(value, list) or not all(
+                        i is None or (type(i) is int and 0 <= i < len(node.inputs)) for i in value):
+                    raise IRValidationError(
+                        f"node {node.name!r} ({node.op_type}): attribute {arg.name!r} must list input positions "
+                        f"(0 to {len(node.inputs) - 1}, or null), got {str(value)[:80]}")
                 plan.append((arg.name, "list", value))
                 cursor = max([cursor] + [i + 1 for i in value if i is not None])
             elif has_symbols(value):
@@ -172,7 +250,7 @@ def _bind_schema(node: OpNode, overload: torch._ops.OpOverload, device: torch.de
             f"{overload._schema} places {cursor}; the IR was not written for this op's schema"
         )
 
-    def kernel(inputs: Sequence[torch.Tensor], syms: Mapping[str, int]) -> list[torch.Tensor]:
+    def arguments(inputs: Sequence[torch.Tensor], syms: Mapping[str, int]) -> dict[str, Any]:
         kwargs = {}
         for name, kind, payload in plan:
             if kind == "input":
@@ -183,9 +261,39 @@ def _bind_schema(node: OpNode, overload: torch._ops.OpOverload, device: torch.de
                 kwargs[name] = decode_value(payload, syms, device)
             else:
                 kwargs[name] = payload
-        return _as_list(overload(**kwargs))
+        return kwargs
 
-    return kernel
+    if not any(kind == "sym" for _, kind, _ in plan):
+        _check_output_sizes(node, overload, arguments)
+    return lambda inputs, syms: _as_list(overload(**arguments(inputs, syms)))
+
+
+def _check_output_sizes(node: OpNode, overload: torch._ops.OpOverload, arguments: Callable[..., dict]) -> None:
+    """Run the op once on the meta device (shapes only, no memory) and refuse it if an output would be over
+    ``torch_ir.limits``: attributes from a file (``aten.full(size=[1e6, 1e6])``, an ``expand`` then a copy)
+    must not allocate terabytes. Ops that meta cannot run (data-dependent shapes) are left to run."""
+    # A factory op (no tensor inputs) makes its output on its ``device`` argument, the default CPU when the
+    # attribute is absent: set it to meta explicitly, and leave an op with no such argument to run.
+    device_args = [a.name for a in overload._schema.arguments if "Device" in str(a.type)]
+    if not all(t.is_static for t in node.inputs) or (not node.inputs and not device_args):
+        return
+    metas = [torch.empty([int(d) for d in t.shape], dtype=_dtype_or_none(t.dtype) or torch.float32, device="meta")
+             for t in node.inputs]
+    try:
+        kwargs = arguments(metas, {}) | {name: torch.device("meta") for name in device_args}
+        outputs = _as_list(overload(**kwargs))
+    except Exception:  # noqa: BLE001 - no meta kernel, or data-dependent: the real run decides
+        return
+    for i, out in enumerate(outputs):
+        check_alloc(out.numel() * out.element_size(),
+                    f"node {node.name!r} ({node.op_type}) output {i} of shape {list(out.shape)}")
+
+
+def _dtype_or_none(name: str) -> torch.dtype | None:
+    try:
+        return dtype_from_name(name)
+    except ValueError:
+        return None
 
 
 def _holds_tensors(t: Any) -> bool:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .symbolic import eval_sym, parse_sym
+
 _MEMORY_FORMATS = {
     str(f).removeprefix("torch."): f
     for f in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d, torch.preserve_format)
@@ -40,7 +42,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() and name[0] != "_" else None
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype name {name!r}; expected a torch dtype name such as 'float32'")
     return dtype
@@ -85,16 +87,35 @@ def has_symbols(value: Any) -> bool:
     return False
 
 
-def eval_sym(expr: str, symbols: Mapping[str, int]) -> int:
-    """Evaluate a symbolic size such as ``"12*s0"`` or ``"floor(s0/2)"`` with bound symbols."""
-    env = {"floor": math.floor, "ceiling": math.ceil, "Max": max, "Min": min, "FloorDiv": lambda a, b: a // b,
-           "CeilToInt": math.ceil, "FloorToInt": math.floor, "TruncToInt": int, "Mod": lambda a, b: a % b}
-    env.update(symbols)
+TAGS = ("dtype", "device", "memory_format", "layout", "float", "sym")
+
+
+def check_value(value: Any, where: str) -> None:
+    """Check a JSON attribute value from a file against the table above, without evaluating it.
+
+    Raises ``ValueError`` (an unknown tag, a malformed payload) or ``UnsafeInputError`` (a symbolic size
+    outside the allowed grammar), naming ``where``.
+    """
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_value(v, f"{where}[{i}]")
+        return
+    if not isinstance(value, dict):
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return
+        raise ValueError(f"{where}: {type(value).__name__} is not an attribute value")
+    if len(value) != 1 or next(iter(value)) not in TAGS:
+        raise ValueError(f"{where}: {str(value)[:80]} is not a tagged value: expected one key of {', '.join(TAGS)}")
+    (tag, payload), = value.items()
+    if not isinstance(payload, str):
+        raise ValueError(f"{where}.{tag}: expected a string, got {type(payload).__name__}")
+    if tag == "sym":
+        parse_sym(payload, where)
+        return
     try:
-        result = eval(expr, {"__builtins__": {}}, env)  # noqa: S307 - expressions come from torch's sympy
-    except NameError as e:
-        raise ValueError(f"symbolic size {expr!r} uses an unbound symbol ({e}); bound: {dict(symbols)}") from None
-    return int(result)
+        decode_value(value, None, torch.device("cpu"))
+    except (ValueError, KeyError, RuntimeError):
+        raise ValueError(f"{where}: {tag} {payload[:80]!r} is not a valid {tag}") from None
 
 
 def decode_value(value: Any, symbols: Mapping[str, int] | None = None, device: torch.device | None = None) -> Any:
@@ -103,19 +124,29 @@ def decode_value(value: Any, symbols: Mapping[str, int] | None = None, device: t
         return [decode_value(v, symbols, device) for v in value]
     if not isinstance(value, dict):
         return value
+    if len(value) != 1:
+        raise ValueError(f"tagged attribute value {str(value)[:80]} must have exactly one key")
     (tag, payload), = value.items()
     if tag == "dtype":
         return dtype_from_name(payload)
     if tag == "device":
         return device if device is not None else torch.device(payload)
     if tag == "memory_format":
-        return _MEMORY_FORMATS[payload]
+        return _lookup(_MEMORY_FORMATS, payload, tag)
     if tag == "layout":
-        return _LAYOUTS[payload]
+        return _lookup(_LAYOUTS, payload, tag)
     if tag == "float":
+        if payload not in ("inf", "-inf", "nan"):
+            raise ValueError(f"tagged float {payload!r}: only 'inf', '-inf' and 'nan' are stored tagged")
         return float(payload)
     if tag == "sym":
         if symbols is None:
             raise ValueError(f"symbolic size {payload!r} needs bound symbols")
         return eval_sym(payload, symbols)
-    raise ValueError(f"unknown tagged attribute value {value!r}")
+    raise ValueError(f"unknown tagged attribute value {str(value)[:80]}; tags are {', '.join(TAGS)}")
+
+
+def _lookup(table: Mapping[str, Any], payload: Any, tag: str) -> Any:
+    if not isinstance(payload, str) or payload not in table:
+        raise ValueError(f"unknown {tag} {payload!r}; expected one of {', '.join(table)}")
+    return table[payload]

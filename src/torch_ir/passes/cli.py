@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..naming import default_output
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("normalize", help="clean up, canonicalize and fuse an IR into the NPU op set")
@@ -25,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_normalize(args: argparse.Namespace) -> int:
+    from ..fileio import atomic_write, check_output_path
     from ..report import normalize_report, normalize_summary
     from . import ALL_RULES, NormalizeOptions, QConfig, normalize
 
@@ -42,14 +45,19 @@ def cmd_normalize(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"torch-ir normalize: {e}", file=sys.stderr)
         return 2
+    if args.output:  # refuse unwritable outputs before the work, and before writing either of them
+        check_output_path(args.output, "IR file")
+    if args.markdown:
+        check_output_path(args.markdown, "report file")
     ir, spec = _load(args.source)
     npu_ir = normalize(ir, options)
-    out = Path(args.output or f"{ir.model_name}.npu.json")
+    out = Path(args.output) if args.output else default_output(ir.model_name, ".npu.json")
+    check_output_path(out, "IR file")
     npu_ir.save(out)
     print(normalize_summary(npu_ir))
     print(f"wrote {out}")
     if args.markdown:
-        Path(args.markdown).write_text(normalize_report(npu_ir), encoding="utf-8")
+        atomic_write(args.markdown, normalize_report(npu_ir), what="report file")
         print(f"wrote {args.markdown}")
     if args.verify:
         return _verify(npu_ir, spec)

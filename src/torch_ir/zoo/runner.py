@@ -6,7 +6,6 @@ every path through the pipeline is the same code.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,8 +15,11 @@ from typing import Any
 import torch
 
 from ..errors import TorchIRError
+from ..factory_spec import call_factory, check_torch_factory_result, load_factory
+from ..fileio import atomic_write, check_output_path
 from ..frontends import extract_ir
 from ..ir import NPU_IR, load_ir
+from ..naming import safe_stem
 from ..report import ir_statistics, markdown_report, to_mermaid
 from ..verify import verify_ir
 from ..weights import module_state
@@ -57,6 +59,9 @@ def resolve_spec(spec: str) -> ModelSpec:
 
     A factory returns ``(model, example_args)`` or ``(model, example_args, example_kwargs)``; it is
     called once under ``torch.device('meta')`` for extraction and once, seeded, for real weights.
+    A spec imports its module and calls the factory, so it runs that code: only use specs you trust.
+    Whatever the factory does wrong (returns something else, raises, calls ``exit()``) becomes an
+    ``ExtractionError`` naming the spec; an attribute that is not callable is refused before any call.
     """
     if ":" not in spec:
         try:
@@ -65,22 +70,17 @@ def resolve_spec(spec: str) -> ModelSpec:
             raise TorchIRError(f"{e.args[0]}; or give package.module:factory") from None
         args, kwargs = entry.example_inputs()
         return ModelSpec(entry.name, entry.build, tuple(args), dict(kwargs), getattr(entry, "dynamic_shapes", None))
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise TorchIRError(f"cannot load model factory {spec!r}: {e}; expected 'package.module:function'") from None
+    factory = load_factory(spec)  # imports the module: code runs from here on (trusted specs only)
+    name = spec.partition(":")[2]
 
-    def call(device: str) -> tuple:
+    def call(device: str) -> tuple[torch.nn.Module, tuple, dict]:
         torch.manual_seed(0)
         with torch.device(device):
-            made = factory()
-        if not isinstance(made, tuple) or len(made) not in (2, 3) or not isinstance(made[0], torch.nn.Module):
-            raise TorchIRError(f"factory {spec!r} must return (model, example_args[, example_kwargs])")
-        return made
+            made = call_factory(factory, spec)
+        return check_torch_factory_result(made, spec)
 
-    model, args, *rest = call("cpu")
-    return ModelSpec(attr, lambda device: call(device)[0].eval(), tuple(args), dict(rest[0]) if rest else {})
+    _, args, kwargs = call("cpu")
+    return ModelSpec(name, lambda device: call(device)[0].eval(), args, kwargs)
 
 
 def run_model(spec: ModelSpec, output_dir: Path | None = None, progress: Progress | None = None) -> RunResult:
@@ -98,17 +98,21 @@ def run_model(spec: ModelSpec, output_dir: Path | None = None, progress: Progres
 
     meta_model = timed("build on meta", lambda: spec.build("meta"))
     ir = timed("extract", lambda: spec.extract(meta_model))
+    stem = safe_stem(spec.name)  # a module:factory spec may hold ':' and '.'
     if output_dir is not None:
-        path = output_dir / f"{spec.name}.json"
+        path = output_dir / f"{stem}.json"
+        for name, what in ((path, "IR file"), (output_dir / f"{stem}.md", "report file"),
+                           (output_dir / f"{stem}.mmd", "Mermaid file")):
+            check_output_path(name, what)
         timed("save", lambda: ir.save(path))
         ir = timed("load", lambda: load_ir(path))
         files.append(path)
     real = timed("build real", lambda: spec.build("cpu"))
     ok, report = timed("verify", lambda: verify_ir(ir, module_state(real), real, spec.args, test_kwargs=spec.kwargs))
     if output_dir is not None:
-        md = output_dir / f"{spec.name}.md"
-        md.write_text(markdown_report(ir, ir_statistics(ir), report), encoding="utf-8")
-        mmd = output_dir / f"{spec.name}.mmd"
-        mmd.write_text(to_mermaid(ir), encoding="utf-8")
+        md = output_dir / f"{stem}.md"
+        atomic_write(md, markdown_report(ir, ir_statistics(ir), report), what="report file")
+        mmd = output_dir / f"{stem}.mmd"
+        atomic_write(mmd, to_mermaid(ir), what="Mermaid file")
         files += [md, mmd]
     return RunResult(spec.name, ok, ir, report, timings, files)

@@ -20,7 +20,7 @@ import torch
 from ...ir import NPU_IR
 from .custom_ops import register_onnx_ops
 from .importer import Importer
-from .loader import MAX_OPSET, MIN_OPSET, InvalidModelError, load_model
+from .loader import MAX_OPSET, MIN_OPSET, InvalidModelError, ModelNotFoundError, load_model
 
 
 def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto, *,
@@ -39,10 +39,16 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto, *,
     ONNX names. ONNX ops with no ATen translation stay ONNX ops (``onnx.<Op>.default``, run by the
     ONNX reference implementation) unless ``reference_fallback=False``, which makes them errors.
     Every node that cannot be imported is listed in one ``UnsupportedOpError``.
+
+    The model is untrusted data: every failure on a malformed or hostile file is a ``TorchIRError``
+    naming the file (``InvalidModelError`` for a file that cannot be read or checked), and a value
+    known at import time is folded into a constant only under ``torch_ir.limits`` (``max_fold_bytes``,
+    computed before allocating); a larger one stays a graph node.
     """
     loaded = load_model(model_or_path, input_shapes)
     name = model_name or loaded.model.graph.name or "onnx_model"
     return Importer(loaded, name, reference_fallback=reference_fallback).run()
 
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "InvalidModelError", "import_onnx", "load_model", "register_onnx_ops"]
+__all__ = ["MAX_OPSET", "MIN_OPSET", "InvalidModelError", "ModelNotFoundError", "import_onnx", "load_model",
+           "register_onnx_ops"]

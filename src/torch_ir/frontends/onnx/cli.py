@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from ...errors import TorchIRError
+from ...limits import check_shape
+from ...ops.values import dtype_from_name
 
 
 class UsageError(TorchIRError, ValueError):
@@ -62,14 +64,18 @@ def parse_input_shapes(items: list[str]) -> dict[str, list[int | str]]:
 
 
 def cmd_import_onnx(args: argparse.Namespace) -> int:
+    from ...fileio import check_output_path
     from ...report import ir_statistics
     from ...weights import save_weights
     from . import import_onnx
 
-    ir, weights = import_onnx(args.model, input_shapes=parse_input_shapes(args.input_shape) or None,
-                              reference_fallback=not args.aten_only)
     out = Path(args.output or Path(args.model).with_suffix(".json").name)
     weights_path = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
+    # both outputs are checked before the import and before either is written: never weights without an IR
+    check_output_path(out, "IR file")
+    check_output_path(weights_path, "weights file")
+    ir, weights = import_onnx(args.model, input_shapes=parse_input_shapes(args.input_shape) or None,
+                              reference_fallback=not args.aten_only)
     ir.metadata["weights_file"] = weights_path.name
     save_weights(weights, weights_path)
     ir.save(str(out), indent=1 if args.pretty else None)
@@ -86,16 +92,21 @@ def cmd_import_onnx(args: argparse.Namespace) -> int:
 def cmd_verify_onnx(args: argparse.Namespace) -> int:
     from ...ir import load_ir
     from ...weights import load_state_dict
-    from . import import_onnx
-    from .verify import verify_onnx
+    from .importer import Importer
+    from .loader import load_model
+    from .verify import check_onnx_sizes, verify_onnx
 
     shapes = parse_input_shapes(args.input_shape) or None
+    if args.ir and not args.weights:
+        raise UsageError("--ir needs --weights (the weights file import-onnx wrote beside it)")
+    # onnxruntime runs the model too: it is checked as an import checks it, and its tensors' sizes
+    loaded = load_model(args.model, shapes)
+    check_onnx_sizes(loaded)
     if args.ir:
-        if not args.weights:
-            raise UsageError("--ir needs --weights (the weights file import-onnx wrote beside it)")
         ir, weights = load_ir(args.ir), load_state_dict(args.weights)
     else:
-        ir, weights = import_onnx(args.model, input_shapes=shapes, reference_fallback=not args.aten_only)
+        name = loaded.model.graph.name or "onnx_model"
+        ir, weights = Importer(loaded, name, reference_fallback=not args.aten_only).run()
     inputs = random_inputs(ir, args.seed)
     ok, report = verify_onnx(ir, weights, args.model, inputs, rtol=args.rtol, atol=args.atol)
     print(report.to_markdown() if args.markdown else report)
@@ -110,7 +121,8 @@ def random_inputs(ir, seed: int = 0) -> list[torch.Tensor]:
         if not meta.is_static:
             raise UsageError(f"input {meta.name!r} has symbolic shape {meta.shape}; bind it with --input-shape "
                              f"{meta.name}=" + ",".join(str(d if isinstance(d, int) else 1) for d in meta.shape))
-        dtype = getattr(torch, meta.dtype)
+        dtype = dtype_from_name(meta.dtype)  # a checked name: never getattr(torch, <a name from a file>)
+        check_shape(meta.shape, dtype.itemsize, f"random input {meta.name!r}")  # before allocating it
         if dtype.is_floating_point:
             out.append(torch.randn(meta.shape, generator=g).to(dtype))
         elif dtype == torch.bool:

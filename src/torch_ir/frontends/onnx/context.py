@@ -8,17 +8,25 @@ the meta device, so every converter gets exact ATen shapes without writing shape
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
 from ...ir import OpNode, TensorMeta
+from ...limits import fold_allowed, get_limits
 from ...ops.registry import bind_kernel, resolve_overload
 from ...ops.values import dtype_from_name, encode_value
 
 Value = TensorMeta | np.ndarray | None
 _META = torch.device("meta")
+#: The device of a factory op (``aten.full``, ``aten.arange``): stored as ``{"device": "cpu"}``, which the
+#: executor replaces with its own and the import's meta run with the meta device. Without one, that run
+#: would allocate the tensor for real.
+_CPU = torch.device("cpu")
+#: Most values of a shape-like input (a reshape target, axes, pads, split sizes) a converter reads.
+_MAX_INTS = 1 << 16
 
 
 class Sym(str):
@@ -27,6 +35,11 @@ class Sym(str):
 
 class UnsupportedNode(Exception):  # noqa: N818 - a signal, collected into one UnsupportedOpError
     """A converter cannot translate this node (an attribute value or input it does not handle)."""
+
+
+class FoldLimitExceeded(UnsupportedNode):  # noqa: N818 - a signal, like UnsupportedNode
+    """A value the converter would compute at import time is over ``max_fold_bytes``: the node stays an ONNX
+    op (run at execution time), or, where it cannot, the import fails with a ``LimitExceededError``."""
 
 
 def np_dtype_name(array: np.ndarray) -> str:
@@ -51,6 +64,8 @@ class Ctx:
         """A constant integer input as a list (symbolic sizes as expressions); unsupported at run time."""
         if not isinstance(value, np.ndarray):
             raise UnsupportedNode(f"{what} must be known at import time (a constant or a static shape)")
+        if value.size > _MAX_INTS:  # a shape, axes, pads: a few values, never millions (from a hostile file)
+            raise UnsupportedNode(f"{what} has {value.size} values, more than the {_MAX_INTS} a converter takes")
         return [v if isinstance(v, str) else int(v) for v in value.reshape(-1)]
 
     def tensor(self, value: Value) -> TensorMeta:
@@ -68,6 +83,45 @@ class Ctx:
                  for v in value.reshape(-1)]
         flat = self.aten("stack", parts) if parts else self.tensor(np.zeros(0, np.int64))
         return self.aten("reshape", flat, list(value.shape))
+
+    # -- constants under the fold limit --------------------------------------------------------------
+    @staticmethod
+    def fits(shape: Any, itemsize: int) -> bool:
+        """Whether a constant of ``shape`` may be made at import time (``torch_ir.limits.fold_allowed``).
+
+        Checked before allocating: a shape from a file can ask for any amount of memory.
+        """
+        dims = list(shape)
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+            return False
+        return fold_allowed(math.prod(int(d) for d in dims) * itemsize)
+
+    def refuse_fold(self, shape: Any, itemsize: int, what: str) -> NoReturn:
+        """Raise :class:`FoldLimitExceeded` for a constant of ``shape`` that :meth:`fits` refused."""
+        dims = list(shape)
+        size = (f"{math.prod(int(d) for d in dims) * itemsize} bytes"
+                if all(isinstance(d, (int, np.integer)) for d in dims) else "a size unknown at import time")
+        raise FoldLimitExceeded(f"{what} of shape {dims} would be a constant of {size}, over the "
+                                f"max_fold_bytes limit of {get_limits().max_fold_bytes} bytes (torch_ir.limits)")
+
+    def full(self, shape: list, fill: np.ndarray) -> Value:
+        """A tensor of ``shape`` filled with ``fill`` (one element; its dtype is the result's): a constant when it
+        fits the fold limit, else an ``aten.full`` node."""
+        fill = np.asarray(fill).reshape(-1)[:1]
+        if self.fits(shape, fill.dtype.itemsize):
+            return np.full([int(d) for d in shape], fill[0], dtype=fill.dtype)
+        sizes = [Sym(d) if isinstance(d, str) else int(d) for d in shape]
+        return self.aten("full", sizes, fill[0].item(), dtype=dtype_from_name(np_dtype_name(fill)), device=_CPU)
+
+    def arange(self, n: int | str, shape: list | None = None) -> Value:
+        """``0, 1, ..., n-1`` (int64) reshaped to ``shape``: a constant under the fold limit, else ``aten.arange``."""
+        if self.fits([n], 8):
+            values = np.arange(int(n), dtype=np.int64)
+            return values.reshape(shape) if shape is not None else values
+        out = self.aten("arange", Sym(n) if isinstance(n, str) else int(n), dtype=torch.int64, device=_CPU)
+        if shape is not None:
+            out = self.aten("reshape", out, [Sym(d) if isinstance(d, str) else int(d) for d in shape])
+        return out
 
     @staticmethod
     def dtype(value: Value) -> str:

@@ -8,11 +8,16 @@ attribute is stored as ``["tensor", dtype, shape, flat values]``. Its registered
 rebuilds the single ONNX node and runs it with ``onnx.reference``, the specification's executable
 form, so the IR executes wherever ONNX defines the op. One such op is registered
 per ONNX op type, on demand (``ensure_registered``; ``register_onnx_ops(ir)`` for a loaded IR).
+
+These attributes come from an IR file, which is untrusted: the slots and counts are checked, a tensor
+attribute may only be of a numeric dtype, and the size of every output is computed (ONNX shape
+inference on the actual inputs) and checked against ``torch_ir.limits`` before the op runs.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -20,14 +25,22 @@ import onnx
 import torch
 from onnx.reference import ReferenceEvaluator
 
+from ...errors import IRValidationError
 from ...ir import NPU_IR
+from ...limits import check_alloc
 from ...ops.registry import register_op, registered_ops
 from .context import np_dtype_name
 from .dtypes import to_numpy, to_torch
+from .fold import output_nbytes
 
 _DOMAINS = {"": "onnx", "ai.onnx.ml": "onnx_ml", "ai.onnx.preview": "onnx_preview",
             "ai.onnx.preview.training": "onnx_preview_training"}
 _META_KEYS = ("opset", "num_outputs", "input_slots")
+#: Most outputs / input positions an ``onnx.*`` node may declare.
+MAX_SLOTS = 1 << 12
+#: The dtypes a tensor attribute may have (``reference_node`` stores only these).
+_ATTRIBUTE_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                     "float16", "float32", "float64"}
 
 
 def op_type_for(domain: str, op: str) -> str:
@@ -45,6 +58,8 @@ def run_reference(domain: str, op: str, *inputs: torch.Tensor, opset: int, num_o
                   input_slots: list[int] | None = None, output_slots: list[int] | None = None,
                   **attributes: Any) -> tuple[torch.Tensor, ...]:
     """Run ONNX op ``op`` at ``opset`` on ``inputs`` with the ONNX reference implementation."""
+    where = f"op {op_type_for(domain, op)}"
+    _check_slots(where, opset, num_outputs, input_slots, output_slots, len(inputs))
     outs = output_slots if output_slots is not None else list(range(num_outputs))
     slots = input_slots if input_slots is not None else list(range(len(inputs)))
     names = [""] * (max(slots) + 1 if slots else 0)
@@ -52,7 +67,16 @@ def run_reference(domain: str, op: str, *inputs: torch.Tensor, opset: int, num_o
     for slot, value in zip(slots, inputs):
         names[slot] = f"in{slot}"
         feeds[names[slot]] = to_numpy(value)
-    node = _node(domain, op, opset, tuple(names), tuple(outs), num_outputs, _freeze(attributes))
+    try:
+        node = _node(domain, op, opset, tuple(names), tuple(outs), num_outputs, _freeze(attributes))
+    except IRValidationError:
+        raise
+    except Exception as e:  # noqa: BLE001 - no such op or opset, an attribute the op does not have
+        raise IRValidationError(f"{where} (opset {opset}): the node cannot be built from its attributes "
+                                f"({type(e).__name__}: {str(e)[:200]})") from None
+    nbytes = output_nbytes(node, [feeds.get(n) for n in names], opset, 21 if domain else None)
+    if nbytes is not None:  # before running: the outputs' sizes follow from the inputs and attributes
+        check_alloc(nbytes, f"the outputs of {where}")
     evaluator = _evaluator(node, domain, opset)
     results = evaluator.run([f"out{i}" for i in outs], feeds)
     return tuple(to_torch(np.asarray(r), np_dtype_name(np.asarray(r))) for r in results)
@@ -67,6 +91,27 @@ def _node(domain: str, op: str, opset: int, names: tuple[str, ...], outs: tuple[
     node = onnx.helper.make_node(op, list(names), outputs, domain=domain or None)
     node.attribute.extend(attrs)
     return node
+
+
+def _check_slots(where: str, opset: Any, num_outputs: Any, input_slots: Any, output_slots: Any, n_inputs: int) -> None:
+    """The bookkeeping attributes of an ``onnx.*`` node (from a file) are small, in range and consistent."""
+    def ints(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+    problems = []
+    if not isinstance(opset, int) or isinstance(opset, bool) or not 1 <= opset <= 1000:
+        problems.append(f"opset={opset!r} is not an opset number")
+    if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or not 1 <= num_outputs <= MAX_SLOTS:
+        problems.append(f"num_outputs={num_outputs!r} is not an integer in 1..{MAX_SLOTS}")
+    elif output_slots is not None and (not ints(output_slots) or sorted(set(output_slots)) != output_slots
+                                       or any(not 0 <= s < num_outputs for s in output_slots)):
+        problems.append(f"output_slots={output_slots!r} are not increasing positions below num_outputs")
+    if input_slots is not None and (not ints(input_slots) or sorted(set(input_slots)) != input_slots
+                                    or any(not 0 <= s < MAX_SLOTS for s in input_slots)
+                                    or len(input_slots) != n_inputs):
+        problems.append(f"input_slots={input_slots!r} are not {n_inputs} increasing positions below {MAX_SLOTS}")
+    if problems:
+        raise IRValidationError(f"{where}: " + "; ".join(problems))
 
 
 def _evaluator(node: onnx.NodeProto, domain: str, opset: int) -> ReferenceEvaluator:
@@ -84,6 +129,10 @@ def _freeze(attrs: dict[str, Any]) -> tuple:
 def _thaw(value: Any) -> Any:
     if isinstance(value, tuple) and len(value) == 4 and value[0] == "tensor":
         _, dtype, shape, flat = value
+        if dtype not in _ATTRIBUTE_DTYPES or not isinstance(flat, tuple) or not isinstance(shape, tuple) or not all(
+                isinstance(d, int) and d >= 0 for d in shape) or math.prod(shape) != len(flat):
+            raise IRValidationError(f"tensor attribute {str(value)[:80]}: expected ['tensor', a numeric dtype, "
+                                    "a shape, as many values as the shape holds]")
         return onnx.numpy_helper.from_array(np.array(flat, dtype=dtype).reshape(shape))
     return list(value) if isinstance(value, tuple) else value
 

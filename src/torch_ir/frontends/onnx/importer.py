@@ -4,11 +4,15 @@ A value is an IR ``TensorMeta`` (computed at run time), a numpy array (known at 
 an initializer, a ``Constant``, a folded subgraph) or None (an absent optional input). Each node
 is folded when its inputs are known, else handed to its converter (``converters.TABLE``). Nodes
 nobody can convert are collected and reported together at the end; no IR is returned half-way.
+
+The model is untrusted: a fold or a converter's constant is made only under ``torch_ir.limits``
+(``fold_allowed``, checked before allocating), and every failure, however malformed the model, ends
+as a ``TorchIRError`` that names the file and the node.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -16,15 +20,16 @@ import onnx
 import torch
 
 from ... import __version__
-from ...errors import UnsupportedOpError
+from ...errors import ExtractionError, LimitExceededError, TorchIRError, UnsupportedOpError
 from ...ir import NPU_IR, TensorMeta, check_integrity
+from ...limits import check_shape, fold_allowed
 from ...ops.values import INLINE_DTYPES, eval_sym
 from . import fold
-from .context import Ctx, UnsupportedNode, Value, np_dtype_name
+from .context import Ctx, FoldLimitExceeded, UnsupportedNode, Value, np_dtype_name
 from .converters import lookup
 from .converters.reference import reference_node
 from .dtypes import ir_dtype, to_torch
-from .loader import LoadedModel, initializer_value
+from .loader import InvalidModelError, LoadedModel, initializer_value, tensor_value
 from .symbolic import all_ints, fold_symbolic, is_symbolic
 
 #: Initializers up to this many elements are read at import time, so that shape-like ones
@@ -56,21 +61,57 @@ class Importer:
         self._materialized: dict[str, TensorMeta] = {}  # initializer / constant name -> IR tensor
         self.unsupported: list[str] = []
         self._poisoned: set[str] = set()  # outputs of unconvertible nodes (their users are not reported)
+        self._where = "the graph"  # what the walk is at, for errors
+        self._symbols_used = set(loaded.symbols.values())  # every symbol name given out
+        # (set id, base) -> last suffix given: a file naming 10**5 nodes alike costs linear time, not quadratic
+        self._suffixes: dict[tuple[int, str], int] = {}
 
     # -- the walk ---------------------------------------------------------------------------------
     def run(self) -> tuple[NPU_IR, dict[str, torch.Tensor]]:
+        """The IR and weights; any failure is a ``TorchIRError`` naming the file and where the walk was."""
+        source = self.loaded.source
+        try:
+            return self._run()
+        except LimitExceededError as e:  # the registry refuses a node over max_alloc_bytes: name the file
+            if source in str(e):
+                raise
+            raise LimitExceededError(f"{source}: {e}") from None
+        except TorchIRError:
+            raise
+        except UnsupportedNode as e:  # outside a node (a graph input of no tensor type, ...)
+            raise ExtractionError(f"{source}: {self._where}: {e}") from None
+        except RecursionError:
+            raise InvalidModelError(f"{source}: {self._where}: nested too deeply to import") from None
+        except MemoryError:
+            raise LimitExceededError(
+                f"{source}: {self._where}: out of memory; the model asks for more than this machine has "
+                "(see torch_ir.limits)") from None
+        except Exception as e:  # noqa: BLE001 - a malformed model must not escape as a KeyError, IndexError, ...
+            raise ExtractionError(f"{source}: {self._where} cannot be imported ({type(e).__name__}: {e}); the "
+                                  "model is malformed, or this is a bug in the ONNX importer") from e
+
+    def _run(self) -> tuple[NPU_IR, dict[str, torch.Tensor]]:
         graph = self.loaded.model.graph
+        if graph.sparse_initializer:
+            names = [t.values.name for t in graph.sparse_initializer][:5]
+            raise ExtractionError(f"{self.loaded.source}: sparse initializers ({names}) are not supported; "
+                                  "store them as dense initializers")
         initialized = {t.name for t in graph.initializer}
         for vi in graph.input:
             if vi.name not in initialized:  # an input with an initializer is a default: keep it constant
+                self._where = f"graph input {vi.name!r}"
                 meta = self.meta_of(vi, "input")
+                check_shape([d for d in meta.shape if isinstance(d, int)], 0, f"{self.loaded.source}: {self._where}")
                 self.ir.graph_inputs.append(meta)
                 self.env[vi.name] = meta
                 self.input_symbols.update(d for d in meta.shape if isinstance(d, str))
         for t in graph.initializer:
+            self._where = f"initializer {t.name!r}"
             self._initializer(t)
         for index, node in enumerate(graph.node):
+            self._where = f"node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type})"
             self._node(index, node)
+        self._where = "the graph outputs"
         if self.unsupported:
             raise UnsupportedOpError(self._unsupported_report())
         for vi in graph.output:
@@ -84,15 +125,18 @@ class Importer:
         return self.ir, self.weights
 
     def _initializer(self, t: onnx.TensorProto) -> None:
-        numel = int(np.prod(t.dims)) if t.dims else 1
+        # the declared size is checked (tensor_value) before anything is read or allocated
+        numel = math.prod(t.dims) if t.dims else 1
         if numel <= _SMALL_INITIALIZER:
-            value = initializer_value(t, self.loaded.base_dir)
+            value = initializer_value(t, self.loaded.base_dir, self.loaded.source)
             self._initializer_of[id(value)] = t.name
             self.env[t.name] = value
         else:  # a weight: described now, read now (one tensor at a time)
-            meta = TensorMeta(t.name, list(t.dims), ir_dtype(t.data_type, f"initializer {t.name!r}"), role="weight")
+            meta = TensorMeta(t.name, list(t.dims), ir_dtype(t.data_type, f"{self.loaded.source}: initializer "
+                                                                          f"{t.name!r}"), role="weight")
+            value = initializer_value(t, self.loaded.base_dir, self.loaded.source)
             self.ir.weights.append(meta)
-            self.weights[t.name] = to_torch(initializer_value(t, self.loaded.base_dir), meta.dtype)
+            self.weights[t.name] = to_torch(value, meta.dtype)
             self.env[t.name] = meta
 
     def _node(self, index: int, node: onnx.NodeProto) -> None:
@@ -100,17 +144,26 @@ class Importer:
         if any(i in self._poisoned for i in node.input):
             self._poisoned.update(node.output)
             return
+        missing = [i for i in node.input if i and i not in self.env]
+        if missing:  # onnx.checker catches these in a graph; a converter may have left an output unset
+            self._unsupported(node, name, f"input(s) {missing} have no value")
+            return
         inputs = [self.env[i] if i else None for i in node.input]
-        folded = self._fold(node, inputs)
+        attrs = self._attributes(node, name)
+        folded = self._fold(node, inputs, attrs)
         if folded is not None:
             for out, value in zip(node.output, folded):
                 if out:
                     self.env[out] = value
             return
         ctx = Ctx(self, name, self.opset, len(node.output))
-        attrs = _attributes(node)
         try:
             outputs = self._convert(ctx, node, inputs, attrs)
+        except FoldLimitExceeded as e:  # neither a constant nor an ONNX op: refused, with the limit
+            raise LimitExceededError(
+                f"{self.loaded.source}: node {name!r} ({node.op_type}): {e}; it cannot stay a graph node here "
+                "(reference_fallback=False or no ONNX form); if the model is trusted, raise the limit: set "
+                "TORCH_IR_MAX_FOLD_BYTES or call torch_ir.limits.set_limits(max_fold_bytes=...)") from None
         except UnsupportedNode as e:
             self._unsupported(node, name, str(e))
             return
@@ -118,26 +171,68 @@ class Importer:
         for out, value in zip([o for o in node.output if o], outputs):
             self.env[out] = value
 
+    def _attributes(self, node: onnx.NodeProto, name: str) -> dict[str, Any]:
+        """The node's attributes as Python values; a tensor attribute is read like an initializer (checked)."""
+        def tensor(t: onnx.TensorProto, what: str) -> np.ndarray:
+            return tensor_value(t, self.loaded.base_dir, self.loaded.source, f"{what} of node {name!r}")
+
+        out = {}
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                out[a.name] = tensor(a.t, f"attribute {a.name!r}")
+                continue
+            if a.type == onnx.AttributeProto.TENSORS:
+                out[a.name] = [tensor(t, f"attribute {a.name!r}") for t in a.tensors]
+                continue
+            try:
+                value = onnx.helper.get_attribute_value(a)
+            except Exception as e:  # noqa: BLE001 - an attribute with no value set, or of an unknown type
+                raise InvalidModelError(f"{self.loaded.source}: node {name!r}: attribute {a.name!r} cannot be "
+                                        f"read ({type(e).__name__}: {e})") from None
+            try:
+                if isinstance(value, bytes):
+                    value = value.decode()
+                elif isinstance(value, list) and value and isinstance(value[0], bytes):
+                    value = [v.decode() for v in value]
+            except UnicodeDecodeError:
+                raise InvalidModelError(f"{self.loaded.source}: node {name!r}: string attribute {a.name!r} is not "
+                                        "UTF-8 text") from None
+            out[a.name] = value
+        return out
+
     def _convert(self, ctx: Ctx, node: onnx.NodeProto, inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
         """Convert with the ATen converter; where there is none, or it declines, keep the ONNX op."""
         opset = self.domain_opset(node.domain)
         entry = lookup(node.domain, node.op_type, opset)
         reason = "no ATen converter"
+        over_limit: FoldLimitExceeded | None = None
         if entry is not None:
             try:
                 result = entry.fn(ctx, *inputs, **attrs)
                 outputs = result if isinstance(result, (tuple, list)) else (result,)
                 return [self._bind(ctx, out, value) for out, value in zip(node.output, outputs) if out]
+            except FoldLimitExceeded as e:
+                if not self.reference_fallback:
+                    raise
+                over_limit, reason = e, str(e)
             except UnsupportedNode as e:
                 reason = str(e)
             except TypeError as e:  # an ONNX attribute the converter does not take
                 reason = f"converter {entry.fn.__name__}: {e}"
+            except TorchIRError:
+                raise
+            except (MemoryError, RecursionError):
+                raise
+            except Exception as e:  # noqa: BLE001 - a hostile attribute or shape (an axis out of range, a 0 size)
+                reason = f"converter {entry.fn.__name__} fails on this node ({type(e).__name__}: {str(e)[:200]})"
             ctx.emitted.clear()
         if not self.reference_fallback:
             raise UnsupportedNode(reason)
         try:
             outputs = reference_node(ctx, node, inputs, attrs, opset)
         except UnsupportedNode as e:
+            if over_limit is not None:
+                raise FoldLimitExceeded(f"{over_limit}; as an ONNX op: {e}") from None
             raise UnsupportedNode(f"{reason}; {e}") from None
         self.fallbacks[ctx.name] = f"{node.op_type}: {reason}"
         return [self._bind(ctx, out, value) for out, value in zip([o for o in node.output if o], outputs)]
@@ -147,16 +242,20 @@ class Importer:
             return self.opset
         return next((i.version for i in self.loaded.model.opset_import if i.domain == domain), 1)
 
-    def _fold(self, node: onnx.NodeProto, inputs: list[Value]) -> list[np.ndarray] | None:
-        symbolic = fold_symbolic(node, inputs, _attributes(node), self.input_symbols)
+    def _fold(self, node: onnx.NodeProto, inputs: list[Value], attrs: dict[str, Any]) -> list[np.ndarray] | None:
+        symbolic = fold_symbolic(node, inputs, attrs, self.input_symbols)
         if symbolic is not None:  # shape arithmetic on symbols; an all-int result is an ordinary constant
             return [v.astype(np.int64) if all_ints(v) else v for v in symbolic]
         if any(is_symbolic(v) for v in inputs):
             return None
-        if node.op_type in ("Shape", "Size") and isinstance(inputs[0], TensorMeta):
+        if node.op_type in ("Shape", "Size") and inputs and isinstance(inputs[0], TensorMeta):
             value = fold.static_shape_value(node.op_type, node, inputs[0])
             return None if value is None else [value]
         if not fold.can_fold(node, inputs):
+            return None
+        # the size of the result, before making it: over max_fold_bytes the node stays a graph node
+        nbytes = fold.output_nbytes(node, inputs, self.opset)
+        if nbytes is None or not fold_allowed(nbytes):
             return None
         try:
             return fold.evaluate(node, inputs, self.opset)
@@ -179,6 +278,8 @@ class Importer:
         return value
 
     def _output(self, vi: onnx.ValueInfoProto) -> TensorMeta:
+        if vi.name not in self.env:
+            raise ExtractionError(f"{self.loaded.source}: graph output {vi.name!r} is computed by no node")
         value = self.env[vi.name]
         if isinstance(value, TensorMeta) and value.name == vi.name and value.role != "input":
             value.role = "output"
@@ -192,11 +293,12 @@ class Importer:
 
     # -- names, constants, symbols --------------------------------------------------------------------
     def node_name(self, base: str) -> str:
-        return _unique(base, self.used_nodes)
+        return _unique(base, self.used_nodes, self._suffixes)
 
     def fresh(self, meta: TensorMeta, base: str) -> TensorMeta:
         """A copy of ``meta`` under a new unique name derived from the node's (``Conv_0__0``)."""
-        return TensorMeta(_unique(f"{base}__0", self.used_tensors), list(meta.shape), meta.dtype, role="activation")
+        return TensorMeta(_unique(f"{base}__0", self.used_tensors, self._suffixes), list(meta.shape), meta.dtype,
+                          role="activation")
 
     def add_constant(self, value: np.ndarray, base: str) -> TensorMeta:
         """An IR tensor for a value known at import time: the weight of an initializer, else a constant."""
@@ -210,7 +312,7 @@ class Importer:
             self.weights[source] = to_torch(value, dtype)
             self._materialized[source] = meta
             return meta
-        name = source if source is not None else _unique(base, self.used_tensors)
+        name = source if source is not None else _unique(base, self.used_tensors, self._suffixes)
         meta = TensorMeta(name, list(value.shape), dtype, role="constant")
         self.ir.constants.append(meta)
         if source is not None:
@@ -232,7 +334,7 @@ class Importer:
         if dim.HasField("dim_value"):
             return dim.dim_value
         symbol = self.loaded.symbols.get(dim.dim_param) if dim.HasField("dim_param") else None
-        symbol = symbol or _unique("unk", set(self.hints) | set(self.loaded.symbols.values()))
+        symbol = symbol or _unique("unk", self._symbols_used, self._suffixes)
         if symbol not in self.hints:
             hint = _HINT_BASE + 2 * len(self.hints)
             self.hints[symbol], self._unhints[hint] = hint, symbol
@@ -272,12 +374,17 @@ class Importer:
 
 
 
-def _unique(base: str, used: set[str]) -> str:
-    name = base
-    for k in itertools.count(1):
-        if name not in used:
-            break
+def _unique(base: str, used: set[str], suffixes: dict[tuple[int, str], int] | None = None) -> str:
+    """``base``, else ``base_1``, ``base_2``, ...: the first not in ``used`` (which it joins). ``suffixes``
+    remembers the last suffix per base, so that many alike names do not rescan from 1."""
+    key = (id(used), base)
+    k = suffixes.get(key, 0) if suffixes is not None else 0
+    name = base if k == 0 else f"{base}_{k}"
+    while name in used:
+        k += 1
         name = f"{base}_{k}"
+    if suffixes is not None:
+        suffixes[key] = k
     used.add(name)
     return name
 
@@ -293,20 +400,6 @@ def _merge_shape(got: list, declared: list, out: str) -> list:
         # a str from ONNX is a symbol; ATen's size there is the symbol's meta-device hint or derived from it
         merged.append(g if not isinstance(d, str) or (isinstance(g, int) and g < _HINT_BASE) else d)
     return merged
-
-
-def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    out = {}
-    for a in node.attribute:
-        value = onnx.helper.get_attribute_value(a)
-        if isinstance(value, bytes):
-            value = value.decode()
-        elif isinstance(value, list) and value and isinstance(value[0], bytes):
-            value = [v.decode() for v in value]
-        elif isinstance(value, onnx.TensorProto):
-            value = onnx.numpy_helper.to_array(value)
-        out[a.name] = value
-    return out
 
 
 def _inline_scalar(value: np.ndarray, dtype: str) -> bool:

@@ -4,6 +4,9 @@ onnxruntime runs the original ONNX model; the IR runs on the reference executor 
 the import returned. When an output differs, every IR tensor that kept its ONNX name is made an
 extra output of the ONNX model, both sides run again, and the first IR node (in topological order)
 whose outputs leave the tolerance is reported, with its inputs' and outputs' errors.
+
+onnxruntime allocates whatever the model asks for; :func:`check_onnx_sizes` checks every tensor size
+shape inference knows against ``torch_ir.limits`` first (``verify-onnx`` calls it).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import torch
 
 from ...executor import IRExecutor
 from ...ir import NPU_IR, OpNode
+from ...limits import check_shape
 from ...verify import Localization, TensorDiff, VerificationReport, compare_tensors
 from .context import np_dtype_name
 from .dtypes import to_numpy, to_torch
+from .loader import LoadedModel
 
 
 def verify_onnx(ir: NPU_IR, weights: Mapping[str, torch.Tensor], model: str | os.PathLike | onnx.ModelProto,
@@ -43,6 +48,27 @@ def verify_onnx(ir: NPU_IR, weights: Mapping[str, torch.Tensor], model: str | os
     if not ok:
         report.localization = _localize(ir, weights, proto, inputs, rtol, atol)
     return ok, report
+
+
+def check_onnx_sizes(loaded: LoadedModel) -> None:
+    """Refuse (``LimitExceededError``) a model with a tensor of static shape over ``max_alloc_bytes``.
+
+    A run (onnxruntime's, the executor's) would allocate it; a tensor of symbolic or unknown shape is
+    not known here and left to the executors.
+    """
+    graph = loaded.model.graph
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if None in dims:
+            continue
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            itemsize = 1
+        check_shape(dims, itemsize, f"{loaded.source}: tensor {vi.name!r}")
 
 
 def run_onnxruntime(proto: onnx.ModelProto, ir: NPU_IR, inputs: Sequence[torch.Tensor],

@@ -7,14 +7,14 @@ do. Realized weights are saved by state-dict path; ``Tensor.empty`` weights give
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from ...errors import TorchIRError
+from ...errors import ExtractionError, TorchIRError
+from ...naming import default_output
 
 
 def add_parser(subparsers: Any) -> None:
@@ -33,16 +33,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _load_factory(spec: str) -> tuple[Any, list[Any]]:
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise TorchIRError(f"model spec {spec!r} is not 'package.module:factory'")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise TorchIRError(f"cannot load model factory {spec!r}: {e}; expected 'package.module:function'") from None
-    made = factory()
-    if not isinstance(made, tuple) or len(made) != 2 or not callable(made[0]):
-        raise TorchIRError(f"factory {spec!r} must return (model, example_inputs), got {type(made).__name__}")
+    """Import and call the factory of ``spec`` (this runs its code: trusted specs only); ExtractionError
+    naming the spec if it cannot be found, is not callable, raises or exits, or returns something else."""
+    from ...factory_spec import call_factory, describe, load_factory
+
+    made = call_factory(load_factory(spec), spec)
+    if not isinstance(made, tuple) or len(made) != 2 or not callable(made[0]) or not isinstance(made[1], (tuple, list)):
+        raise ExtractionError(f"factory {spec!r} must return (model, example_inputs), got {describe(made)}; "
+                              "expected a 2-tuple of a tinygrad model and a list of example Tensors")
     return made[0], list(made[1])
 
 
@@ -51,15 +49,21 @@ def cmd_import_tinygrad(args: argparse.Namespace) -> int:
     os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
     import torch
 
+    from ...fileio import check_output_path
     from ...report import ir_statistics
     from ...weights import save_weights
     from .importer import import_tinygrad
 
+    if args.output:  # every output is checked before anything runs or is written
+        check_output_path(args.output, "IR file")
+    if args.weights:
+        check_output_path(args.weights, "weights file")
     model, inputs = _load_factory(args.model)
     name = args.name or args.model.partition(":")[2]
     names = args.input_names.split(",") if args.input_names else None
     ir, weights = import_tinygrad(model, inputs, input_names=names, model_name=name, simplify=not args.literal)
-    out = Path(args.output or f"{name}.json")
+    out = Path(args.output) if args.output else default_output(name, ".json")
+    check_output_path(out, "IR file")
     ir.save(str(out), indent=1 if args.pretty else None)
     print(ir_statistics(ir))
     print(f"wrote {out}")

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..context import Ctx, UnsupportedNode
@@ -249,7 +248,7 @@ def OneHot(ctx: Ctx, indices, depth, values, *, axis=-1):
     idx = ctx.aten("where.self", ctx.aten("lt.Scalar", idx, 0), ctx.aten("add.Scalar", idx, n), idx)
     positions = [1] * rank
     positions[axis] = n
-    hot = ctx.aten("eq.Tensor", ctx.aten("unsqueeze", idx, axis), np.arange(n, dtype=np.int64).reshape(positions))
+    hot = ctx.aten("eq.Tensor", ctx.aten("unsqueeze", idx, axis), ctx.arange(n, positions))
     off = ctx.aten("select.int", values, 0, 0)
     on = ctx.aten("select.int", values, 0, 1)
     return ctx.aten("where.self", hot, on, off)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..context import Ctx, UnsupportedNode
 from . import converter
 
@@ -275,7 +273,7 @@ def Hardmax(ctx: Ctx, x, *, axis=-1):
     idx = ctx.aten("argmax", x, axis, True)
     positions = [1] * rank
     positions[axis] = size
-    arange = np.arange(size, dtype=np.int64).reshape(positions)
+    arange = ctx.arange(size, positions)
     return ctx.cast(ctx.aten("eq.Tensor", idx, arange), ctx.dtype(x))
 
 

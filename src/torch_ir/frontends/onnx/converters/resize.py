@@ -84,6 +84,9 @@ def _resize(ctx: Ctx, x, scales, sizes, *, mode, ctm, nearest_mode="round_prefer
 
 
 def _nearest(ctx: Ctx, x, shape, out_shape, factor, resized, ctm, nearest_mode):
+    for a in resized:  # the index arrays are made here, at import time
+        if not ctx.fits([out_shape[a]], 24):
+            ctx.refuse_fold([out_shape[a]], 24, f"Resize's nearest indices on axis {a}")
     indices = {a: _nearest_index(ctm, nearest_mode, factor.get(a, out_shape[a] / shape[a]), shape[a], out_shape[a])
                for a in resized}
     spatial = list(range(2, len(shape)))

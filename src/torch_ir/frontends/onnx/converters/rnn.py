@@ -24,6 +24,8 @@ _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", 
 
 def _reorder(ctx: Ctx, w, op: str, hidden: int):
     """Rows of one direction's W/R/bias, gate blocks permuted from ONNX's order to ATen's."""
+    if not ctx.fits([len(_GATES[op]) * hidden], 8):
+        ctx.refuse_fold([len(_GATES[op]) * hidden], 8, f"{op}'s gate order")
     order = np.concatenate([np.arange(g * hidden, (g + 1) * hidden) for g in _GATES[op]]).astype(np.int64)
     return ctx.aten("index_select", w, 0, order)
 
@@ -38,6 +40,9 @@ def _recurrent(op: str, ctx: Ctx, x, w, r, b, sequence_lens, initial_h, initial_
     dirs = 2 if direction == "bidirectional" else 1
     seq, batch, _ = ctx.shape(x)
     hidden, gates = hidden_size, len(_GATES[op])
+    if ctx.rank(w) != 3 or ctx.shape(w)[1] != gates * hidden or ctx.shape(w)[0] != dirs:
+        raise UnsupportedNode(f"{op}'s W of shape {ctx.shape(w)} does not match hidden_size={hidden} and "
+                              f"direction={direction!r}")
     params = []
     for d in range(dirs):
         wd, rd = ctx.aten("select.int", w, 0, d), ctx.aten("select.int", r, 0, d)
@@ -48,7 +53,7 @@ def _recurrent(op: str, ctx: Ctx, x, w, r, b, sequence_lens, initial_h, initial_
             rb = ctx.aten("slice.Tensor", bd, 0, gates * hidden, 2 * gates * hidden)
             params += [_reorder(ctx, wb, op, hidden), _reorder(ctx, rb, op, hidden)]
     xs = ctx.aten("flip", x, [0]) if direction == "reverse" else x
-    zeros = np.zeros([dirs, batch, hidden], dtype=ctx.dtype(x))
+    zeros = ctx.full([dirs, batch, hidden], np.zeros(1, dtype=ctx.dtype(x)))
     h0 = initial_h if initial_h is not None else zeros
     hx = [h0, initial_c if initial_c is not None else zeros] if op == "LSTM" else h0
     results = ctx.aten(_ATEN[op], xs, hx, params, b is not None, 1, 0.0, False, dirs == 2, False)

@@ -19,6 +19,9 @@ _INT64_MAX = 2**63 - 1
 
 
 def _axis(axis: int, rank: int) -> int:
+    """``axis`` in ``[0, rank)`` (a negative one counts from the end); out of range, the node is refused."""
+    if not -rank <= axis < max(rank, 1):
+        raise UnsupportedNode(f"axis {axis} is out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
 
 
@@ -102,6 +105,8 @@ def _split(ctx: Ctx, x, axis: int, split, num_outputs):
     size = ctx.shape(x)[axis]
     if split is None:
         n = num_outputs or ctx.n_outputs
+        if n != ctx.n_outputs or not isinstance(size, int) or n < 1:
+            raise UnsupportedNode(f"Split into {n} pieces of an axis of size {size}, for {ctx.n_outputs} outputs")
         chunk = -(-size // n)  # ceil: the last piece is the smaller one (opset 18)
         split = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
     outs = ctx.aten("split_with_sizes", x, list(split), axis)
@@ -206,6 +211,8 @@ def _pad(ctx: Ctx, x, pads, mode, value, axes):
     rank = ctx.rank(x)
     axes = [_axis(a, rank) for a in axes] if axes is not None else list(range(rank))
     n = len(axes)
+    if len(pads) != 2 * n:
+        raise UnsupportedNode(f"Pad's pads has {len(pads)} values for {n} axes")
     begin, end = dict(zip(axes, pads[:n])), dict(zip(axes, pads[n:]))
     # ATen lists (begin, end) pairs from the last axis back, and only as far as the first padded axis
     first = min((a for a in axes if begin[a] or end[a]), default=rank)
@@ -222,9 +229,14 @@ def _pad(ctx: Ctx, x, pads, mode, value, axes):
 
 @converter("ConstantOfShape", since=9)
 def ConstantOfShape(ctx: Ctx, shape, *, value=None):
+    # a constant under the fold limit; over it (or with symbolic sizes) an aten.full node
     dims = ctx.ints(shape, "ConstantOfShape's input")
     fill = value if value is not None else np.zeros(1, np.float32)
-    return np.full(dims, fill.reshape(-1)[0], dtype=fill.dtype)
+    if fill.size != 1:
+        raise UnsupportedNode(f"ConstantOfShape's value has {fill.size} elements, not 1")
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        raise UnsupportedNode(f"ConstantOfShape of a negative size {dims}")
+    return ctx.full(dims, fill)
 
 
 @converter("Constant")
@@ -249,8 +261,9 @@ def Trilu(ctx: Ctx, x, k=None, *, upper=1):
 def Dropout(ctx: Ctx, x, ratio=None, training_mode=None, *, seed=None, ratio_attr=None, is_test=None):
     if training_mode is not None and ctx.const(training_mode) is not None and bool(ctx.const(training_mode)):
         raise UnsupportedNode("Dropout in training mode is random")
-    mask = np.ones(ctx.shape(x), dtype=bool) if all(isinstance(d, int) for d in ctx.shape(x)) else None
-    return (x, mask) if mask is not None else x
+    if ctx.n_outputs < 2:
+        return x
+    return x, ctx.full(ctx.shape(x), np.ones(1, dtype=bool))  # the mask: a constant, or aten.full when large
 
 
 @converter("Shape", since=1)
@@ -262,6 +275,9 @@ def Shape(ctx: Ctx, x, *, start=0, end=None):
 def EyeLike(ctx: Ctx, x, *, dtype=None, k=0):
     n, m = ctx.shape(x)
     out_dtype = ONNX_TO_IR[dtype] if dtype is not None else ctx.dtype(x)
+    itemsize = np.dtype(out_dtype).itemsize
+    if not ctx.fits([n, m], itemsize):  # over the fold limit: the ONNX op computes it at run time
+        ctx.refuse_fold([n, m], itemsize, "EyeLike's output")
     return np.eye(n, m, k, dtype=np.dtype(out_dtype))
 
 
@@ -289,13 +305,14 @@ def SpaceToDepth(ctx: Ctx, x, *, blocksize):
 
 @converter("Range", since=11)
 def Range(ctx: Ctx, start, limit, delta):
-    # reached only when a bound is a symbolic size (constant bounds fold): aten.arange takes SymInts
+    # reached when a bound is a symbolic size (aten.arange takes SymInts), or when constant bounds make a
+    # range over the fold limit
     bounds = [ctx.ints(v, "Range's bounds")[0] for v in (start, limit, delta)]
     dtype = ctx.dtype(start) if ctx.dtype(start) != "object" else "int64"
     if dtype != "int64":
         raise UnsupportedNode("Range of symbolic bounds other than int64")
     return ctx.aten("arange.start_step", *[Sym(b) if isinstance(b, str) else b for b in bounds],
-                    dtype=torch.int64)
+                    dtype=torch.int64, device=torch.device("cpu"))  # the device: the meta run allocates nothing
 
 
 @converter("CenterCropPad", since=18)

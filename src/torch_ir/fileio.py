@@ -1,0 +1,265 @@
+"""One way to write an output file: whole or not at all, durable, and with one clear error.
+
+Every writer of the toolkit (IR JSON, ``.safetensors`` weights, ``.npubin`` programs, ``.npz`` outputs and
+the Markdown/JSON reports of the command line) goes through :func:`atomic_write`:
+
+- the data goes to a temporary file beside the target with a random name (``secrets.token_hex``), created
+  with ``open(..., "xb")`` so that two writers never share one and an existing file is never opened;
+- it is flushed and fsynced, then renamed over the target with ``os.replace`` (atomic within one file
+  system: readers see the old file or the complete new one), then the directory is fsynced (best effort);
+- a new file gets the mode a plain ``open()`` would give it (``0o666 & ~umask``); overwriting an existing
+  file keeps that file's permission bits;
+- on any failure the temporary file is removed and the error is an :class:`OutputWriteError` naming the
+  target (never the temporary name), the reason and the fix.
+
+Commands that write several files call :func:`check_output_path` for each of them first, so that a bad
+path is refused before anything is written.
+
+Reading goes through :func:`read_input`: a missing path, a directory, an unreadable file or one larger than
+``torch_ir.limits`` is one :class:`InputReadError` naming the file, before anything is read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import InputNotFoundError, InputReadError, OutputWriteError
+from .limits import check_alloc
+
+Writer = Callable[[BinaryIO], None]
+
+
+# The error for a known cause is also the matching built-in OSError, so ``except FileNotFoundError`` (or
+# PermissionError, ...) around a save keeps working; ``except OutputWriteError`` catches them all.
+class OutputDirectoryMissingError(OutputWriteError, FileNotFoundError):
+    """The target's directory does not exist."""
+
+
+class OutputPermissionError(OutputWriteError, PermissionError):
+    """The target's directory (or the file) may not be written."""
+
+
+class OutputIsADirectoryError(OutputWriteError, IsADirectoryError):
+    """The target path is a directory."""
+
+
+class OutputNotADirectoryError(OutputWriteError, NotADirectoryError):
+    """A folder on the target's path is a file."""
+
+
+_ERROR_CLASSES = {errno.ENOENT: OutputDirectoryMissingError, errno.EACCES: OutputPermissionError,
+                  errno.EPERM: OutputPermissionError, errno.EISDIR: OutputIsADirectoryError,
+                  errno.ENOTDIR: OutputNotADirectoryError}
+_TEMP_STEM_BYTES = 64  # of the target's name kept in the temp name, so a long (valid) target name still fits
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | bytearray | memoryview | str | Writer, *,
+                 what: str = "file") -> None:
+    """Write ``data`` to ``path`` atomically; raise :class:`OutputWriteError` (naming ``path``) on failure.
+
+    ``data`` is bytes, a str (written as UTF-8) or a callable given the open temporary file (binary mode);
+    it must write through that handle only (not by the file's name: a library that renames its own temp
+    file onto a name would replace a device such as ``/dev/null``). ``what`` names the file in messages
+    ("IR file", "weights file", ...). An exception other than ``OSError`` raised by the callable (a serialization
+    error, say) propagates unchanged, after the temporary file is removed.
+    """
+    target = Path(path)
+    check_output_path(target, what)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if _is_stream(target):  # /dev/null, /dev/stdout, a named pipe: write into it; never replace the node
+        _write_stream(target, payload, what)
+        return
+    tmp = target.with_name(_temp_name(target.name))
+    created = False
+    try:
+        mode = _existing_mode(target)
+        with open(tmp, "xb") as handle:
+            created = True
+            if mode is not None:  # else a new file keeps what open() gave it: 0o666 & ~umask
+                os.fchmod(handle.fileno(), mode)
+            if callable(payload):
+                payload(handle)
+            else:
+                handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        created = False
+    except OSError as err:
+        raise write_error(target, err, what) from err
+    finally:
+        if created:
+            _remove_quietly(tmp)
+    _fsync_directory(target.parent)
+
+
+def check_output_path(path: str | os.PathLike, what: str = "file") -> None:
+    """Refuse, before anything is written, a target that cannot be written: its directory is missing or
+    not writable, the path is a directory, or the name is too long. Raises :class:`OutputWriteError`."""
+    target = Path(path)
+    if len(os.fsencode(target.name)) > _name_max(target.parent):
+        raise write_error(target, OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG)), what)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None  # a new file (or a missing directory, reported below)
+    except OSError as err:  # a folder on the way is a file, a loop of links, a path too long, ...
+        if err.errno == errno.ENOENT:
+            mode = None
+        else:
+            raise write_error(target, err, what) from None
+    if mode is not None:
+        if stat.S_ISDIR(mode):
+            raise write_error(target, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), what)
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):  # written in place (see atomic_write)
+            if not os.access(target, os.W_OK):
+                raise write_error(target, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), what)
+            return
+        if not stat.S_ISREG(mode):
+            raise OutputWriteError(f"cannot write {what} {str(target)!r}: it exists and is not a regular file "
+                                   "(a device or socket); choose a file path")
+    check_writable_dir(target.parent, what, target=target)
+
+
+def check_writable_dir(directory: str | os.PathLike, what: str = "file", *, target: Path | None = None) -> None:
+    """Raise :class:`OutputWriteError` unless ``directory`` exists, is a directory and may be written to.
+
+    ``target`` (a file in it) is the path the message names; by default the directory itself.
+    """
+    directory = Path(directory) if str(directory) else Path(".")
+    named = target if target is not None else directory
+    try:
+        mode = os.stat(directory).st_mode
+    except OSError as err:  # ENOENT: missing; ENOTDIR: a folder above is a file; others as they are
+        raise write_error(named, err, what) from None
+    if not stat.S_ISDIR(mode):
+        raise write_error(named, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), what)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise write_error(named, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), what)
+
+
+def write_error(target: Path, err: OSError, what: str = "file") -> OutputWriteError:
+    """The one-line error for a failed write of ``target``: what went wrong and how to fix it."""
+    directory = target.parent if str(target.parent) else Path(".")
+    code = err.errno
+    if code == errno.ENOENT:
+        reason = f"directory {str(directory)!r} does not exist"
+        fix = f"create it first (mkdir -p {directory}) or choose another path"
+    elif code == errno.ENOTDIR:
+        reason = f"{str(directory)!r} (or a folder above it) is not a directory"
+        fix = "choose a path inside an existing directory"
+    elif code == errno.EISDIR:
+        reason = "the path is a directory"
+        fix = f"give a file name, e.g. {target / ('output' + (target.suffix or ''))}"
+    elif code in (errno.EACCES, errno.EPERM):
+        reason = f"permission denied: directory {str(directory)!r} is not writable (or the file is protected)"
+        fix = "choose a writable directory or change its permissions"
+    elif code == errno.EROFS:
+        reason = f"directory {str(directory)!r} is on a read-only file system"
+        fix = "choose a directory on a writable file system"
+    elif code == errno.ENAMETOOLONG:
+        reason = f"the file name is too long ({len(os.fsencode(target.name))} bytes; the limit here is " \
+                 f"{_name_max(directory)})"
+        fix = "choose a shorter name"
+    elif code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        reason = "no space left on the device (or the disk quota is used up)"
+        fix = "free some space or write to another disk; nothing was written"
+    else:
+        reason = err.strerror or str(err)
+        fix = "check the path and the file system; nothing was written"
+    return _ERROR_CLASSES.get(code, OutputWriteError)(f"cannot write {what} {str(target)!r}: {reason}; {fix}")
+
+
+def read_input(path: str | os.PathLike, what: str = "file", fix: str = "check the path") -> bytes:
+    """The bytes of an input file, refusing with :class:`InputReadError` (naming ``path``, the reason and
+    ``fix``) a path that does not exist, is a directory or cannot be read, and a file over
+    ``torch_ir.limits.max_alloc_bytes`` (it would be read whole into memory)."""
+    source = Path(path)
+    try:
+        st = os.stat(source)
+    except FileNotFoundError:
+        raise InputNotFoundError(f"{what} {str(source)!r} does not exist; {fix}") from None
+    except OSError as err:
+        raise InputReadError(f"{what} {str(source)!r} cannot be read ({err.strerror or err}); {fix}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputReadError(f"{what} {str(source)!r} is a directory; give the path of the file itself")
+    check_alloc(st.st_size, f"{what} {str(source)!r}")
+    try:
+        with open(source, "rb") as handle:
+            return handle.read()
+    except OSError as err:
+        raise InputReadError(f"{what} {str(source)!r} cannot be read ({err.strerror or err}); {fix}") from None
+
+
+def _is_stream(target: Path) -> bool:
+    """A character device or a FIFO (``/dev/null``, ``/dev/stdout`` on a pipe): written in place."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _write_stream(target: Path, payload: bytes | bytearray | memoryview | Writer, what: str) -> None:
+    try:
+        with open(target, "wb") as handle:
+            if callable(payload):
+                payload(handle)
+            else:
+                handle.write(payload)
+    except OSError as err:
+        raise write_error(target, err, what) from err
+
+
+def _temp_name(name: str) -> str:
+    stem = os.fsdecode(os.fsencode(name)[:_TEMP_STEM_BYTES])
+    return f".{stem}.{secrets.token_hex(8)}.tmp"
+
+
+def _existing_mode(target: Path) -> int | None:
+    """Permission bits of the file being replaced (setuid/setgid dropped), or None for a new file."""
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) & 0o777 if stat.S_ISREG(st.st_mode) else None
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory if str(directory) else ".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable; best effort because some platforms cannot open a directory."""
+    try:
+        fd = os.open(directory if str(directory) else ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "OutputDirectoryMissingError", "OutputIsADirectoryError", "OutputNotADirectoryError", "OutputPermissionError",
+    "atomic_write", "check_output_path", "check_writable_dir", "read_input", "write_error",
+]
