@@ -43,3 +43,27 @@ def test_npu_ops_doc_is_generated_from_the_op_table():
 
     assert (ROOT / "docs" / "npu_ops.md").read_text() == npu_docs_markdown(), (
         "docs/npu_ops.md is stale: run `torch-ir ops --npu --markdown > docs/npu_ops.md`")
+
+
+def test_kernels_doc_is_generated_from_the_kernel_table():
+    from npu_program.docs import kernels_markdown
+
+    assert (ROOT / "docs" / "kernels.md").read_text() == kernels_markdown(), (
+        "docs/kernels.md is stale: run `torch-ir ops --kernels --markdown > docs/kernels.md`")
+
+
+def test_extending_walkthrough_runs_as_written(tmp_path):
+    """docs/extending.md section 3 (a new NPU op: op record, rule, kernel record), its code blocks run in a
+    fresh process (the records it adds must not leak into the other tests' tables)."""
+    import re
+    import subprocess
+    import sys
+
+    text = (ROOT / "docs" / "extending.md").read_text()
+    section = text[text.index("## 3. A new NPU op"):]
+    code = "\n\n".join(re.findall(r"```python\n(.*?)```", section, flags=re.S))
+    script = tmp_path / "walkthrough.py"
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "{'SCALE_SHIFT': 1, 'aten.relu.default': 1}" in result.stdout

@@ -39,7 +39,7 @@ def _load(source: str):
 def cmd_compile(args: argparse.Namespace) -> int:
     from torch_ir.fileio import check_output_path
 
-    from . import CompileError, CompileOptions, UnsupportedOpsError, compile, is_op_supported, partition
+    from . import CompileOptions, UnsupportedOpsError, compile, is_op_supported, partition
 
     if args.output:  # refuse an unwritable path before compiling, not after
         check_output_path(args.output, "program file")
@@ -52,9 +52,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(partition(ir, is_op_supported, target=args.target).summary())
         print("nothing written", file=sys.stderr)
         return 1
-    except (CompileError, ValueError) as e:
-        print(f"torch-ir compile: {e}", file=sys.stderr)
-        return 2
     out = Path(args.output) if args.output else default_output(program.model_name, ".npubin")
     program.save(out)
     print(program.summary())

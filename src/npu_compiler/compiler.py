@@ -22,6 +22,7 @@ from torch_ir.ops.values import dtype_from_name
 from torch_ir.passes import NormalizeOptions, normalize
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
+from .fusion import fuse_kernels
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
 from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
@@ -50,7 +51,8 @@ class CompileOptions:
     normalize_options: NormalizeOptions | None = None
     # "greedy_by_size" reuses memory; "naive" gives every tensor its own bytes (for comparison).
     memory_strategy: str = "greedy_by_size"
-    alignment: int = 64
+    # Byte alignment of arena offsets; None takes the target's (``Target.alignment``).
+    alignment: int | None = None
     # Fuse CONV + residual add (+ relu) into one dispatch.
     fuse: bool = True
     # Name the program's outputs "output" (one output) or "output_0", "output_1", ...; False keeps IR names.
@@ -78,11 +80,13 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     ir = load_source(ir_or_path)
     if options.normalize:
         ir = normalize(ir, options.normalize_options)
+    if options.fuse:
+        ir = fuse_kernels(ir)
     check_compilable(ir, target)
     if options.public_output_names:
         ir = with_public_output_names(ir)
-    lowered = lower(ir, target, fuse=options.fuse)
-    memory = plan(lowered, ir, options)
+    lowered = lower(ir, target)
+    memory = plan(lowered, ir, options, options.alignment or target.alignment)
     return _program(ir, target, lowered, memory, options)
 
 
@@ -145,7 +149,7 @@ def with_public_output_names(ir: NPU_IR) -> NPU_IR:
     return ir_from_dict(data)
 
 
-def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions) -> MemoryPlan:
+def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions, alignment: int) -> MemoryPlan:
     """Lifetimes -> offsets -> an independent overlap check. Activations only: weights live elsewhere."""
     constants = {c.name for c in ir.constants}
     sizes = {name: spec.nbytes for name, spec in lowered.tensors.items()
@@ -153,10 +157,10 @@ def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions) -> MemoryPlan:
     lives = lifetimes([(d.inputs, d.outputs) for d in lowered.dispatches], sizes,
                       live_in=[t.name for t in ir.graph_inputs], live_out=[t.name for t in ir.graph_outputs],
                       aliases=lowered.aliases)
-    offsets, arena = plan_memory(lives, alignment=options.alignment, strategy=options.memory_strategy)
-    check_plan(lives, offsets, arena, alignment=options.alignment)
+    offsets, arena = plan_memory(lives, alignment=alignment, strategy=options.memory_strategy)
+    check_plan(lives, offsets, arena, alignment=alignment)
     check_alloc(arena, f"IR {ir.model_name!r}: the activation arena")
-    return MemoryPlan(arena, offsets, no_reuse_bytes(lives, options.alignment), options.alignment,
+    return MemoryPlan(arena, offsets, no_reuse_bytes(lives, alignment), alignment,
                       dict(lowered.aliases))
 
 
@@ -172,14 +176,14 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
             constants[c.name] = _constant_bytes(inline[c.name], c.dtype)
         elif c.name not in inline:
             tensors.pop(c.name, None)  # a constant stored in the weights file is a weight slot
+    slot_keys = {ir.weight_name_mapping.get(w.name, w.name) for w in weights}
     metadata = {
         "compiler": COMPILER_VERSION,
         "options": options.to_dict(),
         "source_nodes": ir.metadata.get("normalize", {}).get("nodes_before", len(ir.nodes)),
         "normalized_nodes": len(ir.nodes),
         # state-dict key -> tied keys, so a weights file that stored a tied weight once still loads
-        "weight_aliases": {k: v for k, v in ir.weight_aliases.items()
-                           if k in {ir.weight_name_mapping.get(w.name, w.name) for w in weights}},
+        "weight_aliases": {k: v for k, v in ir.weight_aliases.items() if {k, *v} & slot_keys},
     }
     return CompiledProgram(
         model_name=ir.model_name, target=target.name,

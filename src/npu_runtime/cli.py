@@ -29,19 +29,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
         if name == "run":
             p.add_argument("-o", "--output", help="write the outputs to this .npz file")
+            p.add_argument("--validate", action="store_true",
+                           help="check every dispatch against its op's reference implementation; stop at the "
+                                "first that diverges, naming it")
         else:
             p.add_argument("--runs", type=int, default=10, help="timed runs (median reported)")
             p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
 
 
 def _setup(args: argparse.Namespace):
-    from npu_compiler.compiled_program import CompiledProgram
+    from npu_program.program import CompiledProgram
 
     from . import Device, Executor, load_weights
 
     program = CompiledProgram.load(args.program)
     device = Device()
-    executor = Executor(program, device)
+    executor = Executor(program, device, validate=getattr(args, "validate", False))
     weights = load_weights(args.weights, program, device)
     return program, executor, weights, _inputs(program, args.input, args.seed)
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from npu_compiler.compiled_program import TensorSpec
+from npu_program import dtypes
+from npu_program.program import TensorSpec
 from torch_ir.errors import TorchIRError
 
 from .backends import Backend, get_backend
@@ -38,8 +39,8 @@ def as_device(device_or_backend: Device | Backend | str) -> Device:
 
 
 def numpy_dtype_name(array: np.ndarray) -> str:
-    """numpy's dtype names are torch's names without the prefix ("float32", "int64", "bool")."""
-    return array.dtype.name
+    """The program's name (``npu_program.dtypes``) of the array's dtype; numpy's own name for one it lacks."""
+    return dtypes.name_of(array.dtype)
 
 
 class NPUBuffer:
@@ -59,7 +60,11 @@ class NPUBuffer:
         """
         array = np.asarray(array)
         if spec is None:
-            spec = TensorSpec("buffer", list(array.shape), numpy_dtype_name(array))
+            dtype = numpy_dtype_name(array)
+            if not dtypes.is_dtype(dtype):
+                raise RuntimeInputError(f"array of dtype {dtype} cannot be a device buffer; "
+                                        f"use one of {', '.join(dtypes.DTYPES)}")
+            spec = TensorSpec("buffer", list(array.shape), dtype)
         else:
             check_array(array, spec, f"array for {spec.name!r}")
         return cls(new_tensor(device, spec, array), spec, device)

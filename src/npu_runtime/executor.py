@@ -13,16 +13,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
-from npu_compiler.compiled_program import CompiledProgram, TensorSpec
-from npu_compiler.memory import resolve_alias
-from npu_compiler.program_check import check_program
+from npu_program.check import check_program
+from npu_program.kernels import kernels_for
+from npu_program.memory_check import resolve_alias
+from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
+from torch_ir.ops.values import dtype_from_name
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
+from .state import State, check_slot
 from .weights import Weights, load_weights
 
 Step = tuple[Callable[[list[Any], list[Any]], None], list[Any], list[Any]]
+StepHook = Callable[[int, Step], None]
 InputValue = NPUBuffer | np.ndarray | Any
 
 
@@ -38,8 +43,12 @@ class Executor:
         outputs = executor.run(inputs={"input": buffer}, weights=weights)   # name -> NPUBuffer
     """
 
-    def __init__(self, program: CompiledProgram, device: Device | Any = None) -> None:
+    def __init__(self, program: CompiledProgram, device: Device | Any = None, *, validate: bool = False) -> None:
+        """``validate=True`` checks every dispatch's outputs against the reference implementation of the op it
+        came from, run on the same inputs, and stops at the first that diverges (``ValidationError``
+        names the dispatch, its IR node and the error), as tinygrad's ``VALIDATE_WITH_CPU`` does."""
         self.program = program
+        self.validate = validate
         self.device = as_device(device if device is not None else "cpu")
         backend = self.device.backend
         if backend.target != program.target:
@@ -47,18 +56,24 @@ class Executor:
                 f"program {program.model_name!r} was compiled for target {program.target!r}; the {backend.name} "
                 f"backend runs target {backend.target!r}: compile with npu_compiler.compile(..., "
                 f"target={backend.target!r})")
-        check_program(program)  # a loaded program is untrusted data: re-check it before allocating anything
+        # a loaded program is untrusted data: re-check it (against this backend's kernels) before allocating
+        kernels = getattr(backend, "kernels", None)
+        check_program(program, kernels=kernels if kernels is not None else kernels_for(backend.target))
         self.arena = backend.allocate(program.arena_bytes)
         self.tensors = self._place()
         self.constants = {name: backend.from_bytes(data, program.tensors[name])
                           for name, data in program.constants.items()}
-        self.specs: dict[str, TensorSpec] = {**program.tensors, **{w.name: w for w in program.weight_specs}}
+        self.specs: dict[str, TensorSpec] = {**program.tensors, **{w.name: w for w in program.weight_specs},
+                                             **{s.name: s.tensor_spec() for s in program.state_specs}}
         self.fixed = set(self.constants) | {w.name for w in program.weight_specs}
         self.kernels = [self._kernel(i, d) for i, d in enumerate(program.dispatches)]
         self.steps: list[Step] = []
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
+        # The persistent buffers the steps read and write (outside the arena, like weights); None until bound.
+        self.state: State | None = None
 
     def _kernel(self, index: int, dispatch: Any) -> Any:
+        check_output_shapes(index, dispatch, self.specs, self.program.model_name)
         try:
             return self.device.backend.kernel(dispatch, self.specs, self.fixed)
         except TorchIRError:
@@ -80,43 +95,80 @@ class Executor:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    def bind(self, weights: Weights | Mapping[str, NPUBuffer] | Any) -> None:
-        """Prepare every kernel for ``weights`` (a ``load_weights`` result, or anything it accepts)."""
+    def bind(self, weights: Weights | Mapping[str, NPUBuffer] | Any, state: State | None = None) -> None:
+        """Prepare every kernel for ``weights`` (a ``load_weights`` result, or anything it accepts) and
+        ``state`` (a ``State``; None: the one bound before, or a new one made from the program's slots)."""
         if not isinstance(weights, Weights) and not _all_buffers(weights):
             weights = load_weights(weights, self.program, self.device)
         missing = sorted({w.name for w in self.program.weight_specs} - set(weights))
         if missing:
             raise RuntimeInputError(f"weights for program {self.program.model_name!r} lack slots {missing[:10]}; "
                                     "load them with npu_runtime.load_weights(path, program, device)")
+        state = self._state(state)
         env = {**self.tensors, **self.constants, **{name: weights[name].data for name in self.fixed
-                                                    if name not in self.constants}}
+                                                    if name not in self.constants},
+               **{spec.name: state[spec.key].data for spec in self.program.state_specs}}
         self.steps = []
-        for dispatch, kernel in zip(self.program.dispatches, self.kernels):
-            kernel.prepare({name: env[name] for name in dispatch.inputs if name in self.fixed})
+        for index, (dispatch, kernel) in enumerate(zip(self.program.dispatches, self.kernels)):
+            try:
+                kernel.prepare({name: env[name] for name in dispatch.inputs if name in self.fixed})
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:  # prepacking refused the parameters
+                raise RuntimeInputError(
+                    f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
+                    f"{self.program.model_name!r} cannot be prepared with its weights ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
             self.steps.append((kernel.run, [env[n] for n in dispatch.inputs], [env[n] for n in dispatch.outputs]))
-        self.bound = weights
+        self.bound, self.state = weights, state
+
+    def _state(self, state: State | None) -> State:
+        """``state`` checked against the program's slots (slots it lacks are added to it)."""
+        if state is None:
+            return self.state if self.state is not None else State(self.program, self.device)
+        if not isinstance(state, State):
+            raise RuntimeInputError(f"state must be an npu_runtime.State, got {type(state).__name__}; make one "
+                                    "with State(program, device)")
+        if state.device.backend.target != self.device.backend.target:
+            raise RuntimeInputError(f"the State lives on {state.device.name}; program {self.program.model_name!r} "
+                                    f"runs on {self.device.name}")
+        for spec in self.program.state_specs:
+            if spec.key in state:
+                check_slot(state.specs[spec.key], spec, "the State given")
+        state.add(self.program)
+        return state
 
     # -- running ------------------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, InputValue],
-            weights: Weights | Mapping[str, NPUBuffer] | None = None) -> dict[str, NPUBuffer]:
-        """Run once; returns the outputs by name as new buffers (the next run does not overwrite them)."""
-        self.ensure_bound(weights)
+            weights: Weights | Mapping[str, NPUBuffer] | None = None,
+            state: State | None = None) -> dict[str, NPUBuffer]:
+        """Run once; returns the outputs by name as new buffers (the next run does not overwrite them).
+
+        ``state`` (a ``State``) holds the program's persistent buffers; the dispatches update it in place.
+        Without one, the State bound before is used (the first run makes one, ``executor.state``)."""
+        self.ensure_bound(weights, state)
         self.copy_in(inputs)
-        self.run_steps()
+        self.run_steps(self._validator() if self.validate else None)
         return self.copy_out()
 
-    def ensure_bound(self, weights: Any) -> None:
-        """Bind ``weights`` if they are new; without weights, the ones bound before (a program without
-        weight slots needs none)."""
+    def _validator(self) -> StepHook:
+        from .validate import DispatchValidator
+
+        return DispatchValidator(self)
+
+    def ensure_bound(self, weights: Any, state: State | None = None) -> None:
+        """Bind ``weights`` and ``state`` if they are new; without them, the ones bound before (a program
+        without weight slots needs no weights)."""
+        new_state = state is not None and state is not self.state
         if weights is not None and weights is not self.bound:
-            self.bind(weights)
+            self.bind(weights, state)
+        elif self.bound is not None and new_state:
+            self.bind(self.bound, state)
         elif self.bound is None:
             if self.program.weight_specs:
                 raise RuntimeInputError(
                     f"program {self.program.model_name!r} has {len(self.program.weight_specs)} weight slots and no "
                     "weights were given: pass weights=npu_runtime.load_weights(path, program, device)")
-            self.bind({})
+            self.bind({}, state)
 
     def copy_in(self, inputs: Mapping[str, InputValue]) -> None:
         """Check every input against its spec and copy it into its arena slot."""
@@ -140,16 +192,30 @@ class Executor:
                 check_array(array, spec, where)
                 backend.copy_in(self.tensors[spec.name], array)
 
-    def run_steps(self) -> None:
-        """The dispatch loop itself."""
+    def run_steps(self, hook: StepHook | None = None) -> None:
+        """The dispatch loop itself, between the backend's run boundary (a GPU backend records every
+        dispatch and submits once at ``end_run``).
+
+        ``hook(index, step)`` replaces the plain ``run(ins, outs)`` call of each step (it must call the
+        step itself, or not): profiling times each dispatch with it, ``validate`` checks each one.
+        """
+        backend, index = self.device.backend, 0
+        backend.begin_run()
         try:
-            for run, ins, outs in self.steps:
-                run(ins, outs)
+            if hook is None:
+                for index, (run, ins, outs) in enumerate(self.steps):  # noqa: B007 - the except reads index
+                    run(ins, outs)
+            else:
+                for index, step in enumerate(self.steps):
+                    hook(index, step)
+        except TorchIRError:
+            raise
         except Exception as e:  # noqa: BLE001 - re-raised with the dispatch that failed
-            index = next(i for i, step in enumerate(self.steps) if step[0] is run)
             dispatch = self.program.dispatches[index]
             raise DispatchError(f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
                                 f"{self.program.model_name!r} failed: {type(e).__name__}: {e}") from e
+        finally:
+            backend.end_run()
 
     def copy_out(self) -> dict[str, NPUBuffer]:
         backend = self.device.backend
@@ -173,3 +239,36 @@ def _as_numpy(value: Any) -> np.ndarray:
         value = value.detach().cpu()
         return value.float().numpy() if str(value.dtype) == "torch.bfloat16" else value.numpy()
     return np.asarray(value)
+
+
+def check_output_shapes(index: int, dispatch: Any, specs: Mapping[str, TensorSpec], model: str) -> None:
+    """Run the dispatch's reference on the meta device (shapes only, nothing allocated) and refuse the
+    program when its parameters give outputs other than its specs: a kernel would otherwise write past
+    its slot in the arena (a CONV whose padding disagrees with its output spec, from a hostile file)."""
+    from torch_ir.ir import OpNode, TensorMeta
+    from torch_ir.ops.registry import bind_kernel
+
+    from .backends.cpu_kernels import reference_params
+
+    def meta(name: str) -> TensorMeta:
+        return TensorMeta(name, list(specs[name].shape), specs[name].dtype)
+
+    where = f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {model!r}"
+    node = OpNode(dispatch.node, dispatch.kernel, [meta(n) for n in dispatch.inputs],
+                  [meta(n) for n in dispatch.outputs], reference_params(dispatch))
+    inputs = [torch.empty(specs[n].shape, dtype=dtype_from_name(specs[n].dtype), device="meta")
+              for n in dispatch.inputs]
+    try:
+        outputs = bind_kernel(node, torch.device("meta"))(inputs, {})
+    except TorchIRError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any refusal of the parameters by the op itself
+        if isinstance(e, NotImplementedError) or "meta" in str(e):
+            return  # a reference that makes CPU tensors itself (a causal mask) cannot run on meta: unchecked
+        raise RuntimeInputError(f"{where} has parameters its op refuses ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
+    got = [list(t.shape) for t in outputs]
+    want = [list(specs[n].shape) for n in dispatch.outputs]
+    if got != want:
+        raise RuntimeInputError(f"{where}: its parameters give outputs of shapes {got}, but the program's specs "
+                                f"say {want}; the program is inconsistent: recompile the model")

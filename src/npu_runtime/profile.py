@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .executor import Executor
+    from .executor import Executor, Step
 
 
 @dataclass
@@ -78,6 +78,14 @@ def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any
         executor.run(inputs)
     sync = executor.device.backend.synchronize
     per_dispatch: list[list[float]] = [[] for _ in executor.steps]
+
+    def timed(index: int, step: Step) -> None:
+        run, ins, outs = step
+        t0 = time.perf_counter_ns()
+        run(ins, outs)
+        sync()
+        per_dispatch[index].append(time.perf_counter_ns() - t0)
+
     totals = []
     for _ in range(runs):
         start = time.perf_counter_ns()
@@ -85,11 +93,7 @@ def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any
         sync()
         totals.append(time.perf_counter_ns() - start)
         executor.copy_in(inputs)
-        for i, (run, ins, outs) in enumerate(executor.steps):
-            t0 = time.perf_counter_ns()
-            run(ins, outs)
-            sync()
-            per_dispatch[i].append(time.perf_counter_ns() - t0)
+        executor.run_steps(timed)
     loop_us, run_us = host_overhead(executor, inputs, runs=max(runs, 20))
     program = executor.program
     return Profile(
@@ -102,23 +106,20 @@ def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any
     )
 
 
-def _noop(inputs: list[Any], outputs: list[Any]) -> None:
-    return None
+def _skip(index: int, step: Step) -> None:
+    """A hook that runs no kernel: what is left of a run is the runtime's own work."""
 
 
 def host_overhead(executor: Executor, inputs: Mapping[str, Any], *, runs: int = 50) -> tuple[float, float]:
-    """Median µs of (the dispatch loop, a whole run) with every kernel a no-op: what the runtime itself costs."""
-    saved = executor.steps
-    executor.steps = [(_noop, ins, outs) for _, ins, outs in saved]
-    try:
-        loops, whole = [], []
-        for _ in range(runs):
-            t0 = time.perf_counter_ns()
-            executor.run_steps()
-            loops.append(time.perf_counter_ns() - t0)
-            t0 = time.perf_counter_ns()
-            executor.run(inputs)
-            whole.append(time.perf_counter_ns() - t0)
-    finally:
-        executor.steps = saved
+    """Median µs of (the dispatch loop, a whole run) with every kernel skipped: what the runtime itself costs."""
+    loops, whole = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        executor.run_steps(_skip)
+        loops.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        executor.copy_in(inputs)
+        executor.run_steps(_skip)
+        executor.copy_out()
+        whole.append(time.perf_counter_ns() - t0)
     return statistics.median(loops) / 1e3, statistics.median(whole) / 1e3

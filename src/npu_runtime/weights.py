@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from npu_compiler.compiled_program import CompiledProgram, TensorSpec
+from npu_program import dtypes
+from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
-from torch_ir.ops.values import dtype_name
-from torch_ir.weights import load_state_dict
+from torch_ir.weights import find_weight_key, load_state_dict, reverse_aliases, tied_keys
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, new_tensor
 
@@ -46,21 +46,23 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
 
     ``source`` is a ``.safetensors`` (or ``.pt``/``.pth`` state dict) file, a dict of tensors or arrays
     keyed by state-dict key (the IR's weight names are accepted too), or a module. Every slot is looked
-    up and its shape and dtype checked; all problems are reported in one error naming the source. Keys
+    up (``torch_ir.weights.find_weight_key``: its key, the other names of a tied tensor, its graph name)
+    and its shape and dtype checked; all problems are reported in one error naming the source. Keys
     the program does not read are allowed and listed in ``Weights.unused``.
     """
     device = as_device(device if device is not None else "cpu")
     where = str(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__
     state = _read(source, where)
     tied = program.metadata.get("weight_aliases", {})
+    reverse = reverse_aliases(tied)
     buffers, missing, wrong, used = {}, [], [], set()
     for spec in program.weight_specs:
         key = program.weight_keys.get(spec.name, spec.name)
-        found = next((k for k in [key, *tied.get(key, []), spec.name] if k in state), None)
+        found = find_weight_key(key, spec.name, tied, state, reverse)  # the IR's matcher: same files load
         if found is None:
             missing.append(f"{key} ({spec.dtype}{list(spec.shape)})")
             continue
-        used.add(found)
+        used |= tied_keys(found, tied, reverse)
         array = _host(state[found], found, where)  # only the tensors a slot reads are converted
         problem = _mismatch(array, spec)
         if problem:
@@ -117,7 +119,7 @@ def _mismatch(value: Any, spec: TensorSpec) -> str | None:
         return "is on the meta device (no data); load the real weights"
     if isinstance(value, torch.Tensor) and value.layout != torch.strided:
         return f"is a {str(value.layout).removeprefix('torch.')} tensor; store it dense (tensor.to_dense())"
-    dtype = dtype_name(value.dtype) if isinstance(value, torch.Tensor) else value.dtype.name
+    dtype = dtypes.name_of(value.dtype)
     if list(value.shape) != list(spec.shape):
         return f"shape {list(value.shape)}, the program expects {list(spec.shape)}"
     if dtype != spec.dtype:

@@ -167,6 +167,16 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from .ops.registry import registered_ops
     from .passes.docs import npu_docs_markdown
 
+    if args.kernels:
+        from npu_program.docs import kernels_markdown
+        from npu_program.kernels import KERNELS
+
+        if args.markdown:
+            sys.stdout.write(kernels_markdown())
+        else:
+            for k in KERNELS.values():
+                print(f"{k.name:32s} {k.kind:13s} {k.doc}")
+        return 0
     if args.npu:
         if args.markdown:
             sys.stdout.write(npu_docs_markdown())
@@ -229,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ops", help="the operator registry")
     p.add_argument("--markdown", action="store_true", help="print docs/operators.md (with --npu: docs/npu_ops.md)")
     p.add_argument("--npu", action="store_true", help="the NPU op set of the normalization passes")
+    p.add_argument("--kernels", action="store_true",
+                   help="the kernel table of the compiler and runtime (with --markdown: docs/kernels.md)")
     p.set_defaults(func=cmd_ops)
 
     from .passes.cli import add_parser as add_normalize_parser
@@ -266,12 +278,18 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
+def one_line(message: str, limit: int = 4000) -> str:
+    """A multi-line message (a list of nodes, a fix block) folded into the CLI's one line."""
+    text = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def error_line(e: BaseException) -> tuple[int, str]:
     """The exit code and the one line the CLI prints for ``e``."""
     from .errors import TorchIRError
 
     if isinstance(e, TorchIRError):
-        return 2, f"error: {e}"
+        return 2, f"error: {one_line(str(e))}"
     if isinstance(e, OSError):  # a path the user gave: missing, a directory, read-only, name too long, disk full
         where = f"{e.filename}: " if e.filename else ""
         return 2, f"error: {where}{e.strerror or e}"
@@ -280,8 +298,8 @@ def error_line(e: BaseException) -> tuple[int, str]:
     if isinstance(e, MemoryError):
         return 2, ("error: out of memory; the input asks for more than this machine has "
                    "(see torch_ir.limits and docs/security.md)")
-    return 3, (f"internal error: {type(e).__name__}: {e} (this is a bug in torch-ir: please report it; "
-               "set TORCH_IR_TRACEBACK=1 for the traceback)")
+    return 3, (f"internal error: {type(e).__name__}: {one_line(str(e), 400)} (this is a bug in torch-ir: "
+               "please report it; set TORCH_IR_TRACEBACK=1 for the traceback)")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 The IR names each weight by its graph name (``p_fc1_weight``) and maps it to the state-dict key
 (``fc1.weight``); matching goes through that map, tolerates tied weights stored under one of
-their names, and reports every problem in one error.
+their names, and reports every problem in one error. ``find_weight_key`` is the one lookup of a
+weight among a source's keys; the runtime's ``load_weights`` uses it too, so an IR and a program
+compiled from it accept the same files.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -100,6 +102,48 @@ def module_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in state.items()}
 
 
+def reverse_aliases(aliases: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """``weight_aliases`` (state-dict key -> the other keys of the same tensor) turned round: alias -> key."""
+    return {alias: key for key, others in aliases.items() for alias in others}
+
+
+def weight_key_candidates(key: str, graph_name: str | None, aliases: Mapping[str, Iterable[str]],
+                          reverse: Mapping[str, str] | None = None) -> list[str]:
+    """The names a weight may be stored under, in the order they are tried.
+
+    ``key`` (its state-dict key), then the other names of the same tensor (tied weights): the aliases
+    of ``key``, or, when ``key`` is itself an alias, the key it is an alias of and that key's other
+    aliases; then ``graph_name`` (the IR's name for it, ``p_fc1_weight``). ``aliases`` is
+    ``weight_aliases`` (key -> other keys); pass ``reverse=reverse_aliases(aliases)`` when looking up
+    many weights, so it is built once.
+    """
+    reverse = reverse_aliases(aliases) if reverse is None else reverse
+    primary = reverse.get(key, key)
+    names = [key, *aliases.get(key, ()), primary, *aliases.get(primary, ()), graph_name]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def find_weight_key(key: str, graph_name: str | None, aliases: Mapping[str, Iterable[str]],
+                    available: Collection[str], reverse: Mapping[str, str] | None = None) -> str | None:
+    """The name under which ``available`` (a source's keys) holds the weight, or None.
+
+    The one matcher for IR weights (``match_weights``) and program weight slots
+    (``npu_runtime.load_weights``). Example: with ``aliases = {"emb.weight": ["head.weight"]}`` a file
+    that stored the tied tensor once as ``emb.weight`` serves a weight keyed ``head.weight``::
+
+        find_weight_key("head.weight", "p_head_weight", aliases, {"emb.weight"})  # -> "emb.weight"
+    """
+    return next((k for k in weight_key_candidates(key, graph_name, aliases, reverse) if k in available), None)
+
+
+def tied_keys(key: str, aliases: Mapping[str, Iterable[str]], reverse: Mapping[str, str] | None = None) -> set[str]:
+    """Every state-dict name of the tensor stored under ``key`` (itself included): a source's keys
+    that one weight accounts for, so its tied names are not reported as unused."""
+    reverse = reverse_aliases(aliases) if reverse is None else reverse
+    primary = reverse.get(key, key)
+    return {key, primary, *aliases.get(primary, ())}
+
+
 def match_weights(ir: NPU_IR, source: WeightsSource | None, *, strict: bool = True) -> dict[str, torch.Tensor]:
     """Map the IR's weights (and constants without inline values) to tensors, checking every one.
 
@@ -115,23 +159,22 @@ def match_weights(ir: NPU_IR, source: WeightsSource | None, *, strict: bool = Tr
             value = _tensor_attribute(source, key)
             if key not in state and value is not None:
                 state[key] = value.detach()
-    aliases = {alias: key for key, others in ir.weight_aliases.items() for alias in others}
+    aliases = ir.weight_aliases
+    reverse = reverse_aliases(aliases)
     out: dict[str, torch.Tensor] = {}
     missing, wrong, used = [], [], set()
     for meta in wanted:
         key = ir.weight_name_mapping.get(meta.name, meta.name)
-        candidates = [key, *ir.weight_aliases.get(key, []), aliases.get(key), meta.name]
-        found = next((k for k in candidates if k is not None and k in state), None)
+        found = find_weight_key(key, meta.name, aliases, state, reverse)
         if found is None:
             missing.append(f"{key} ({meta.dtype}{meta.shape})")
             continue
-        used.add(found)
+        used |= tied_keys(found, aliases, reverse)
         tensor = state[found]
         problem = _mismatch(meta, tensor)
         if problem:
             wrong.append(f"{key}: {problem}")
         out[meta.name] = tensor
-    used |= {a for k in used for a in ir.weight_aliases.get(k, [])} | {aliases[k] for k in used if k in aliases}
     unexpected = sorted(set(state) - used) if strict else []
     if missing or wrong or unexpected:
         raise WeightsMismatchError(_mismatch_report(ir, missing, wrong, unexpected))

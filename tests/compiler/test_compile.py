@@ -12,12 +12,16 @@ from torch import nn
 import npu_compiler
 import torch_ir
 from npu_compiler.compiler import CompileError, CompileOptions, UnsupportedOpsError
-from npu_compiler.library import VIEW_OPS, is_op_supported
+from npu_compiler.library import is_op_supported
 from npu_compiler.memory import check_plan, lifetimes, no_reuse_bytes
+from npu_program.kernels import kernels_where
 from npu_runtime import Device, Executor, load_weights
+from torch_ir.cli import main as torch_ir_cli
 from torch_ir.weights import module_state
 
 from ..helpers import assert_outputs_close, build_pair, randomize_batch_norm
+
+VIEW_OPS = kernels_where(view=True)
 
 
 def extract(meta: nn.Module, *shapes, dtype=torch.float32, **kw) -> torch_ir.NPU_IR:
@@ -60,13 +64,23 @@ class ScanAndSort(nn.Module):
         return torch.cumsum(x, 1) + 1.0, torch.sort(x, 1).values
 
 
-def test_unsupported_ops_are_all_listed_and_nothing_is_written(tmp_path):
+def test_unsupported_ops_are_all_listed_and_nothing_is_written(tmp_path, capsys):
     ir = extract(ScanAndSort(), (2, 5))
-    path = tmp_path / "model.npubin"
+    ir_path, path = tmp_path / "scan.json", tmp_path / "model.npubin"
+    ir.save(str(ir_path))
+    # `torch-ir compile` writes the program once compile returns; a refusal must leave nothing behind
+    assert torch_ir_cli(["compile", str(ir_path), "-o", str(path)]) == 1
+    assert not path.exists() and list(tmp_path.iterdir()) == [ir_path]  # no program, no temporary file
+    err = capsys.readouterr().err
+    assert "aten.cumsum.default" in err and "aten.sort.default" in err and "nothing written" in err
+    # the control: the same command on a model it can compile does write the file
+    supported_ir = tmp_path / "linear.json"
+    extract(build_pair(Linear)[0], (2, 8)).save(str(supported_ir))
+    assert torch_ir_cli(["compile", str(supported_ir), "-o", str(path)]) == 0
+    assert path.is_file() and npu_compiler.CompiledProgram.load(path).model_name == "Linear"
+
     with pytest.raises(UnsupportedOpsError) as info:
-        program = npu_compiler.compile(ir)
-        program.save(path)  # what a CLI does after a successful compile
-    assert not path.exists()
+        npu_compiler.compile(ir)
     by_op = {op: (node, reason) for node, op, reason in info.value.unsupported}
     assert set(by_op) == {"aten.cumsum.default", "aten.sort.default"}
     for op, (node, reason) in by_op.items():

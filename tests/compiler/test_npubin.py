@@ -8,7 +8,10 @@ import os
 import struct
 
 import pytest
+import torch
 
+import npu_compiler
+import torch_ir
 from npu_compiler import npubin
 from npu_compiler.compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
 from npu_compiler.npubin import NpubinError, read_npubin, write_npubin
@@ -21,8 +24,8 @@ def make_program() -> CompiledProgram:
     tensors = {
         "x": TensorSpec("x", [1, 3, 8, 8], "float32"),
         "conv_out": TensorSpec("conv_out", [1, 4, 8, 8], "float32", layout="NHWC"),
-        "relu_out": TensorSpec("relu_out", [1, 4, 8, 8], "float32"),
         "flat": TensorSpec("flat", [1, 256], "float32"),
+        "relu_out": TensorSpec("relu_out", [1, 256], "float32"),
         "fc_out": TensorSpec("fc_out", [1, 10], "float32"),
         "scale": TensorSpec("scale", [10], "float16"),
         "index": TensorSpec("index", [3], "int64"),
@@ -37,15 +40,18 @@ def make_program() -> CompiledProgram:
         weight_keys={"w_conv": "features.0.weight", "w_fc": "classifier.weight"},
         tensors=tensors,
         dispatches=[
-            Dispatch("conv2d", "conv", ["x", "w_conv"], ["conv_out"], {"stride": [1, 1], "padding": [1, 1]}),
-            Dispatch("relu", "relu", ["conv_out"], ["relu_out"]),
-            Dispatch("aten.view.default", "view", ["relu_out"], ["flat"], {"size": [1, -1]}),
-            Dispatch("gemm", "fc", ["flat", "w_fc"], ["fc_out"], {"trans_b": True, "alpha": 1.0}),
+            # the kernels (and their parameters) a compile of TinyCnn emits: test_summary_and_helpers checks
+            Dispatch("CONV", "conv", ["x", "w_conv"], ["conv_out"], {
+                "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "has_bias": False,
+                "bn_eps": 1e-05, "activation": None}),
+            Dispatch("aten.reshape.default", "flatten", ["conv_out"], ["flat"], {"shape": [1, 256]}),
+            Dispatch("aten.relu.default", "relu", ["flat"], ["relu_out"]),
+            Dispatch("GEMM", "gemm", ["relu_out", "w_fc"], ["fc_out"], {"trans_b": True, "has_bias": False}),
             Dispatch("aten.mul.Tensor", "mul", ["fc_out", "scale"], ["y"], {"note": "ünïcode ok", "none": None}),
         ],
         memory=MemoryPlan(arena_bytes=2048, offsets={"x": 0, "conv_out": 1024, "relu_out": 0, "fc_out": 1024,
                                                      "y": 1088},
-                          no_reuse_bytes=4096, alignment=64, aliases={"flat": "relu_out"}),
+                          no_reuse_bytes=4096, alignment=64, aliases={"flat": "conv_out"}),
         constants={"scale": bytes(range(20)), "index": struct.pack("<3q", 2, 0, 1)},
         ir={"graph": {"nodes": [{"name": "conv", "op": "aten.conv2d.default"}]}, "version": "1"},
         metadata={"compiler": "npu_compiler 0.1", "options": {"fuse": True}},
@@ -86,7 +92,7 @@ def test_save_is_deterministic(tmp_path):
 def test_layout_magic_version_alignment_and_checksum(saved):
     data = saved.read_bytes()
     magic, major, minor, header_len = struct.unpack_from("<8sHHQ", data)
-    assert (magic, major, minor) == (b"NPUBIN\0\0", 1, 0)
+    assert (magic, major, minor) == (b"NPUBIN\0\0", 1, 1)
     header = json.loads(data[FIXED_SIZE:FIXED_SIZE + header_len])
     blob_start = -(-(FIXED_SIZE + header_len) // 64) * 64
     for entry in header["constants"].values():
@@ -169,6 +175,19 @@ def test_newer_minor_version_is_accepted(saved):
     assert read_npubin(saved) == make_program()
 
 
+def test_a_newer_minor_may_add_fields_this_reader_ignores_but_this_minor_may_not(saved):
+    def add_field(header):
+        return {**header, "future_optional_field": {"anything": [1, 2]}}
+
+    _rewrite_header(saved, add_field)
+    with pytest.raises(NpubinError, match="future_optional_field"):
+        read_npubin(saved)
+    body = bytearray(saved.read_bytes()[:-32])
+    struct.pack_into("<HH", body, 8, 1, 9)
+    rewrite_with_checksum(saved, bytes(body))
+    assert read_npubin(saved) == make_program()
+
+
 def _rewrite_header(path, edit) -> None:
     """Replace the JSON header with edit(header) and re-lay the file, keeping blob and checksum valid."""
     data = path.read_bytes()
@@ -202,7 +221,7 @@ def test_header_missing_a_nested_field_names_it(saved):
         return header
 
     _rewrite_header(saved, drop_arena)
-    with pytest.raises(NpubinError, match="'memory' lacks required field 'arena_bytes'"):
+    with pytest.raises(NpubinError, match=r"header\.memory lacks required field 'arena_bytes'"):
         read_npubin(saved)
 
 
@@ -259,14 +278,34 @@ def test_constant_of_wrong_size_is_refused_on_write(tmp_path):
 # ------------------------------------------------------------------------------------------ data model
 
 
+class TinyCnn(torch.nn.Module):
+    """The network make_program describes: conv, flatten, relu (not fused: a reshape comes between), linear, scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x).flatten(1))) * 2.0
+
+
 def test_summary_and_helpers():
     program = make_program()
     text = program.summary()
     assert "dispatches: 5" in text and "2048 bytes" in text and "4096 bytes" in text and "tiny_cnn" in text
     assert program.dispatch_count == 5 and program.arena_bytes == 2048
-    assert program.kernel_histogram() == {"aten.mul.Tensor": 1, "aten.view.default": 1, "conv2d": 1, "gemm": 1,
-                                          "relu": 1}
+    kinds = {"CONV": 1, "GEMM": 1, "aten.mul.Tensor": 1, "aten.relu.default": 1, "aten.reshape.default": 1}
+    assert program.kernel_histogram() == kinds
+    assert "dispatches: 5 (CONV 1, GEMM 1, aten.mul.Tensor 1, aten.relu.default 1, aten.reshape.default 1)" in text
+    # the fixture's kernel names are the compiler's: a real compile of the same network emits exactly these
+    with torch.device("meta"):
+        meta = TinyCnn()
+    ir = torch_ir.extract_ir(meta, (torch.randn(1, 3, 8, 8, device="meta"),), model_name="tiny_cnn")
+    compiled = npu_compiler.compile(ir)
+    assert compiled.kernel_histogram() == kinds
+    assert [d.kernel for d in compiled.dispatches] == [d.kernel for d in program.dispatches]
+    assert [sorted(d.params) for d in compiled.dispatches[:4]] == [sorted(d.params) for d in program.dispatches[:4]]
     assert TensorSpec("t", [2, 3], "bfloat16").nbytes == 12
     assert TensorSpec("s", [], "float64").nbytes == 8
-    with pytest.raises(ValueError, match="unknown dtype 'complex64'"):
-        _ = TensorSpec("c", [1], "complex64").nbytes
+    with pytest.raises(ValueError, match="unknown dtype 'complex256'"):
+        _ = TensorSpec("c", [1], "complex256").nbytes

@@ -10,9 +10,10 @@ from torch import nn
 import npu_compiler
 import torch_ir
 from npu_compiler.compiled_program import TensorSpec
-from npu_compiler.library import ALL_KERNELS, Target
+from npu_compiler.library import Target
+from npu_program.kernels import all_kernels
 from npu_runtime import Device, Executor, NPUBuffer, load_weights
-from npu_runtime.backends.cpu_kernels import Binary, Conv2d, Gemm, MaxPool2d
+from npu_runtime.backends.cpu_kernels import Binary, Conv2d, Gemm, MaxPool2d, Relu
 from npu_runtime.device import RuntimeInputError
 from npu_runtime.profile import DispatchTime
 from torch_ir.weights import module_state
@@ -152,7 +153,7 @@ def test_run_without_weights_is_a_clear_error(small):
 
 
 def test_program_for_another_target_is_refused():
-    other = Target("other-npu", ALL_KERNELS, channels_last=True)
+    other = Target("other-npu", all_kernels(), channels_last=True)
     program, _ = compile_pair(Small, (1, 3, 6, 6), target=other)
     assert program.target == "other-npu"
     with pytest.raises(RuntimeInputError, match=r"compiled for target 'other-npu'.*target='cpu'"):
@@ -174,21 +175,51 @@ def test_outputs_of_two_runs_are_independent(small):
     assert_outputs_close([torch.from_numpy(kept)], expected)
 
 
-def test_profile(small):
-    program, real = small
+class HeavyConv(nn.Module):
+    """One convolution (75 M multiply-adds) that costs far more than everything after it: a profile must say so."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(256, 128, 3, padding=1), nn.Linear(128, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+@pytest.fixture
+def one_thread():
+    """PyTorch on one thread for the test: on a loaded machine each parallel op waits milliseconds for its
+    worker threads to be scheduled, which would drown what the kernels themselves cost."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_profile(one_thread):
+    program, real = compile_pair(HeavyConv, (1, 256, 16, 16))
     executor = Executor(program)
-    profile = executor.profile(random_inputs(program), load_weights(module_state(real), program), runs=3, warmup=1)
-    assert profile.dispatch_count == program.dispatch_count
-    assert [d.index for d in profile.dispatches] == list(range(program.dispatch_count))
-    assert all(isinstance(d, DispatchTime) and d.median_us >= 0 for d in profile.dispatches)
-    assert [d.kernel for d in profile.dispatches] == [d.kernel for d in program.dispatches]
+    profile = executor.profile(random_inputs(program), load_weights(module_state(real), program), runs=5, warmup=1)
+    # every dispatch appears once, in program order, under its kernel and node, with a time it really took
+    assert [(d.index, d.kernel, d.node) for d in profile.dispatches] == \
+        [(i, d.kernel, d.node) for i, d in enumerate(program.dispatches)]
+    assert all(isinstance(d, DispatchTime) and d.median_us > 0 for d in profile.dispatches)
+    # per kernel kind: counts and totals are those of its dispatches, shares add up to one
     rows = profile.by_kernel()
-    assert sum(n for _, n, _, _ in rows) == program.dispatch_count
-    assert {k for k, *_ in rows} == {d.kernel for d in program.dispatches}
+    for kernel, count, total_us, _ in rows:
+        mine = [d.median_us for d in profile.dispatches if d.kernel == kernel]
+        assert count == len(mine) and total_us == pytest.approx(sum(mine))
+    all_us = sum(d.median_us for d in profile.dispatches)
+    assert sum(total for _, _, total, _ in rows) == pytest.approx(all_us)
+    assert sum(share for *_, share in rows) == pytest.approx(1.0)
+    assert [total for _, _, total, _ in rows] == sorted((total for _, _, total, _ in rows), reverse=True)
+    # what it measures is the model: the 75 MMAC convolution dominates, and the dispatches add up to
+    # about a whole run (timed separately, without per-dispatch timers)
+    (slowest, count, _, share), *_ = rows
+    assert slowest == "CONV" and count == 1 and share > 0.5, profile.table()
+    assert 0.25 < all_us / (profile.run_ms * 1e3) < 4, profile.table()
     table = profile.table()
-    assert isinstance(table, str)
-    assert all(d.kernel in table for d in program.dispatches)
-    assert profile.run_ms > 0
+    assert all(d.kernel in table and d.node in table for d in program.dispatches)
     with pytest.raises(ValueError, match="runs"):
         executor.profile(random_inputs(program), runs=0)
 
@@ -301,4 +332,4 @@ def test_max_pool_add_relu_kernels():
     assert [d.kernel for d in program.dispatches] == \
         ["CONV", "aten.max_pool2d.default", "aten.add.Tensor", "aten.relu.default"]
     executor = run_vs_eager(program, real)
-    assert [type(k) for k in executor.kernels] == [Conv2d, MaxPool2d, Binary, Binary]
+    assert [type(k) for k in executor.kernels] == [Conv2d, MaxPool2d, Binary, Relu]

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npu_compiler.compiled_program import Dispatch, TensorSpec
+from npu_program.program import Dispatch, TensorSpec
 
 
 class Kernel(Protocol):
@@ -28,6 +28,10 @@ class Backend(Protocol):
     name: str
     #: the compiler target whose kernels this backend implements (``npu_compiler.compile(target=...)``)
     target: str
+
+    @property
+    def kernels(self) -> frozenset[str]:
+        """The kernels it implements; ``check_program`` refuses a dispatch of any other before anything runs."""
 
     def allocate(self, nbytes: int) -> Any:
         """Device memory of ``nbytes`` bytes (the activation arena)."""
@@ -52,6 +56,12 @@ class Backend(Protocol):
 
     def kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
         """The kernel that runs ``dispatch``; ``weight_names`` are the inputs bound before the first run."""
+
+    def begin_run(self) -> None:
+        """A run starts: a GPU backend opens its command encoder; every dispatch until ``end_run`` is recorded."""
+
+    def end_run(self) -> None:
+        """A run ends: a GPU backend submits the recorded dispatches at once (one submission per run)."""
 
     def synchronize(self) -> None:
         """Wait for all submitted work (a no-op on a synchronous backend); profiling calls it."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from npu_compiler.compiled_program import Dispatch, TensorSpec
+from npu_program.kernels import kernels_for
+from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.values import dtype_from_name
 
 from .base import Kernel
@@ -26,6 +27,11 @@ class CPUBackend:
 
     name = "cpu"
     target = "cpu"
+
+    @property
+    def kernels(self) -> frozenset[str]:
+        """Every kernel of the table with a CPU implementation (read when asked: a record added later counts)."""
+        return kernels_for("cpu")
 
     def __init__(self, threads: int | None = None) -> None:
         if threads is not None:
@@ -67,6 +73,12 @@ class CPUBackend:
 
     def kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
         return make_kernel(dispatch, specs, weight_names)
+
+    def begin_run(self) -> None:  # kernels run as they are dispatched: nothing to record or submit
+        pass
+
+    def end_run(self) -> None:
+        pass
 
     def synchronize(self) -> None:
         pass

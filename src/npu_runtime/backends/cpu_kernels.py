@@ -26,8 +26,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from npu_compiler.compiled_program import Dispatch, TensorSpec
+from npu_program.kernels import REFERENCE, get_kernel
+from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ir import OpNode, TensorMeta
+from torch_ir.ops.npu import NPU_OPS
 from torch_ir.ops.registry import bind_kernel
 
 from .base import Kernel
@@ -103,8 +105,16 @@ class Conv2d:
     a residual activation comes last and the kernel computes ``act(conv(x) + residual)``.
     """
 
-    def __init__(self, dispatch: Dispatch, input_shape: list[int], residual: bool = False) -> None:
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        x = specs[dispatch.inputs[0]]
+        end = len(dispatch.inputs) - (1 if dispatch.kernel == "CONV_ADD" else 0)
+        return (len(x.shape) == 4 and x.dtype == "float32" and all(n in weight_names for n in dispatch.inputs[1:end])
+                and dispatch.params.get("activation") in _MKLDNN_ACTIVATIONS)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         params = dispatch.params
+        input_shape, residual = list(specs[dispatch.inputs[0]].shape), dispatch.kernel == "CONV_ADD"
         self.names = dispatch.inputs
         self.params = params
         self.stride = _pair(params.get("stride", 1))
@@ -164,7 +174,13 @@ class Gemm:
     transpose of a contiguous ``[N, K]``, which is what BLAS reads fastest.
     """
 
-    def __init__(self, dispatch: Dispatch) -> None:
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        names = dispatch.inputs
+        return not dispatch.params.get("trans_a") and all(n in weight_names for n in names[1:]) \
+            and specs[names[0]].dtype == "float32"
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         self.names = dispatch.inputs
         self.trans_b = bool(dispatch.params.get("trans_b", True))
         self.activation = dispatch.params.get("activation")
@@ -192,7 +208,11 @@ class Gemm:
 class MaxPool2d:
     """Max pooling with the ``aten.max_pool2d`` attributes."""
 
-    def __init__(self, dispatch: Dispatch) -> None:
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return True
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
         self.kernel_size = _pair(p["kernel_size"])
         self.stride = _pair(p.get("stride") or p["kernel_size"])
@@ -211,14 +231,41 @@ class MaxPool2d:
 class Binary:
     """A broadcasting elementwise op written with ``out=`` (no temporary)."""
 
-    def __init__(self, fn: Callable[..., Tensor]) -> None:
-        self.fn = fn
+    FUNCTIONS: dict[str, Callable[..., Tensor]] = {
+        "aten.add.Tensor": torch.add, "aten.mul.Tensor": torch.mul, "aten.sub.Tensor": torch.sub}
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        dtypes = {specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}
+        return dispatch.params.get("alpha", 1) == 1 and len(dispatch.inputs) == 2 and len(dtypes) == 1
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.fn = self.FUNCTIONS[dispatch.kernel]
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         self.fn(*inputs, out=outputs[0])
+
+
+class Relu(Binary):
+    """relu with ``out=``: torch's clamp, which keeps NaN (``relu_`` semantics)."""
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return True
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.fn = lambda x, out: torch.clamp_min(x, 0.0, out=out)
+
+
+def reference_params(dispatch: Dispatch) -> dict[str, Any]:
+    """The attributes of the op a dispatch came from: an NPU op's reference takes its own attributes, not
+    the kernel-only params the compiler adds (``inplace_residual``, GEMM's ``has_bias``)."""
+    if dispatch.kernel not in NPU_OPS:
+        return dict(dispatch.params)
+    return {k: v for k, v in dispatch.params.items() if k in NPU_OPS[dispatch.kernel].attrs}
 
 
 class Reference:
@@ -230,7 +277,7 @@ class Reference:
             return TensorMeta(name, list(spec.shape), spec.dtype)
 
         node = OpNode(dispatch.node, dispatch.kernel, [meta(n) for n in dispatch.inputs],
-                      [meta(n) for n in dispatch.outputs], dict(dispatch.params))
+                      [meta(n) for n in dispatch.outputs], reference_params(dispatch))
         self.fn = bind_kernel(node, torch.device("cpu"))
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
@@ -241,59 +288,22 @@ class Reference:
             out.copy_(value)
 
 
-class ConvAddReference(Reference):
-    """``CONV_ADD`` where oneDNN cannot run it: the reference CONV, then the residual add and activation."""
-
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        conv = Dispatch("CONV", dispatch.node, dispatch.inputs[:-1], dispatch.outputs,
-                        {k: v for k, v in dispatch.params.items() if k != "inplace_residual"} | {"activation": None})
-        super().__init__(conv, specs)
-        self.activation = dispatch.params.get("activation")
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        (y,) = self.fn(inputs[:-1], {})
-        y = y + inputs[-1]
-        _apply_activation_(y, self.activation)
-        outputs[0].copy_(y)
-
-
 # --------------------------------------------------------------------------------------------- choice
-
-_BINARY = {"aten.add.Tensor": torch.add, "aten.mul.Tensor": torch.mul, "aten.sub.Tensor": torch.sub}
 
 
 def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
-    """The fastest CPU kernel that implements ``dispatch``; the reference one when no fast path applies.
+    """The kernel table's CPU implementation of ``dispatch`` when it accepts it, else the reference one.
 
     ``weight_names`` are the inputs bound before the first run (weights and constants): fast paths that
     prepack a weight need it to be one.
     """
-    kind, params, names = dispatch.kernel, dispatch.params, dispatch.inputs
-    if kind in ("CONV", "CONV_ADD"):
-        x = specs[names[0]]
-        fast = len(x.shape) == 4 and x.dtype == "float32" and all(n in weight_names for n in _conv_weights(dispatch))
-        if fast and params.get("activation") in _MKLDNN_ACTIVATIONS:
-            return Conv2d(dispatch, list(x.shape), residual=kind == "CONV_ADD")
-        return ConvAddReference(dispatch, specs) if kind == "CONV_ADD" else Reference(dispatch, specs)
-    if kind == "GEMM" and not params.get("trans_a") and all(n in weight_names for n in names[1:]) \
-            and specs[names[0]].dtype == "float32":
-        return Gemm(dispatch)
-    if kind == "aten.max_pool2d.default":
-        return MaxPool2d(dispatch)
-    if kind in _BINARY and params.get("alpha", 1) == 1 and len(names) == 2 and _same_dtype(dispatch, specs):
-        return Binary(_BINARY[kind])
-    if kind == "aten.relu.default":
-        return Binary(lambda x, out: torch.clamp_min(x, 0.0, out=out))
+    impl = get_kernel(dispatch.kernel).impls.get("cpu", REFERENCE)
+    if impl != REFERENCE:
+        module, _, name = impl.partition(":")
+        cls = globals()[name] if module == __name__ else None  # the table names classes of this module only
+        if cls is not None and cls.accepts(dispatch, specs, weight_names):
+            return cls(dispatch, specs)
     return Reference(dispatch, specs)
-
-
-def _conv_weights(dispatch: Dispatch) -> list[str]:
-    end = len(dispatch.inputs) - (1 if dispatch.kernel == "CONV_ADD" else 0)
-    return dispatch.inputs[1:end]
-
-
-def _same_dtype(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
-    return len({specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}) == 1
 
 
 __all__ = ["make_kernel"]

@@ -69,7 +69,10 @@ def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
 
 def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
     """Build an NPU_IR from its JSON form, refusing malformed documents with the bad field's path."""
-    check_document(doc, source=source)
+    try:
+        check_document(doc, source=source)
+    except RecursionError:
+        raise IRValidationError(f"{source}: nested too deeply to be an IR; extract or save the IR again") from None
     ir = NPU_IR(
         model_name=doc["model_name"],
         producer=dict(doc.get("producer", {})),

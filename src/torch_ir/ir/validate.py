@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from npu_program.dtypes import DTYPES, is_dtype
+
 from ..errors import IRValidationError, TorchIRError
 from ..limits import get_limits
 from ..ops.symbolic import parse_sym
@@ -45,6 +47,8 @@ def _check_tensor(t: Any, path: str, source: str) -> None:
             parse_sym(d, f"{source}: {path}.shape")
     if not isinstance(t["dtype"], str):
         _fail(source, f"{path}.dtype", "expected a dtype name string such as 'float32'")
+    if not is_dtype(t["dtype"]):
+        _fail(source, f"{path}.dtype", f"unknown dtype {t['dtype'][:60]!r}; expected one of {', '.join(DTYPES)}")
     role = t.get("role")
     if role is not None and role not in ROLES:
         _fail(source, f"{path}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
@@ -63,7 +67,8 @@ def _check_list(doc: dict, key: str, source: str, required: bool = True) -> list
 
 def _check_str_map(doc: dict, key: str, source: str) -> None:
     value = doc.get(key, {})
-    if not isinstance(value, dict) or not all(isinstance(v, (str, list)) for v in value.values()):
+    if not isinstance(value, dict) or not all(
+            isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in value.values()):
         _fail(source, key, "expected an object mapping names to names")
 
 
@@ -93,6 +98,9 @@ def check_document(doc: Any, *, source: str = "<dict>") -> None:
         _check_tensor(t, f"constants[{i}]", source)
     for key in ("weight_name_mapping", "weight_aliases", "mutations"):
         _check_str_map(doc, key, source)
+    for key in ("producer", "metadata", "constant_values"):
+        if not isinstance(doc.get(key, {}), dict):
+            _fail(source, key, f"expected an object, got {type(doc[key]).__name__}")
     for i, node in enumerate(_check_list(doc, "nodes", source)):
         path = f"nodes[{i}]"
         if not isinstance(node, dict):

@@ -156,6 +156,20 @@ def conv(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list[int
     return ACTIVATIONS[activation](y)
 
 
+@npu_op("CONV_ADD", inputs="x w bias? bn_weight? bn_bias? bn_mean? bn_var? residual", outputs="y",
+        shape=_conv_shape, layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW", "residual": "NCHW"}, attrs={
+            "stride": "as CONV", "padding": "as CONV", "dilation": "as CONV", "groups": "as CONV",
+            "has_bias": "as CONV", "bn_eps": "as CONV", "activation": _ACT_DOC + " (after the add)"})
+def conv_add(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list[int], padding: list[int],
+             dilation: list[int], groups: int = 1, has_bias: bool = False, bn_eps: float | None = None,
+             activation: str | None = None) -> torch.Tensor:
+    """y = act(CONV(x) + residual): a ResNet block's convolution and residual add (the compiler's fusion;
+    normalize does not make it)."""
+    y = conv(x, w, *rest[:-1], stride=stride, padding=padding, dilation=dilation, groups=groups,
+             has_bias=has_bias, bn_eps=bn_eps)
+    return ACTIVATIONS[activation](y + rest[-1])
+
+
 @npu_op("LAYER_NORM", inputs="x weight bias", outputs="y", shape=_same_as_first,
         attrs={"normalized_shape": "trailing dims normalized", "eps": "added to the variance"})
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, normalized_shape: list[int],

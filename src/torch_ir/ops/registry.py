@@ -95,11 +95,14 @@ def resolve_overload(op_type: str) -> torch._ops.OpOverload | None:
     if len(parts) != 3:
         return None
     ns, name, overload = parts
+    if not all(p.isidentifier() for p in parts) or overload.startswith("__"):
+        return None  # "aten.add.__call__": only an op's overloads, never a Python attribute of the packet
     try:
         packet = getattr(getattr(torch.ops, ns), name)
-        return getattr(packet, overload)
+        result = getattr(packet, overload)
     except (AttributeError, RuntimeError):
         return None
+    return result if isinstance(result, torch._ops.OpOverload) else None
 
 
 def _provided(op_type: str) -> OpDef | None:
@@ -129,6 +132,7 @@ DENIED_NAMESPACES = frozenset({
     "_c10d_functional_autograd", "c10d_functional", "onednn", "mkldnn", "mkldnn_prepacked", "mkl", "sparse",
     "inductor", "inductor_prims", "profiler", "_test", "quantization", "debugprims", "rngprims", "_native",
     "debug_mode_ops", "export", "_dtensor", "higher_order", "fbgemm", "_inductor_test", "cuda", "xpu", "mps",
+    "prim", "prims_internal",  # TorchScript's interpreter prims (device, dtype, ...): not tensor ops
 })
 
 
@@ -195,6 +199,32 @@ def _as_list(result: Any) -> list[torch.Tensor]:
     return [r for r in result if isinstance(r, torch.Tensor)]
 
 
+def check_node_attrs(node: OpNode) -> None:
+    """Refuse (``IRValidationError``) attributes ``node``'s op does not take, before anything reads them:
+    a pass that reads ``attrs.get("padding", 0)`` would otherwise turn a misspelled ``paddin`` into 0."""
+    opdef = _REGISTRY.get(node.op_type) or _provided(node.op_type)
+    if opdef is not None:
+        names = _keyword_names(opdef.impl)
+        if names is not None:
+            _unknown_attrs(node, names, f"({', '.join(names)})")
+        return
+    overload = resolve_overload(node.op_type)
+    if overload is not None:
+        _unknown_attrs(node, [arg.name for arg in overload._schema.arguments], str(overload._schema))
+
+
+def _keyword_names(impl: Callable[..., Any]) -> list[str] | None:
+    """The keyword arguments ``impl`` takes, or None when it takes any (``**kwargs``) or cannot be inspected."""
+    try:
+        params = inspect.signature(impl).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                 inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
 def _unknown_attrs(node: OpNode, known: Sequence[str], signature: str) -> None:
     unknown = sorted(set(node.attrs) - set(known))
     if unknown:
@@ -206,13 +236,8 @@ def _unknown_attrs(node: OpNode, known: Sequence[str], signature: str) -> None:
 
 def _bind_registered(node: OpNode, opdef: OpDef, device: torch.device) -> Kernel:
     impl, attrs = opdef.impl, node.attrs
-    try:
-        params = inspect.signature(impl).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: it checks its own keywords
-        params = None
-    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        names = [p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
-                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    names = _keyword_names(impl)
+    if names is not None:
         _unknown_attrs(node, names, f"({', '.join(names)})")
     if has_symbols(attrs):
         return lambda inputs, syms: _as_list(impl(*inputs, **decode_value(attrs, syms, device)))

@@ -22,9 +22,10 @@ import operator
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 
-from ..errors import UnsafeInputError
+from ..errors import IRValidationError, UnsafeInputError
 
 MAX_EXPR_CHARS = 2000
+MAX_DEPTH = 64
 _BOUND = 1 << 63
 
 _BINARY: dict[type, Callable[[Fraction, Fraction], Fraction]] = {
@@ -61,18 +62,21 @@ def _refuse(expr: str, problem: str, where: str) -> UnsafeInputError:
                             "by torch_ir or was altered: re-extract the model")
 
 
-def _check_node(node: ast.AST, expr: str, where: str) -> None:
+def _check_node(node: ast.AST, expr: str, where: str, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:  # torch's sizes nest a few levels; a deep one only costs stack
+        raise _refuse(expr, f"nested more than {MAX_DEPTH} levels deep", where)
+    depth += 1
     if isinstance(node, ast.Expression):
-        return _check_node(node.body, expr, where)
+        return _check_node(node.body, expr, where, depth)
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return None
     if isinstance(node, ast.Name):
         return None
     if isinstance(node, ast.BinOp) and (type(node.op) in _BINARY or isinstance(node.op, ast.Pow)):
-        _check_node(node.left, expr, where)
-        return _check_node(node.right, expr, where)
+        _check_node(node.left, expr, where, depth)
+        return _check_node(node.right, expr, where, depth)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        return _check_node(node.operand, expr, where)
+        return _check_node(node.operand, expr, where, depth)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
         arity = FUNCTIONS.get(node.func.id, (None,))[0]
         if arity is None:
@@ -80,7 +84,7 @@ def _check_node(node: ast.AST, expr: str, where: str) -> None:
         if (arity == -1 and not node.args) or (arity > 0 and len(node.args) != arity):
             raise _refuse(expr, f"{node.func.id} takes {arity if arity > 0 else 'one or more'} arguments", where)
         for arg in node.args:
-            _check_node(arg, expr, where)
+            _check_node(arg, expr, where, depth)
         return None
     raise _refuse(expr, f"{type(node).__name__} is not part of the grammar", where)
 
@@ -119,8 +123,10 @@ def eval_sym(expr: str, symbols: Mapping[str, int], where: str = "") -> int:
     try:
         value = _eval(tree.body, symbols)
     except KeyError as e:
-        raise ValueError(f"symbolic size {expr!r} uses an unbound symbol {e.args[0]!r}; bound: {dict(symbols)}"
-                         ) from None
+        prefix = f"{where}: " if where else ""
+        raise IRValidationError(f"{prefix}symbolic size {expr[:80]!r} uses symbol {e.args[0]!r}, which no input "
+                                f"binds (bound: {dict(symbols)}); the IR is inconsistent: re-extract the model"
+                                ) from None
     except (ZeroDivisionError, ValueError, OverflowError, RecursionError) as e:
         raise _refuse(expr, f"cannot be evaluated with {dict(symbols)} ({e})", where) from None
     return math.floor(value)

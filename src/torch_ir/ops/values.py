@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from npu_program import dtypes
+
 from .symbolic import eval_sym, parse_sym
 
 _MEMORY_FORMATS = {
@@ -33,19 +35,19 @@ _LAYOUTS = {str(x).removeprefix("torch."): x for x in (torch.strided, torch.spar
 
 
 #: Dtypes whose values an IR may hold inline (``constant_values``, as JSON numbers); others go to the
-#: weights file. Values must also be finite: JSON has no inf or nan.
-INLINE_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64"})
+#: weights file. Values must also be finite: JSON has no inf or nan. From the one dtype table.
+INLINE_DTYPES = dtypes.INLINE_DTYPES
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    """The IR's name of a torch dtype (``torch.float32`` -> ``"float32"``); a ValueError for one the IR lacks."""
+    return dtypes.from_torch(dtype)
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() and name[0] != "_" else None
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r}; expected a torch dtype name such as 'float32'")
-    return dtype
+    """The torch dtype of an IR dtype name; anything but a name of ``npu_program.dtypes.DTYPES`` with a torch
+    dtype is a ValueError (names come from files: never ``getattr(torch, name)``)."""
+    return dtypes.torch_dtype(name)
 
 
 def sym_text(value: Any) -> int | dict[str, str]:
@@ -90,15 +92,21 @@ def has_symbols(value: Any) -> bool:
 TAGS = ("dtype", "device", "memory_format", "layout", "float", "sym")
 
 
-def check_value(value: Any, where: str) -> None:
+#: How deep attribute lists may nest (an index list of lists is two); deeper only costs stack.
+MAX_VALUE_DEPTH = 16
+
+
+def check_value(value: Any, where: str, depth: int = 0) -> None:
     """Check a JSON attribute value from a file against the table above, without evaluating it.
 
     Raises ``ValueError`` (an unknown tag, a malformed payload) or ``UnsafeInputError`` (a symbolic size
     outside the allowed grammar), naming ``where``.
     """
     if isinstance(value, list):
+        if depth >= MAX_VALUE_DEPTH:
+            raise ValueError(f"{where}: lists nested more than {MAX_VALUE_DEPTH} deep are not attribute values")
         for i, v in enumerate(value):
-            check_value(v, f"{where}[{i}]")
+            check_value(v, f"{where}[{i}]", depth + 1)
         return
     if not isinstance(value, dict):
         if value is None or isinstance(value, (bool, int, float, str)):

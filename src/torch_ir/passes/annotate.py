@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
 from typing import Any
 
+from npu_program.kernels import KERNELS
+
 from ..ir import NPU_IR, OpNode, TensorMeta
 from ..ops.npu import NPU_OPS
 
@@ -77,10 +79,11 @@ def _tokens(layout: str) -> int:
     return len(layout.strip("[]").split(",")) if layout.startswith("[") else len(layout)
 
 
-_SAME_LAYOUT = ("aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor", "aten.gelu.default",
-                "aten.silu.default", "aten.max_pool2d.default", "aten.avg_pool2d.default", "aten.mean.dim",
-                "aten.hardtanh.default", "aten.sigmoid.default", "aten.tanh.default", "aten.div.Tensor",
-                "SILU_GATE", "RMS_NORM", "LAYER_NORM")
+def _keeps_label(op_type: str) -> bool:
+    """Whether a same-rank output carries its input's layout label: the kernel table's layout-keeping and
+    spatial kernels, and reductions with keepdim."""
+    record = KERNELS.get(op_type)
+    return record is not None and (record.layout in ("keeps", "spatial") or record.kind == "reduction")
 
 
 def _layouts(ir: NPU_IR) -> dict[str, str]:
@@ -93,7 +96,7 @@ def _layouts(ir: NPU_IR) -> dict[str, str]:
             layouts.setdefault(n.inputs[0].name, "[B,T,H]")
             layouts.setdefault(n.outputs[0].name, "[B,T,H]")
     for n in ir.nodes:  # propagate through ops that keep the layout of their (same-rank) input
-        if n.op_type in _SAME_LAYOUT:
+        if _keeps_label(n.op_type):
             known = next((layouts[t.name] for t in n.inputs if t.name in layouts
                           and len(t.shape) == len(n.outputs[0].shape)), None)
             if known is not None:

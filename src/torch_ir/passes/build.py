@@ -1,20 +1,74 @@
-"""Small helpers the rule sets share: making replacement nodes, reading shapes and attributes."""
+"""Small helpers the rule sets share: making replacement nodes, reading shapes and attributes.
+
+Naming. A node a rule makes with an NPU op is named after what it computes, not after the node it
+replaces (a fused GEMM + ReLU is not "relu"): the op in lower case, then the parts fused into it in
+the order they apply (``_bn`` for a folded batch norm, ``_<activation>``), then ``_<n>`` for the n-th
+node of that op (graph order as the rules make them; the first has no number, as torch.export names
+``relu``, ``relu_1``). A node that grows by fusion keeps its number: ``conv_1`` -> ``conv_bn_1`` ->
+``conv_bn_relu_1``; ``gemm`` -> ``gemm_relu``; ``rms_norm_2``, ``attn_score``. A rule that remakes an NPU
+node without changing what it computes (a bias joining a GEMM, a transposed weight folded) keeps its
+name. Names are drawn from the rewrite call's ``RewriteContext``, so they are unique in the graph (the
+IR checker requires it; a taken name falls back to the next free number) and deterministic (a
+replacement that is not applied gives its names back). Nodes of other ops (a canonical ``aten`` form,
+a reshape a rule adds) keep the replaced root's name, plus the suffix the rule gives.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
+from npu_program.kernels import kernels_where
+
 from ..ir import OpNode, TensorMeta
+from ..ops.npu import NPU_OPS
 from .rewrite import Match
+
+
+def npu_node_name(op_type: str, attrs: dict[str, Any]) -> str:
+    """What an NPU node computes, as a name (before numbering): ``conv_bn_relu``, ``gemm_silu``, ``rope``."""
+    parts = [op_type.lower()]
+    if attrs.get("bn_eps") is not None:
+        parts.append("bn")
+    if attrs.get("activation"):
+        parts.append(str(attrs["activation"]))
+    return "_".join(parts)
+
+
+def _npu_name(m: Match, op_type: str, attrs: dict[str, Any]) -> str:
+    base = npu_node_name(op_type, attrs)
+    if m.ctx is None:  # a replacement built outside ``rewrite`` (a rule called directly): no graph to ask
+        return base
+    removed = [m.node(), *([] if m.keep_interior else m.interior), *m.absorbed]  # their names are free
+    free = {n.name for n in removed}
+    for old in removed:  # a node of the same op that this one grows from lends its number
+        n = _number(old) if old.op_type == op_type else None
+        if n is None:
+            continue
+        try:
+            return m.ctx.claim(base if n == 0 else f"{base}_{n}", nodes_only=True, reusable=free)
+        except ValueError:  # another node has that name: the next free number
+            break
+    return m.ctx.fresh(base, nodes_only=True, reusable=free)
+
+
+def _number(n: OpNode) -> int | None:
+    """n of a node named ``<what it computes>_<n>`` (0 when unnumbered); None for a name given otherwise."""
+    base = npu_node_name(n.op_type, n.attrs)
+    if n.name == base:
+        return 0
+    found = re.fullmatch(re.escape(base) + r"_(\d+)", n.name)
+    return int(found.group(1)) if found else None
 
 
 def node(m: Match, op_type: str, inputs: list[TensorMeta], attrs: dict[str, Any] | None = None,
          outputs: list[TensorMeta] | None = None, suffix: str = "") -> OpNode:
-    """A node that takes the root's place: the root's name (plus ``suffix``) and, by default, its outputs."""
-    root = m.node()
-    return OpNode(root.name + suffix, op_type, list(inputs), list(outputs if outputs is not None else root.outputs),
-                  dict(attrs or {}))
+    """A node that takes the root's place, by default with the root's outputs. Named as the module
+    docstring says: an NPU op after what it computes, any other op after the root (plus ``suffix``)."""
+    root, attrs = m.node(), dict(attrs or {})
+    name = _npu_name(m, op_type, attrs) if op_type in NPU_OPS else root.name + suffix
+    return OpNode(name, op_type, list(inputs), list(outputs if outputs is not None else root.outputs), attrs)
 
 
 def temp(m: Match, like: TensorMeta, shape: list, suffix: str, dtype: str | None = None) -> TensorMeta:
@@ -48,5 +102,5 @@ def producer_op(m: Match, t: TensorMeta) -> str | None:
     return p.op_type if p is not None else None
 
 
-VIEWS = ("aten.reshape.default", "aten.view.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
-         "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints")
+#: The view ops (reshape, view, squeeze, ...), as the kernel table declares them.
+VIEWS = tuple(sorted(kernels_where(view=True)))

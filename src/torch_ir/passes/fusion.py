@@ -1,5 +1,9 @@
 """Fusion into the NPU op set for CNNs and the ops every model has: CONV (+ batch norm, + activation),
 GEMM + activation, LAYER_NORM, SOFTMAX, EMBEDDING.
+
+A fused node is named after what it computes, keeping its number as it grows (``conv_1`` ->
+``conv_bn_1`` -> ``conv_bn_relu_1``, ``gemm`` -> ``gemm_relu``), never after the last node it replaced;
+``build.node`` names it (the rule is in ``build.py``'s docstring).
 """
 
 from __future__ import annotations

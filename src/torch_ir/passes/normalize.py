@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
 from typing import Any
 
+from ..errors import IRValidationError, TorchIRError
 from ..ir import NPU_IR, check_integrity
 from ..ops.npu import NPU_OPS
+from ..ops.registry import check_node_attrs
 from . import canonical, cleanup, fusion, llm
 from .annotate import QConfig, annotate
 from .rewrite import Rule, eliminate_dead_code, rewrite, select
@@ -77,12 +79,14 @@ def normalize(ir: NPU_IR, options: NormalizeOptions | None = None) -> NPU_IR:
     """
     options = options or NormalizeOptions()
     families = set(FAMILIES) - set(options.disable)
+    for n in ir.nodes:  # rules read attributes with defaults: a misspelled one must not become the default
+        check_node_attrs(n)
     report: dict[str, Any] = {"nodes_before": len(ir.nodes), "ops_before": ir.op_histogram(), "stages": []}
     current = ir
     for stage, rules in STAGES:
         started = time.perf_counter()
         chosen = select(rules, families, options.disabled_rules)
-        result = rewrite(current, chosen, check=options.check)
+        result = _rewrite_stage(current, chosen, options.check, stage)
         current = eliminate_dead_code(result.ir)
         report["stages"].append({
             "stage": stage, "nodes": len(current.nodes), "applied": dict(result.applied),
@@ -115,6 +119,19 @@ def _depends_on_inputs(ir: NPU_IR) -> set[str]:
             nodes.add(n.name)
             reached.update(t.name for t in n.outputs)
     return nodes
+
+
+def _rewrite_stage(ir: NPU_IR, rules: list[Rule], check: bool, stage: str):
+    """One stage's rewrite. Rules read attributes as their ops define them; an IR from a file may hold
+    other values (a list where an int belongs), which is bad input, reported as such."""
+    try:
+        return rewrite(ir, rules, check=check)
+    except TorchIRError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise IRValidationError(
+            f"IR {ir.model_name!r}: normalize stage {stage!r} cannot read a node's attributes ({type(e).__name__}: "
+            f"{e}); the IR holds attribute values its ops do not take: extract or save the IR again") from e
 
 
 def _drop_unread_constants(ir: NPU_IR) -> NPU_IR:

@@ -36,15 +36,22 @@ Beyond a tree pattern: ``Op("*")`` matches any op; ``m.constant(t)`` / ``m.scala
 of a constant the IR knows; ``m.users(t)`` lists a tensor's readers, and ``m.absorb(node)`` lets the
 replacement also define a sibling's outputs (three projections of one input become one op). A
 replacement may return ``Fold(values)``: the root's outputs become constants (constant folding).
+
+State a rule needs beyond the match lives in ``m.ctx``, the ``RewriteContext`` of the ``rewrite`` call
+(never in a module global the caller sets up): ``m.ctx.fresh("gemm")`` gives a name no node or tensor
+of the graph has (names drawn by a replacement that is not applied are given back, so names do not
+depend on how often a match was tried), and ``m.ctx.cached(key, compute)`` remembers what a check
+worked out (an index trace) for the rest of the call. Each call has its own context, so two rewrites
+(two models, two threads) never see each other's names or caches.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity
 
@@ -76,6 +83,67 @@ class Op:
         object.__setattr__(self, "exact_arity", exact_arity)
 
 
+T = TypeVar("T")
+
+
+class RewriteContext:
+    """What one ``rewrite`` call shares with the rules it runs: names in use, caches, the input IR.
+
+    A rule reaches it as ``m.ctx`` from its check or replacement. It lives as long as the call, so
+    nothing a rule remembers can outlive the graph it describes.
+    """
+
+    def __init__(self, ir: NPU_IR) -> None:
+        self.ir = ir  #: the IR passed to ``rewrite`` (the current nodes are the engine's)
+        self.cache: dict[Hashable, Any] = {}  #: free for rules; ``cached`` keys it by what it computes
+        # names ever used in this call: a removed node's name stays taken (a name never changes meaning),
+        # except to the replacement that removes it (``reusable``)
+        self._nodes: set[str] = {n.name for n in ir.nodes}
+        self._tensors: set[str] = {t.name for t in ir.tensors()}
+        self._pending: set[str] = set()  # drawn by the replacement being tried; kept only if it is applied
+
+    def taken(self, name: str, *, nodes_only: bool = False) -> bool:
+        """Whether a node (or, unless ``nodes_only``, a tensor) of the graph is named ``name``, or the
+        replacement being built drew it. Node and tensor names are separate namespaces in the IR; a
+        name meant for both (a node named after its output) asks for both."""
+        return name in self._nodes or name in self._pending or (not nodes_only and name in self._tensors)
+
+    def claim(self, name: str, *, nodes_only: bool = False, reusable: Iterable[str] = ()) -> str:
+        """Reserve ``name`` for the replacement being built (for rules with a naming scheme of their own).
+
+        ``reusable``: names of nodes the replacement removes, which it may give to a node of its own."""
+        if name in self._pending or (name not in reusable and self.taken(name, nodes_only=nodes_only)):
+            raise ValueError(f"name {name!r} is already used in the graph")
+        self._pending.add(name)
+        return name
+
+    def fresh(self, base: str, *, nodes_only: bool = False, reusable: Iterable[str] = ()) -> str:
+        """``base``, or ``base_1``, ``base_2``, ...: the first name not in use (see ``taken``), reserved."""
+        reusable = set(reusable)
+        name, n = base, 0
+        while name in self._pending or (name not in reusable and self.taken(name, nodes_only=nodes_only)):
+            n += 1
+            name = f"{base}_{n}"
+        return self.claim(name, nodes_only=nodes_only, reusable=reusable)
+
+    def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()`` once per rewrite call for ``key``. Rules keep tensor names and their meaning
+        within a call, so a key of tensor names (plus the rule's own tag) stays valid for all of it."""
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
+
+    def _commit(self, nodes: Sequence[OpNode]) -> None:
+        self._nodes |= self._pending
+        self._nodes.update(n.name for n in nodes)
+        self._tensors |= self._pending
+        self._tensors.update(t.name for n in nodes for t in n.outputs)
+        self._pending.clear()
+
+    def _release(self) -> None:
+        self._pending.clear()
+
+
 class Match:
     """What a pattern bound: tensors by ``Var`` name (``m["x"]``) and nodes by ``Op`` name (``m.node("root")``)."""
 
@@ -90,6 +158,7 @@ class Match:
         self._readers: dict[str, list[OpNode]] = {}
         self._constants: dict[str, Any] = {}
         self._params: set[str] = set()
+        self.ctx: RewriteContext | None = None  # the rewrite call's context (set by the engine)
 
     def producer(self, tensor: TensorMeta) -> OpNode | None:
         """The node that defines ``tensor`` (None for a graph input, weight or constant).
@@ -180,7 +249,8 @@ class RewriteResult:
 class _Graph:
     """Producer and user maps over the current node list, and the constants known by value."""
 
-    def __init__(self, nodes: Sequence[OpNode], constants: dict[str, Any], params: set[str]):
+    def __init__(self, nodes: Sequence[OpNode], constants: dict[str, Any], params: set[str],
+                 ctx: RewriteContext | None = None):
         self.producer: dict[str, OpNode] = {t.name: n for n in nodes for t in n.outputs}
         self.users: Counter = Counter(t.name for n in nodes for t in n.inputs)
         self.readers: dict[str, list[OpNode]] = {}
@@ -189,6 +259,7 @@ class _Graph:
                 self.readers.setdefault(name, []).append(n)
         self.constants = constants
         self.params = params
+        self.ctx = ctx
 
 
 def _match(pattern: Any, tensor: TensorMeta, graph: _Graph, m: Match) -> bool:
@@ -220,6 +291,7 @@ def match_at(pattern: Op, node: OpNode, graph: _Graph) -> Match | None:
     m = Match()
     m._producers, m._readers, m._constants = graph.producer, graph.readers, graph.constants
     m._params = graph.params
+    m.ctx = graph.ctx
     m.nodes["root"] = node
     return m if _match_node(pattern, node, graph, m) else None
 
@@ -231,12 +303,12 @@ def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: b
 
     Each sweep walks the nodes in order and tries the rules in order at each node; the first rule
     that matches, passes its check and returns a replacement is applied. ``check`` runs the
-    structural checker on the result.
+    structural checker on the result. The rules share one ``RewriteContext`` (``m.ctx``) for the call.
     """
     nodes = list(ir.nodes)
     result = RewriteResult(ir)
     params = {t.name for t in ir.weights} | {t.name for t in ir.constants}
-    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params)
+    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params, RewriteContext(ir))
     for _ in range(max_rounds):
         nodes, applied = _sweep(nodes, rules, state)
         if not applied:
@@ -265,6 +337,7 @@ class _State:
     constants: dict[str, Any]  # name -> value, growing as rules fold nodes
     folded: dict[str, TensorMeta]  # the constants folding added
     params: set[str]  # weight and constant names (grows with folding)
+    ctx: RewriteContext  # what the rules of this call share (m.ctx)
 
 
 def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[list[OpNode], bool]:
@@ -274,7 +347,7 @@ def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[l
     1,000-node graph with 600 rewrites would otherwise be rescanned 600 times. A match the rewrite
     made possible before that point is found by the next sweep.
     """
-    graph = _Graph(nodes, state.constants, state.params)
+    graph = _Graph(nodes, state.constants, state.params, state.ctx)
     changed = False
     i, budget = 0, 4 * len(nodes) + 100  # rules that undo each other must not spin inside one sweep
     while i < len(nodes) and budget > 0:
@@ -286,7 +359,7 @@ def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[l
         prefix = {id(n) for n in nodes[:i]}
         nodes, changed = rewritten, True
         i = sum(1 for n in nodes if id(n) in prefix)  # survivors of the prefix come first
-        graph = _Graph(nodes, state.constants, state.params)
+        graph = _Graph(nodes, state.constants, state.params, state.ctx)
     return nodes, changed
 
 
@@ -300,8 +373,9 @@ def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Grap
             continue
         m.keep_interior = rule.shared_interior
         reason = rule.check(m) if rule.check else None
-        new = None if reason else rule.replace(m)
+        new = replacement = None if reason else rule.replace(m)
         if new is None and reason is None:
+            state.ctx._release()
             continue  # the replacement declined: the rule does not apply here (nothing to report)
         if new is not None and not rule.shared_interior:
             reason = _interior_read_elsewhere(m, graph, protected)
@@ -316,11 +390,13 @@ def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Grap
             reason = _absorb_problem(nodes, i, m, protected)
             new = None if reason else _splice(nodes, i, m, new)
         if new is None:
+            state.ctx._release()  # names the replacement drew are free again
             key = (rule.name, node.name, reason)
             if key not in state.seen:
                 state.seen.add(key)
                 state.result.rejected.append(key)
             continue
+        state.ctx._commit(replacement if isinstance(replacement, list) else [])
         state.result.applied[rule.name] += 1
         return _drop_unread(new, m, protected)
     return None

@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from npu_program import dtypes
+
 from ...ir import OpNode, TensorMeta
 from ...limits import fold_allowed, get_limits
 from ...ops.registry import bind_kernel, resolve_overload
@@ -43,8 +45,8 @@ class FoldLimitExceeded(UnsupportedNode):  # noqa: N818 - a signal, like Unsuppo
 
 
 def np_dtype_name(array: np.ndarray) -> str:
-    name = str(array.dtype)
-    return {"bool_": "bool"}.get(name, name)
+    """The IR dtype name of a numpy array's dtype; numpy's own name ("object", ...) for one the IR lacks."""
+    return dtypes.name_of(array.dtype)
 
 
 class Ctx:
@@ -196,15 +198,16 @@ class Ctx:
         except Exception as e:  # noqa: BLE001 - the op rejected its arguments: a converter limitation
             raise UnsupportedNode(f"{op_type} rejects the arguments ({type(e).__name__}: {str(e)[:200]})") from e
         node.outputs = [
-            self.graph.fresh(TensorMeta("", [self.graph.unhint(d) for d in r.shape], str(r.dtype)[6:]), self.name)
+            self.graph.fresh(TensorMeta("", [self.graph.unhint(d) for d in r.shape], dtypes.name_of(r.dtype)),
+                             self.name)
             for r in results
         ]
         self.emitted.append(node)
         return node.outputs
 
 
-_NUMPY_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                 "uint64", "bool", "complex64", "complex128"}
+#: Dtypes numpy has of its own, so that a value known at import time is cast with numpy.
+_NUMPY_DTYPES = frozenset(d.name for d in dtypes.DTYPES.values() if d.numpy_native)
 
 
 def _symbolic_sizes(arg_type: Any, value: Any) -> Any:

@@ -25,6 +25,8 @@ import onnx
 import torch
 from onnx.reference import ReferenceEvaluator
 
+from npu_program import dtypes
+
 from ...errors import IRValidationError
 from ...ir import NPU_IR
 from ...limits import check_alloc
@@ -38,9 +40,8 @@ _DOMAINS = {"": "onnx", "ai.onnx.ml": "onnx_ml", "ai.onnx.preview": "onnx_previe
 _META_KEYS = ("opset", "num_outputs", "input_slots")
 #: Most outputs / input positions an ``onnx.*`` node may declare.
 MAX_SLOTS = 1 << 12
-#: The dtypes a tensor attribute may have (``reference_node`` stores only these).
-_ATTRIBUTE_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                     "float16", "float32", "float64"}
+#: The dtypes a tensor attribute may have (``reference_node`` stores only these): numpy's own real types.
+ATTRIBUTE_DTYPES = frozenset(d.name for d in dtypes.DTYPES.values() if d.numpy_native and d.kind != "complex")
 
 
 def op_type_for(domain: str, op: str) -> str:
@@ -129,7 +130,7 @@ def _freeze(attrs: dict[str, Any]) -> tuple:
 def _thaw(value: Any) -> Any:
     if isinstance(value, tuple) and len(value) == 4 and value[0] == "tensor":
         _, dtype, shape, flat = value
-        if dtype not in _ATTRIBUTE_DTYPES or not isinstance(flat, tuple) or not isinstance(shape, tuple) or not all(
+        if dtype not in ATTRIBUTE_DTYPES or not isinstance(flat, tuple) or not isinstance(shape, tuple) or not all(
                 isinstance(d, int) and d >= 0 for d in shape) or math.prod(shape) != len(flat):
             raise IRValidationError(f"tensor attribute {str(value)[:80]}: expected ['tensor', a numeric dtype, "
                                     "a shape, as many values as the shape holds]")

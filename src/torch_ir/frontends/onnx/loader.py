@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npu_program import dtypes
+
 from ...errors import ExtractionError, TorchIRError
 from ...limits import check_alloc, check_shape
 
@@ -48,11 +50,8 @@ class ModelNotFoundError(InvalidModelError, FileNotFoundError):
 DATA_PROP_MAX_LENGTH = 1 << 16
 #: Ops whose shape inference reads values computed by data propagation (``getShapeInput`` in ONNX).
 _SHAPE_INPUT_OPS = {"Reshape", "Expand", "ConstantOfShape"}
-#: Element types stored with several elements per byte.
-_SUB_BYTE_BITS = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.FLOAT4E2M1: 4}
-for _name in ("INT2", "UINT2"):  # ONNX >= 1.20
-    if hasattr(onnx.TensorProto, _name):
-        _SUB_BYTE_BITS[getattr(onnx.TensorProto, _name)] = 2
+#: ONNX element types the dtype table sizes; others (STRING, the 6-bit floats) are sized by onnx's helper.
+_TABLE_TYPES = frozenset(d.onnx for d in dtypes.DTYPES.values() if d.onnx is not None)
 
 
 @dataclass
@@ -155,8 +154,8 @@ def _declared_bytes(tensor: onnx.TensorProto, where: str) -> int:
         raise InvalidModelError(f"{where} declares a negative dimension in shape {dims}")
     check_shape(dims, 0, where)  # each dimension within max_dim
     numel = math.prod(dims)
-    if tensor.data_type in _SUB_BYTE_BITS:
-        nbytes = (numel * _SUB_BYTE_BITS[tensor.data_type] + 7) // 8
+    if tensor.data_type in _TABLE_TYPES:  # sizes from the dtype table, packed sub-byte types (INT4, ...) included
+        nbytes = dtypes.nbytes(numel, dtypes.from_onnx(tensor.data_type))
     else:
         try:
             itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize

@@ -47,16 +47,12 @@ def _trace(src: TensorMeta, chain: list[OpNode]) -> torch.Tensor:
     return x
 
 
-#: (sum, a, b) tensor names -> conv parameters or None. The engine retries a rejected match on every
-#: sweep; tracing is the costly part, and rules keep tensor names and meanings, so the answer stands.
-_CACHE: dict[tuple[str, str, str], dict[str, Any] | None] = {}
-
-
 def _conv_params(m: Match) -> dict[str, Any] | None:
-    key = (m.node().outputs[0].name, m["a"].name, m["b"].name)
-    if key not in _CACHE:
-        _CACHE[key] = _trace_conv(m)
-    return _CACHE[key]
+    """The conv parameters of the match, or None. The engine retries a rejected match on every sweep;
+    tracing is the costly part, so the answer is kept in the rewrite call's cache (``m.ctx``), keyed by
+    the (sum, a, b) tensor names, which keep their meaning for the whole call."""
+    key = ("conv2d", m.node().outputs[0].name, m["a"].name, m["b"].name)
+    return m.ctx.cached(key, lambda: _trace_conv(m))
 
 
 def _trace_conv(m: Match) -> dict[str, Any] | None:
@@ -143,7 +139,6 @@ def _conv_bias(m: Match) -> list[OpNode] | None:
 
 def conv_rules() -> list[Rule]:
     float_sum = lambda attrs: "dtype" not in attrs  # noqa: E731 - an integer sum is no convolution
-    _CACHE.clear()  # a new rewrite: names may mean other tensors
     mul = Op("aten.mul.Tensor", Var("a"), Var("b"), name="mul")
     bias = Op("aten.reshape.default", Var("b"), attrs=lambda a: len(a["shape"]) == 4)
     return [

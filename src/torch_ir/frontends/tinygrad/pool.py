@@ -18,16 +18,13 @@ from ...ir import OpNode, TensorMeta
 from ...passes import Match, Op, Rule, Var
 from .conv import _TRACE_LIMIT, _source, _trace
 
-_CACHE: dict[str, dict[str, Any] | None] = {}
-
 
 def _window(m: Match) -> dict[str, Any] | None:
-    """Kernel, stride and dilation of the window the reduce ``m.node("red")`` takes over a view of x."""
+    """Kernel, stride and dilation of the window the reduce ``m.node("red")`` takes over a view of x.
+
+    Traced once per rewrite call and reduce (kept in ``m.ctx``'s cache, as ``conv.py`` does)."""
     red = m.node("red")
-    key = red.outputs[0].name
-    if key not in _CACHE:
-        _CACHE[key] = _trace_window(m, red)
-    return _CACHE[key]
+    return m.ctx.cached(("pool_window", red.outputs[0].name), lambda: _trace_window(m, red))
 
 
 def _trace_window(m: Match, red: OpNode) -> dict[str, Any] | None:
@@ -85,18 +82,18 @@ def _max_pool(m: Match) -> list[OpNode] | None:
     return _pool_node(m, "aten.max_pool2d.default", w, attrs)
 
 
-def pool_rules(values: dict[str, Any]) -> list[Rule]:
-    def avg_pool(m: Match) -> list[OpNode] | None:
-        w = _window(m)
-        count = values.get(m["c"].name)
-        if w is None or w["dilation"] != [1, 1] or m["c"].shape != [] or count != math.prod(w["kernel_size"]):
-            return None
-        return _pool_node(m, "aten.avg_pool2d.default", w, {"kernel_size": w["kernel_size"], "stride": w["stride"]})
+def _avg_pool(m: Match) -> list[OpNode] | None:
+    w = _window(m)
+    count = m.constant(m["c"])  # the divisor's value, as the rewrite knows it (the IR's constants)
+    if w is None or w["dilation"] != [1, 1] or m["c"].shape != [] or count != math.prod(w["kernel_size"]):
+        return None
+    return _pool_node(m, "aten.avg_pool2d.default", w, {"kernel_size": w["kernel_size"], "stride": w["stride"]})
 
-    _CACHE.clear()  # a new rewrite: names may mean other tensors
+
+def pool_rules() -> list[Rule]:
     return [
         Rule("max_pool2d", "pool", Op("aten.amax.default", Var("v"), name="red"), _max_pool,
              doc="amax over a window view of x -> max_pool2d(x), by index tracing"),
         Rule("avg_pool2d", "pool", Op("aten.div.Tensor", Op("aten.sum.dim_IntList", Var("v"), name="red"), Var("c")),
-             avg_pool, doc="sum over a window view of x / window size -> avg_pool2d(x), by index tracing"),
+             _avg_pool, doc="sum over a window view of x / window size -> avg_pool2d(x), by index tracing"),
     ]

@@ -21,6 +21,7 @@ from typing import Any
 
 from ...ir import NPU_IR, OpNode, TensorMeta
 from ...passes import Match, Op, Rule, Var, eliminate_dead_code, rewrite
+from ...passes.rewrite import RewriteContext
 
 RESHAPE, PERMUTE, EXPAND = "aten.reshape.default", "aten.permute.default", "aten.expand.default"
 MUL, SUM, MATMUL, LINEAR = "aten.mul.Tensor", "aten.sum.dim_IntList", "aten.matmul.default", "aten.linear.default"
@@ -29,26 +30,20 @@ BROADCASTING = (ADD, "aten.sub.Tensor", MUL, "aten.div.Tensor", "aten.maximum.de
                 "aten.ne.Tensor", "aten.eq.Tensor", "aten.pow.Tensor_Tensor")
 
 
-class _Namer:
-    """Fresh names for nodes a rule adds (``<root>_v0``, ...); reset per ``simplify_ir`` call."""
-
-    taken: set[str] = set()
-
-    @classmethod
-    def fresh(cls, base: str) -> str:
-        base = re.sub(r"(_v\d+)+$", "", base)  # names stay short when rules rewrite rewritten nodes
-        i = 0
-        while f"{base}_v{i}" in cls.taken:
-            i += 1
-        cls.taken.add(f"{base}_v{i}")
-        return f"{base}_v{i}"
+def _fresh(ctx: RewriteContext, base: str) -> str:
+    """A fresh name for a node a rule adds: ``<base>_v0``, ``<base>_v1``, ... (``m.ctx`` knows the names in use)."""
+    base = re.sub(r"(_v\d+)+$", "", base)  # names stay short when rules rewrite rewritten nodes
+    i = 0
+    while ctx.taken(f"{base}_v{i}"):
+        i += 1
+    return ctx.claim(f"{base}_v{i}")
 
 
-def _node(op_type: str, x: TensorMeta | list[TensorMeta], shape: Sequence[int], attrs: dict[str, Any],
-          name: str | None = None, like: TensorMeta | None = None) -> OpNode:
+def _node(ctx: RewriteContext, op_type: str, x: TensorMeta | list[TensorMeta], shape: Sequence[int],
+          attrs: dict[str, Any], like: TensorMeta | None = None) -> OpNode:
     inputs = x if isinstance(x, list) else [x]
     dtype = (like or inputs[0]).dtype
-    out = TensorMeta(name or _Namer.fresh(inputs[0].name), list(shape), dtype, role="activation")
+    out = TensorMeta(_fresh(ctx, inputs[0].name), list(shape), dtype, role="activation")
     return OpNode(out.name, op_type, inputs, [out], attrs)
 
 
@@ -98,7 +93,7 @@ def _permute_through_reshape(m: Match) -> list[OpNode] | TensorMeta:
     dims = order + [i for i, d in enumerate(x.shape) if d == 1]
     if dims == list(range(len(dims))):
         return _reshape_to(x, root)
-    permuted = _node(PERMUTE, x, [x.shape[d] for d in dims], {"dims": dims})
+    permuted = _node(m.ctx, PERMUTE, x, [x.shape[d] for d in dims], {"dims": dims})
     return [permuted, *_as_nodes(_reshape_to(permuted.outputs[0], root), root)]
 
 
@@ -118,7 +113,7 @@ def _expand_as_broadcast(m: Match) -> list[OpNode] | None:
         return None
     target = root.outputs[0].shape
     unsqueezed = [y.shape[d - lead] if d >= lead else 1 for d in dims]
-    steps = [] if unsqueezed == list(y.shape) else [_node(RESHAPE, y, unsqueezed, {"shape": unsqueezed})]
+    steps = [] if unsqueezed == list(y.shape) else [_node(m.ctx, RESHAPE, y, unsqueezed, {"shape": unsqueezed})]
     src = steps[-1].outputs[0] if steps else y
     return steps + [OpNode(root.name, EXPAND, [src], list(root.outputs), {"size": list(target)})]
 
@@ -208,15 +203,15 @@ def _contract(m: Match) -> list[OpNode] | None:
     size = lambda axes: math.prod(full[d] for d in axes)  # noqa: E731
     bs = [full[d] for d in batch]
     steps: list[OpNode] = []
-    lhs = _layout(a, sa, batch + ms + ks, bs + [size(ms), size(ks)], steps)
-    rhs = _layout(b, sb, batch + ks + ns, bs + [size(ks), size(ns)], steps)
-    mm = _node(MATMUL, [lhs, rhs], bs + [size(ms), size(ns)], {})
+    lhs = _layout(m.ctx, a, sa, batch + ms + ks, bs + [size(ms), size(ks)], steps)
+    rhs = _layout(m.ctx, b, sb, batch + ks + ns, bs + [size(ks), size(ns)], steps)
+    mm = _node(m.ctx, MATMUL, [lhs, rhs], bs + [size(ms), size(ns)], {})
     steps.append(mm)
-    y = _view(mm.outputs[0], bs + [full[d] for d in ms] + [full[d] for d in ns], RESHAPE, steps)
+    y = _view(m.ctx, mm.outputs[0], bs + [full[d] for d in ms] + [full[d] for d in ns], RESHAPE, steps)
     labels = batch + ms + ns
     dims = [labels.index(d) for d in kept if full[d] != 1]
-    y = _view(y, dims, PERMUTE, steps)
-    _view(y, list(root.outputs[0].shape), RESHAPE, steps)
+    y = _view(m.ctx, y, dims, PERMUTE, steps)
+    _view(m.ctx, y, list(root.outputs[0].shape), RESHAPE, steps)
     return _finish(root, steps)  # the last step (at least the matmul) defines the root's output
 
 
@@ -228,23 +223,24 @@ def reduced_first(m: Match) -> list[int]:
     return [perm[d] for d in dims] + [perm[d] for d in range(len(full)) if d not in dims]
 
 
-def _layout(x: TensorMeta, padded: list[int], axes: list[int], shape: list[int], steps: list[OpNode]) -> TensorMeta:
+def _layout(ctx: RewriteContext, x: TensorMeta, padded: list[int], axes: list[int], shape: list[int],
+            steps: list[OpNode]) -> TensorMeta:
     """Bring ``x`` (left-padded to ``padded``) into ``axes`` order, flattened to ``shape``."""
-    x = _view(x, padded, RESHAPE, steps)
+    x = _view(ctx, x, padded, RESHAPE, steps)
     rest = [d for d in range(len(padded)) if d not in axes]  # size-1 axes of this operand
-    x = _view(x, axes + rest, PERMUTE, steps)
-    return _view(x, shape, RESHAPE, steps)
+    x = _view(ctx, x, axes + rest, PERMUTE, steps)
+    return _view(ctx, x, shape, RESHAPE, steps)
 
 
-def _view(x: TensorMeta, arg: list[int], op_type: str, steps: list[OpNode]) -> TensorMeta:
+def _view(ctx: RewriteContext, x: TensorMeta, arg: list[int], op_type: str, steps: list[OpNode]) -> TensorMeta:
     if op_type == RESHAPE:
         if list(arg) == list(x.shape):
             return x
-        steps.append(_node(RESHAPE, x, arg, {"shape": list(arg)}))
+        steps.append(_node(ctx, RESHAPE, x, arg, {"shape": list(arg)}))
     else:
         if arg == sorted(arg):
             return x
-        steps.append(_node(PERMUTE, x, [x.shape[d] for d in arg], {"dims": list(arg)}))
+        steps.append(_node(ctx, PERMUTE, x, [x.shape[d] for d in arg], {"dims": list(arg)}))
     return steps[-1].outputs[0]
 
 
@@ -307,12 +303,11 @@ def all_rules(constant_values: Mapping[str, Any] | None = None) -> list[Rule]:
 
     values = dict(constant_values or {})
     return shape_rules() + conv_rules() + contraction_rules() + linear_rules() + idiom_rules(values) + \
-        pool_rules(values)
+        pool_rules()
 
 
 def simplify_ir(ir: NPU_IR, rules: list[Rule] | None = None) -> NPU_IR:
     """Run the rule sets to a fixed point, then drop dead nodes. Example: ``simplify_ir(ir)``."""
-    _Namer.taken = {t.name for t in ir.tensors()} | {n.name for n in ir.nodes}
     result = rewrite(ir, all_rules(ir.constant_values) if rules is None else rules, max_rounds=1000)
     return _drop_unused_constants(eliminate_dead_code(result.ir))
 

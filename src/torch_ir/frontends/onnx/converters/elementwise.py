@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from npu_program import dtypes
+
+from ....ops.values import dtype_from_name
 from ..context import Ctx, UnsupportedNode
 from ..dtypes import IR_TO_ONNX, ONNX_TO_IR
 from . import converter
@@ -121,11 +124,13 @@ def Cast(ctx: Ctx, x, *, to, saturate=1, round_mode="up"):
     if to not in ONNX_TO_IR:
         raise UnsupportedNode(f"Cast to element type {to} has no torch dtype")
     target = ONNX_TO_IR[to]
+    if target == "float8_e8m0fnu" and ctx.dtype(x) != target:
+        raise UnsupportedNode("a Cast to FLOAT8E8M0 (ONNX's round_mode differs from torch's conversion)")
     if target.startswith("float8") and not saturate:
         raise UnsupportedNode("a float8 Cast without saturation (ONNX's overflow rules differ from torch's)")
     if target.startswith("float8") and saturate and not ctx.dtype(x).startswith("float8"):
         # ONNX saturates out-of-range values (infinities included) to the largest finite float8
-        limit = float(torch.finfo(getattr(torch, target)).max)
+        limit = float(torch.finfo(dtype_from_name(target)).max)
         x = ctx.aten("clamp", ctx.cast(ctx.tensor(x), "float32"), -limit, limit)
     return ctx.cast(ctx.tensor(x), target)
 
@@ -229,13 +234,10 @@ def IsInf(ctx: Ctx, x, *, detect_negative=1, detect_positive=1):
 @converter("BitCast", since=26)
 def BitCast(ctx: Ctx, x, *, to):
     target = ONNX_TO_IR.get(to)
-    if target is None or torch_dtype_size(target) != torch_dtype_size(ctx.dtype(x)):
+    source = ctx.dtype(x)
+    if target is None or not dtypes.is_dtype(source) or dtypes.get_dtype(target).bits != dtypes.get_dtype(source).bits:
         raise UnsupportedNode("BitCast between types of different sizes")
-    return ctx.aten("view.dtype", x, getattr(torch, target))
-
-
-def torch_dtype_size(name: str) -> int:
-    return getattr(torch, name).itemsize
+    return ctx.aten("view.dtype", x, dtype_from_name(target))
 
 
 @converter("OneHot", since=9)

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 
 from ....ops.values import encode_value
-from ..context import Ctx, UnsupportedNode
-from ..custom_ops import ensure_registered
+from ..context import Ctx, UnsupportedNode, np_dtype_name
+from ..custom_ops import ATTRIBUTE_DTYPES, ensure_registered
 
 
 def reference_node(ctx: Ctx, node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], opset: int):
@@ -43,9 +43,10 @@ def reference_node(ctx: Ctx, node: onnx.NodeProto, inputs: list[Any], attrs: dic
 
 def _encode_attribute(name: str, value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "biuf" or str(value.dtype) == "bfloat16":
-            raise UnsupportedNode(f"attribute {name!r} is a {value.dtype} tensor, which IR attributes cannot hold")
-        return ["tensor", str(value.dtype), list(value.shape), encode_value(value.reshape(-1).tolist())]
+        dtype = np_dtype_name(value)
+        if dtype not in ATTRIBUTE_DTYPES:
+            raise UnsupportedNode(f"attribute {name!r} is a {dtype} tensor, which IR attributes cannot hold")
+        return ["tensor", dtype, list(value.shape), encode_value(value.reshape(-1).tolist())]
     if isinstance(value, list) and value and not isinstance(value[0], (int, float, str)):
         raise UnsupportedNode(f"attribute {name!r} holds graphs or tensors (control flow has no IR form yet)")
     if not isinstance(value, (int, float, str, list)):

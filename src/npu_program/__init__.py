@@ -1,0 +1,14 @@
+"""The contract between the NPU compiler and the runtime: the kernel table and the program schema.
+
+Plain data, importable without the compiler: ``npu_compiler`` emits dispatches of the kernels listed in
+``kernels`` (``npu_runtime`` backends implement them, ``torch_ir.passes`` reads the layout and view facts,
+``docs/kernels.md`` is generated from the same records); ``program`` holds the compiled program's
+dataclasses (``CompiledProgram``, ``TensorSpec``, ``StateSpec``, ``Dispatch``, ``MemoryPlan``), written
+and read through the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-checks a
+loaded program (``memory_check``: the memory-plan checker it shares with the compiler); ``dtypes`` is
+the one dtype table. ``kernels``, ``dtypes``, ``codec`` and ``program`` import neither torch nor numpy.
+"""
+
+from .kernels import KERNELS, KernelCost, KernelDef, get_kernel
+
+__all__ = ["KERNELS", "KernelCost", "KernelDef", "get_kernel"]

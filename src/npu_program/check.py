@@ -1,0 +1,213 @@
+"""Check a ``CompiledProgram`` as untrusted data before anything is allocated or run.
+
+A ``.npubin`` file may come from anywhere, and its header says how much memory to allocate, where
+each tensor lives and which kernel each dispatch runs. :func:`check_program` re-derives what the
+compiler guaranteed, from scratch, so a hostile or corrupt file is refused with a message instead of
+allocating a petabyte, reading through Python's negative slicing, overlapping two live tensors (a
+silently wrong answer) or naming a kernel the target does not have:
+
+* every spec: a known dtype, dimensions and byte size within ``torch_ir.limits``;
+* every state slot: a spec as above, a known initial value, a name no other tensor has, and all the
+  state together within the allocation limit;
+* every dispatch: a kernel of the target that will run it (the kernel set the runtime's backend passes
+  in), tensors that exist, outputs that are activations or state slots (never weights or constants),
+  parameters that are plain attribute values (symbolic sizes in the safe grammar only);
+* the memory plan: an arena within the limits, every activation at an aligned offset inside it, views
+  no larger than their base, and no two tensors live at the same step sharing bytes (the memory
+  planner's own independent checker, :func:`~npu_program.memory_check.check_plan`, run again).
+
+Loading a file (``CompiledProgram.load``) and constructing an ``Executor`` both call it. It lives in
+``npu_program`` (not the compiler) so that the runtime can run it without importing the compiler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from torch_ir.errors import TorchIRError
+from torch_ir.limits import check_alloc, check_shape
+from torch_ir.ops.values import check_value
+
+from .memory_check import MemoryPlanError, check_plan, lifetimes, resolve_alias
+from .npubin import NpubinError
+from .program import STATE_INITS, CompiledProgram, StateSpec, TensorSpec, dtype_size
+
+_FIX = "recompile the model to produce a fresh .npubin file"
+
+
+def _fail(where: str, problem: str, fix: str = _FIX) -> NpubinError:
+    return NpubinError(f"{where}: {problem}; {fix}")
+
+
+def check_program(program: CompiledProgram, where: str | None = None, *,
+                  kernels: Collection[str] | None = None) -> None:
+    """Raise ``NpubinError`` (naming ``where``, the rule and the fix) unless ``program`` is safe to run.
+
+    ``kernels`` is the kernel set of the target that will run the program (the runtime's backend passes
+    its own, e.g. ``npu_program.kernels.kernels_for("cpu")``): every dispatch must name one of them.
+    None (loading a file) checks everything else and leaves the kernel names to whoever runs it.
+    """
+    where = where or f"program {program.model_name!r}"
+    specs = _check_specs(program, where)
+    _check_dispatches(program, specs, where, kernels)
+    _check_memory(program, where)
+
+
+def _check_spec(spec: Any, what: str, where: str) -> None:
+    if not isinstance(spec, (TensorSpec, StateSpec)) or not isinstance(spec.name, str) or not spec.name:
+        raise _fail(where, f"{what} is not a tensor spec with a name")
+    try:
+        itemsize = dtype_size(spec.dtype)
+    except (ValueError, TypeError) as e:
+        raise _fail(where, f"{what} {spec.name!r}: {e}") from None
+    if not isinstance(spec.shape, list):
+        raise _fail(where, f"{what} {spec.name!r}: shape {spec.shape!r} is not a list")
+    layout = getattr(spec, "layout", None)  # a state slot has the default layout
+    if layout not in (None, "NHWC") or (layout == "NHWC" and len(spec.shape) != 4):
+        raise _fail(where, f"{what} {spec.name!r}: layout {layout!r} is not a storage layout of a "
+                           f"{len(spec.shape)}-d tensor (None, or NHWC for 4-d)")
+    try:
+        check_shape(spec.shape, itemsize, f"{where}: {what} {spec.name!r}")
+    except TorchIRError as e:
+        raise NpubinError(str(e)) from None
+
+
+def _check_specs(program: CompiledProgram, where: str) -> dict[str, TensorSpec]:
+    for name, spec in program.tensors.items():
+        _check_spec(spec, "tensor", where)
+        if spec.name != name:
+            raise _fail(where, f"tensor entry {name!r} holds the spec of {spec.name!r}")
+    for spec in program.weight_specs:
+        _check_spec(spec, "weight slot", where)
+    for kind, items in (("input", program.input_specs), ("output", program.output_specs)):
+        for spec in items:
+            _check_spec(spec, kind, where)
+            known = program.tensors.get(spec.name)
+            if known is None or known.shape != spec.shape or known.dtype != spec.dtype:
+                raise _fail(where, f"{kind} {spec.name!r} is not a tensor of the program with that shape and dtype")
+    weights = {spec.name: spec for spec in program.weight_specs}
+    clash = sorted(set(weights) & set(program.tensors))
+    if clash:
+        raise _fail(where, f"{clash[:5]} are both weight slots and activations")
+    state = _check_state(program, weights, where)
+    if not isinstance(program.weight_keys, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in program.weight_keys.items()):
+        raise _fail(where, "weight_keys must map slot names to state-dict keys (strings)")
+    tied = program.metadata.get("weight_aliases", {})
+    if not isinstance(tied, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in tied.values()):
+        raise _fail(where, "metadata.weight_aliases must map state-dict keys to lists of tied keys")
+    return {**program.tensors, **weights, **state}
+
+
+def _check_state(program: CompiledProgram, weights: dict[str, TensorSpec], where: str) -> dict[str, Any]:
+    """State slots: valid specs and initial values, names of their own, within the allocation limit together."""
+    state: dict[str, Any] = {}
+    keys: dict[str, StateSpec] = {}
+    for spec in program.state_specs:
+        _check_spec(spec, "state slot", where)
+        if not isinstance(spec, StateSpec):
+            raise _fail(where, f"state slot {spec.name!r} is not a state spec")
+        if spec.init not in STATE_INITS:
+            raise _fail(where, f"state slot {spec.name!r}: initial value {str(spec.init)[:40]!r} is not one of "
+                               f"{', '.join(STATE_INITS)}")
+        if spec.shared_key is not None and (not isinstance(spec.shared_key, str) or not spec.shared_key):
+            raise _fail(where, f"state slot {spec.name!r}: shared_key must be a non-empty string or null")
+        if spec.name in state or spec.name in weights or spec.name in program.tensors:
+            raise _fail(where, f"state slot {spec.name!r} has the name of another slot or tensor")
+        if spec.key in keys:
+            raise _fail(where, f"state slots {keys[spec.key].name!r} and {spec.name!r} share the key {spec.key!r}")
+        state[spec.name] = spec
+        keys[spec.key] = spec
+    try:
+        check_alloc(sum(spec.nbytes for spec in program.state_specs), f"{where}: the state slots together")
+    except TorchIRError as e:
+        raise NpubinError(str(e)) from None
+    return state
+
+
+def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], where: str,
+                      kernels: Collection[str] | None) -> None:
+    state = {spec.name for spec in program.state_specs}
+    for i, d in enumerate(program.dispatches):
+        what = f"dispatch {i}"
+        if not isinstance(d.kernel, str) or (kernels is not None and d.kernel not in kernels):
+            raise _fail(where, f"{what} names kernel {str(d.kernel)[:80]!r}, which target {program.target!r} does "
+                               "not have (a program may only run kernels of its target's table)")
+        for name in [*d.inputs, *d.outputs]:
+            if not isinstance(name, str) or name not in specs:
+                raise _fail(where, f"{what} ({d.kernel}) uses tensor {str(name)[:80]!r}, which has no spec")
+        for name in d.outputs:
+            if name in state:
+                continue
+            if name not in program.tensors or name in program.constants:
+                raise _fail(where, f"{what} ({d.kernel}) writes {name!r}, which is a weight or constant; "
+                                   "dispatches write activations and state slots only")
+        if not isinstance(d.params, dict):
+            raise _fail(where, f"{what} ({d.kernel}): params must be an object")
+        try:
+            for key, value in d.params.items():
+                check_value(value, f"{where}: {what} ({d.kernel}) param {key!r}")
+                _check_window_param(key, value, f"{where}: {what} ({d.kernel}) param {key!r}")
+        except ValueError as e:
+            raise NpubinError(f"{e}; {_FIX}") from None
+
+
+#: Window parameters (convolution, pooling) and the least value each element may take. A kernel given a
+#: zero stride divides by it in native code (a crash, not an exception), so they are checked here.
+_WINDOW_PARAMS = {"stride": 1, "dilation": 1, "kernel_size": 1, "groups": 1, "padding": 0, "output_padding": 0}
+
+
+def _check_window_param(key: str, value: Any, where: str) -> None:
+    least = _WINDOW_PARAMS.get(key)
+    if least is None or value is None or (key == "padding" and isinstance(value, str)):
+        return
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(type(v) is int and least <= v <= (1 << 31) for v in items):
+        raise ValueError(f"{where}: {str(value)[:80]} must be an integer (or a list of integers) of at least {least}")
+
+
+def _check_memory(program: CompiledProgram, where: str) -> None:
+    memory = program.memory
+    for name, value, least in (("arena_bytes", memory.arena_bytes, 0), ("alignment", memory.alignment, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise _fail(where, f"memory.{name} is {value!r}; expected an integer of at least {least}")
+    try:
+        check_alloc(memory.arena_bytes, f"{where}: the activation arena (memory.arena_bytes)")
+    except TorchIRError as e:
+        raise NpubinError(str(e)) from None
+    for name, base in memory.aliases.items():
+        if name not in program.tensors or not isinstance(base, str) or base not in program.tensors:
+            raise _fail(where, f"memory.aliases: {name!r} -> {base!r} links tensors the program does not have")
+    try:
+        roots = {name: resolve_alias(name, memory.aliases) for name in program.tensors}
+    except MemoryPlanError as e:
+        raise _fail(where, f"memory.aliases: {e}") from None
+    for name, root in roots.items():
+        if name != root and program.tensors[name].nbytes > program.tensors[root].nbytes:
+            raise _fail(where, f"view {name!r} ({program.tensors[name].nbytes} bytes) is larger than its base "
+                               f"{root!r} ({program.tensors[root].nbytes} bytes)")
+    used = {n for d in program.dispatches for n in [*d.inputs, *d.outputs]}
+    used |= {s.name for s in [*program.input_specs, *program.output_specs]}
+    unplaced = [n for n, root in roots.items()
+                if n in used and root not in memory.offsets and n not in program.constants]
+    if unplaced:
+        raise _fail(where, f"tensors {unplaced[:5]} have no offset in the memory plan")
+    sizes = {name: program.tensors[name].nbytes for name in memory.offsets if name in program.tensors}
+    stray = sorted(set(memory.offsets) - set(sizes))
+    if stray:
+        raise _fail(where, f"memory.offsets places {stray[:5]}, which are not tensors of the program")
+    try:
+        lives = lifetimes([(d.inputs, d.outputs) for d in program.dispatches], sizes,
+                          live_in=[s.name for s in program.input_specs],
+                          live_out=[s.name for s in program.output_specs], aliases=memory.aliases)
+        check_plan(lives, memory.offsets, memory.arena_bytes, alignment=memory.alignment)
+    except MemoryPlanError as e:
+        raise _fail(where, f"the memory plan is invalid: {e}") from None
+    for name, offset in memory.offsets.items():  # placed but never touched: still inside the arena
+        if not isinstance(offset, int) or offset < 0 or offset + sizes[name] > memory.arena_bytes:
+            raise _fail(where, f"tensor {name!r} at offset {offset!r} lies outside the {memory.arena_bytes}-byte arena")
+
+
+__all__ = ["check_program"]

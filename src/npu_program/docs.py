@@ -1,0 +1,67 @@
+"""``docs/kernels.md``, generated from the kernel table (``torch-ir ops --kernels --markdown``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .kernels import FLOATS, KERNEL_DTYPES, KERNELS, REFERENCE, KernelDef
+
+_KINDS = ("contraction", "fused", "attention", "normalization", "elementwise", "reduction", "pooling", "movement")
+
+
+def _impl(record: KernelDef, backend: str) -> str:
+    impl = record.impls.get(backend)
+    if impl is None:
+        return "—"
+    return "reference" if impl == REFERENCE else f"`{impl.rpartition(':')[2]}`"
+
+
+def _layout(record: KernelDef) -> str:
+    if record.view:
+        return "view (no dispatch)"
+    return {"spatial": "NHWC on channels-last", "keeps": "keeps its input's"}.get(record.layout or "", "row-major")
+
+
+def _dtypes(record: KernelDef) -> str:
+    if record.dtypes == KERNEL_DTYPES:
+        return "all"
+    return "floats" if record.dtypes == FLOATS else ", ".join(sorted(record.dtypes))
+
+
+def kernels_markdown() -> str:
+    """The kernel table as Markdown: one section per kind, one row per kernel."""
+    backends = sorted({b for k in KERNELS.values() for b in k.impls})
+    by_kind: dict[str, list[KernelDef]] = defaultdict(list)
+    for record in KERNELS.values():
+        by_kind[record.kind].append(record)
+    lines = [
+        "# Kernels",
+        "",
+        "Generated from the kernel table (`npu_program.kernels`) by `torch-ir ops --kernels --markdown`; "
+        "do not edit.",
+        "",
+        "Every kernel the compiler can emit is one record: its kind, the dtypes it runs, its layout "
+        "behaviour, its parameters, its cost formula and its implementation per backend (`reference` runs "
+        "the op's reference implementation from the `torch_ir` op registry; a class name is a fast kernel "
+        "that runs the dispatches it accepts, the reference the others).",
+        "",
+        f"{len(KERNELS)} kernels; dtypes \"all\" = "
+        "bfloat16, bool, float16, float32, int32, int64, int8, uint8; \"floats\" = bfloat16, float16, float32.",
+        "",
+    ]
+    for kind in [*_KINDS, *sorted(set(by_kind) - set(_KINDS))]:
+        records = by_kind.get(kind)
+        if not records:
+            continue
+        lines += [f"## {kind}", "",
+                  "| kernel | dtypes | layout | cost | " + " | ".join(backends) + " | notes |",
+                  "|---|---|---|---|" + "---|" * len(backends) + "---|"]
+        for r in sorted(records, key=lambda r: r.name):
+            notes = r.doc if r.deferred is None else f"**not in programs yet**: {r.deferred}"
+            if r.params:
+                notes += "; params: " + ", ".join(f"`{p}`" for p in r.params)
+            cost = r.flops.__name__.replace("_flops", "").replace("_", " ")
+            lines.append(f"| `{r.name}` | {_dtypes(r)} | {_layout(r)} | {cost} | "
+                         + " | ".join(_impl(r, b) for b in backends) + f" | {notes} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,366 @@
+"""The kernel table: one record per kernel the compiler can emit, holding everything about it.
+
+A :class:`KernelDef` says what a kernel is (its kind and doc), what it runs (dtypes), how it treats
+layouts (a *view* that is no dispatch at all, a *spatial* kernel whose 4-D activations are stored
+NHWC on a channels-last target, a kernel that *keeps* the layout of a same-shaped input), its
+parameters, its cost (FLOPs and bytes for given tensor specs), and its implementation per backend.
+Everything else is derived from these records: the view and layout sets, node FLOPs, the CPU
+backend's kernel choice, the set of fusable activations, the compiler's support check and
+``docs/kernels.md``. Adding a kernel means adding one record here (and, for a fast path, a class in a
+backend); see ``docs/extending.md``.
+
+Kernel names are target-neutral: an NPU op lowers to the kernel of the same name (``GEMM``), an ATen op
+an NPU runs as it is lowers to a kernel named by its op type (``aten.add.Tensor``), and a fused kernel
+(``CONV_ADD``) replaces several nodes. This module imports neither torch nor the compiler: a runtime,
+a docs generator or a cost model reads it as plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: The dtypes a kernel runs unless its record says otherwise (names of the dtype table, `npu_program.dtypes`).
+KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
+FLOATS = frozenset({"float32", "float16", "bfloat16"})
+
+#: The backend implementation that runs the op's reference implementation from the ``torch_ir`` op
+#: registry (the op type is the kernel name), so an op is declared once and every kernel has a CPU path.
+REFERENCE = "reference"
+
+#: Activations a GEMM, CONV or CONV_ADD applies to its result (``activation`` parameter; null for none).
+ACTIVATIONS = ("relu", "relu6", "silu", "gelu", "gelu_tanh")
+
+_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+          "int8": 1, "uint8": 1, "bool": 1}
+
+
+class Spec(Protocol):
+    """What the cost formulas read of a tensor: a ``TensorSpec`` of a program or a ``TensorMeta`` of an IR."""
+
+    shape: Sequence[Any]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    flops: int
+    bytes_read: int
+    bytes_written: int
+
+
+Flops = Callable[[Sequence[Spec], Sequence[Spec], dict[str, Any]], int]
+
+
+def numel(t: Spec) -> int:
+    return math.prod(int(d) for d in t.shape)
+
+
+def nbytes(t: Spec) -> int:
+    return numel(t) * _BYTES.get(t.dtype, 4)
+
+
+# -- FLOP formulas (multiply-adds count two) ------------------------------------------------------------
+
+def per_output(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    """One operation per output element: elementwise ops, data movement, pooling windows are not counted."""
+    return sum(numel(t) for t in outs)
+
+
+def no_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return 0
+
+
+def gemm_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    k = ins[0].shape[-2] if params.get("trans_a") else ins[0].shape[-1]
+    return 2 * numel(outs[0]) * int(k)
+
+
+def qkv_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return 2 * sum(numel(t) for t in outs) * int(ins[0].shape[-1])
+
+
+def conv_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    w = ins[1].shape  # [C_out, C_in / groups, *kernel]
+    return 2 * numel(outs[0]) * int(w[1]) * math.prod(int(d) for d in w[2:])
+
+
+def conv_add_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return conv_flops(ins, outs, params) + numel(outs[0])
+
+
+def attn_score_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return 2 * numel(outs[0]) * int(ins[0].shape[-1]) + 5 * numel(outs[0])  # q·kᵀ, then the softmax
+
+
+def matmul_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return 2 * numel(outs[0]) * int(ins[0].shape[-1])
+
+
+def reduce_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return numel(ins[0])
+
+
+# -- the test record --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelTest:
+    """How the kernel test table runs a kernel: example inputs, parameters and tolerances.
+
+    ``inputs`` are ``(shape, dtype, values)``: dtype ``"*"`` is the dtype under test, ``values`` one of
+    ``normal``, ``positive`` (away from zero), ``bool``, ``index:N`` (integers in [0, N)). Inputs at the
+    positions in ``weights`` are weight slots (bound before the run), the others graph inputs.
+    ``rtol``/``atol`` are for float32 and scale with the dtype (``torch_ir.verify.default_tolerance``).
+    """
+
+    inputs: tuple[tuple[tuple[int, ...], str, str], ...]
+    params: dict[str, Any] = field(default_factory=dict)
+    weights: tuple[int, ...] = ()
+    dtypes: tuple[str, ...] = ("float32",)
+    rtol: float = 1e-5
+    atol: float = 1e-5
+
+
+def t(*inputs: str, params: dict[str, Any] | None = None, weights: tuple[int, ...] = (),
+      dtypes: tuple[str, ...] = ("float32",), **tol: float) -> KernelTest:
+    """A test record from compact input specs: ``"2,3,4"`` (normal, the dtype under test),
+    ``"2,3:positive"``, ``"4:int64:index:3"``, ``"2,3:bool"``, ``":float32"`` (0-d)."""
+    parsed = []
+    for spec in inputs:
+        shape_text, _, rest = spec.partition(":")
+        shape = tuple(int(d) for d in shape_text.split(",") if d)
+        dtype, values = "*", "normal"
+        if rest == "positive":
+            values = "positive"
+        elif rest == "bool":
+            dtype, values = "bool", "bool"
+        elif rest:
+            dtype, _, values = rest.partition(":")
+            values = values or "normal"
+        parsed.append((shape, dtype, values))
+    return KernelTest(tuple(parsed), dict(params or {}), weights, dtypes, **tol)
+
+
+# -- the record ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelDef:
+    """Everything about one kernel. See the module docstring."""
+
+    name: str
+    kind: str  # contraction | elementwise | normalization | attention | reduction | pooling | movement | fused
+    doc: str
+    dtypes: frozenset[str] = KERNEL_DTYPES
+    #: A view: relabels a contiguous tensor's shape; lowered to no dispatch (an alias of the input's bytes).
+    view: bool = False
+    #: "spatial": its 4-D activations are stored NHWC on a channels-last target; "keeps": its output keeps
+    #: the layout of a same-shaped input (elementwise); None: row-major.
+    layout: str | None = None
+    #: Parameter name -> meaning (plain JSON values in the program).
+    params: dict[str, str] = field(default_factory=dict)
+    flops: Flops = per_output
+    #: Backend name -> implementation: REFERENCE, or "module:Class" of a fast kernel whose ``accepts``
+    #: classmethod says whether it runs a given dispatch (else the reference runs it).
+    impls: dict[str, str] = field(default_factory=lambda: {"cpu": REFERENCE})
+    #: Why no program may contain it yet (the compiler refuses it with this reason); None when it may.
+    deferred: str | None = None
+    #: Its entry in the kernel test table (every backend's implementation against the reference).
+    test: KernelTest | None = None
+
+    def cost(self, ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any] | None = None) -> KernelCost:
+        """FLOPs and the bytes read and written (inputs once, outputs once: no cache model; see the cost model)."""
+        return KernelCost(self.flops(ins, outs, params or {}), sum(nbytes(t) for t in ins),
+                          sum(nbytes(t) for t in outs))
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(self.impls)
+
+
+KERNELS: dict[str, KernelDef] = {}
+
+
+def kernel(name: str, kind: str, doc: str, **fields: Any) -> KernelDef:
+    if name in KERNELS:
+        raise ValueError(f"kernel {name!r} is declared twice")
+    KERNELS[name] = KernelDef(name, kind, doc, **fields)
+    return KERNELS[name]
+
+
+def get_kernel(name: str) -> KernelDef:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KeyError(f"no kernel named {name!r}; the kernel table (docs/kernels.md) lists them") from None
+
+
+_ACT = f"null or one of {', '.join(ACTIVATIONS)}: applied to the result"
+_CPU = "npu_runtime.backends.cpu_kernels"
+_HALF = ("float32", "bfloat16")
+_CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
+
+# -- NPU ops ------------------------------------------------------------------------------------------------
+
+kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias)", flops=gemm_flops,
+       params={"trans_a": "x's last two dims are transposed", "trans_b": "w is [N, K] (nn.Linear)",
+               "has_bias": "a bias input follows w", "activation": _ACT},
+       impls={"cpu": f"{_CPU}:Gemm"},
+       test=t("2,5,16", "8,16", "8", params={"trans_b": True, "activation": "gelu"}, weights=(1, 2), dtypes=_HALF))
+kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch norm and activation",
+       flops=conv_flops, layout="spatial", dtypes=FLOATS,
+       params={"stride": "per spatial dim", "padding": "per spatial dim", "dilation": "per spatial dim",
+               "groups": "channel groups", "has_bias": "a bias input follows w",
+               "bn_eps": "batch norm folded when not null; its four inputs follow", "activation": _ACT},
+       impls={"cpu": f"{_CPU}:Conv2d"},
+       test=t("1,3,9,9", "4,3,3,3", "4", "4", "4", "4", "4:positive", weights=(1, 2, 3, 4, 5, 6),
+              params={**_CONV_PARAMS, "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}, atol=1e-4))
+kernel("CONV_ADD", "fused", "act(CONV(x) + residual): a convolution with the residual add of a ResNet block",
+       flops=conv_add_flops, layout="spatial", dtypes=FLOATS,
+       params={"stride": "as CONV", "padding": "as CONV", "dilation": "as CONV", "groups": "as CONV",
+               "has_bias": "as CONV", "bn_eps": "as CONV", "activation": _ACT,
+               "inplace_residual": "the output is written over the residual (it dies here)"},
+       impls={"cpu": f"{_CPU}:Conv2d"},
+       test=t("1,4,6,6", "4,4,3,3", "4", "1,4,6,6", weights=(1, 2),
+              params={**_CONV_PARAMS, "has_bias": True, "bn_eps": None, "activation": "relu"}, atol=1e-4))
+kernel("LAYER_NORM", "normalization", "layer norm over the trailing dims", layout="keeps", dtypes=FLOATS,
+       params={"normalized_shape": "trailing dims", "eps": "epsilon"},
+       test=t("2,5,8", "8", "8", params={"normalized_shape": [8], "eps": 1e-5}, weights=(1, 2), dtypes=_HALF))
+kernel("RMS_NORM", "normalization", "RMS norm over the last dim", layout="keeps", dtypes=FLOATS,
+       params={"eps": "epsilon"}, test=t("2,5,8", "8", params={"eps": 1e-6}, weights=(1,), dtypes=_HALF))
+kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout="keeps",
+       params={"dim": "axis", "scale": "scale applied first"},
+       test=t("2,3,7", params={"dim": -1, "scale": 0.5}, dtypes=_HALF))
+kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as one GEMM", flops=qkv_flops,
+       params={"splits": "output widths", "has_bias": "biases follow the weights", "trans_b": "as GEMM",
+               "packed": "one weight", "num_heads": "query heads", "num_kv_heads": "key/value heads",
+               "head_dim": "per head"},
+       test=t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3),
+              params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
+                      "num_heads": 2, "num_kv_heads": 1, "head_dim": 4}))
+kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops,
+       params={"scale": "applied to q · kᵀ", "causal": "mask the future"},
+       test=t("1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True}))
+kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, dtypes=FLOATS,
+       params={"merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
+       test=t("1,2,5,5:positive", "1,2,5,4", params={"merge_heads": True}))
+kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS, test=t("2,6", "2,6", dtypes=_HALF))
+kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS, test=t("1,2,5,4", "5,4", "5,4"))
+kernel("EMBEDDING", "movement", "rows of a table by index", test=t("10,4", "2,3:int64:index:10", weights=(0,)))
+kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at an index", params={"dim": "axis"},
+       deferred="writes a KV cache in place; compiled programs do not carry buffer mutations yet")
+
+# -- ATen ops an NPU runs as they are: one line each, with its test record -------------------------------------
+
+_ELEMENTWISE = "elementwise, as the ATen op"
+_FAST = {"aten.add.Tensor": "Binary", "aten.mul.Tensor": "Binary", "aten.sub.Tensor": "Binary",
+         "aten.relu.default": "Relu", "aten.max_pool2d.default": "MaxPool2d"}
+
+
+def aten(name: str, kind: str, test: KernelTest, doc: str = _ELEMENTWISE, **fields: Any) -> None:
+    op = f"aten.{name}"
+    impls = {"cpu": f"{_CPU}:{_FAST[op]}"} if op in _FAST else {"cpu": REFERENCE}
+    kernel(op, kind, doc, impls=impls, test=test, **fields)
+
+
+_X, _XY, _POS = t("2,3,4,5", dtypes=_HALF), t("2,3,4,5", "2,3,4,5", dtypes=_HALF), t("2,3,4:positive")
+_BOOL2, _CMP = t("3,4:bool", "3,4:bool"), t("3,4", "3,4")
+_INT2 = t("3,4:int32", "3,4:int32")
+for _name, _test in [
+    ("add.Tensor", t("2,3,4,5", "4,5", dtypes=_HALF)), ("add.Scalar", t("2,3", params={"other": 1.5})),
+    ("sub.Tensor", _XY), ("sub.Scalar", t("2,3", params={"other": 1.5})),
+    ("rsub.Scalar", t("2,3", params={"other": 2.0})), ("mul.Tensor", _XY),
+    ("mul.Scalar", t("2,3", params={"other": 3})),
+    ("div.Tensor", t("2,3", "2,3:positive")), ("div.Scalar", t("2,3", params={"other": 4.0})),
+    ("relu.default", _X), ("gelu.default", t("2,3,4", params={"approximate": "tanh"})), ("silu.default", _X),
+    ("sigmoid.default", _X), ("tanh.default", _X), ("exp.default", t("2,3")), ("log.default", _POS),
+    ("neg.default", _X), ("sqrt.default", _POS), ("rsqrt.default", _POS), ("abs.default", _X), ("erf.default", _X),
+    ("reciprocal.default", _POS), ("sin.default", _X), ("cos.default", _X),
+    ("clamp.default", t("2,3,4", params={"min": -0.5, "max": 0.5})),
+    ("hardtanh.default", t("2,3,4", params={"min_val": 0.0, "max_val": 6.0})), ("hardswish.default", _X),
+    ("hardsigmoid.default", _X), ("leaky_relu.default", t("2,3,4", params={"negative_slope": 0.1})),
+    ("pow.Tensor_Scalar", t("2,3:positive", params={"exponent": 2})),
+]:
+    aten(_name, "elementwise", _test, layout="keeps")
+for _name, _test in [
+    ("pow.Tensor_Tensor", t("2,3:positive", "2,3")), ("maximum.default", _CMP), ("minimum.default", _CMP),
+    ("where.self", t("3,4:bool", "3,4", "3,4")), ("where.ScalarOther", t("3,4:bool", "3,4", params={"other": 0.0})),
+    ("where.ScalarSelf", t("3,4:bool", "3,4", params={"self": 1.0})),
+    ("masked_fill.Scalar", t("3,4", "3,4:bool", params={"value": -1e4})),
+    ("eq.Tensor", _CMP), ("eq.Scalar", t("3,4", params={"other": 0.0})), ("ne.Tensor", _CMP),
+    ("ne.Scalar", t("3,4", params={"other": 0.0})), ("lt.Tensor", _CMP), ("lt.Scalar", t("3,4", params={"other": 0.0})),
+    ("le.Tensor", _CMP), ("le.Scalar", t("3,4", params={"other": 0.0})), ("gt.Tensor", _CMP),
+    ("gt.Scalar", t("3,4", params={"other": 0.0})), ("ge.Tensor", _CMP), ("ge.Scalar", t("3,4", params={"other": 0.0})),
+    ("__and__.Tensor", _BOOL2), ("__or__.Tensor", _BOOL2), ("bitwise_and.Tensor", _INT2),
+    ("bitwise_or.Tensor", _INT2), ("bitwise_not.default", t("3,4:bool")), ("logical_and.default", _BOOL2),
+    ("logical_or.default", _BOOL2), ("logical_not.default", t("3,4:bool")),
+    ("_to_copy.default", t("3,4", params={"dtype": {"dtype": "float16"}})),
+]:
+    aten(_name, "elementwise", _test)
+for _name, _test in [
+    ("mean.dim", t("2,3,4,5", params={"dim": [2, 3], "keepdim": True})),
+    ("sum.dim_IntList", t("2,3,4", params={"dim": [1]})),
+    ("amax.default", t("2,3,4", params={"dim": [-1]})), ("amin.default", t("2,3,4", params={"dim": [-1]})),
+    ("argmax.default", t("2,7", params={"dim": -1})),
+]:
+    aten(_name, "reduction", _test, doc="reduction, as the ATen op", flops=reduce_flops)
+aten("max_pool2d.default", "pooling", t("1,3,8,8", params={"kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1]}),
+     doc="max pooling", layout="spatial", dtypes=FLOATS, flops=reduce_flops)
+aten("avg_pool2d.default", "pooling", t("1,3,8,8", params={"kernel_size": [2, 2], "stride": [2, 2]}),
+     doc="average pooling", layout="spatial", dtypes=FLOATS, flops=reduce_flops)
+aten("adaptive_avg_pool2d.default", "pooling", t("1,3,8,8", params={"output_size": [1, 1]}),
+     doc="average pooling to a size", layout="spatial", dtypes=FLOATS, flops=reduce_flops)
+for _name, _test in [
+    ("reshape.default", t("2,3,4", params={"shape": [6, 4]})), ("view.default", t("2,3,4", params={"size": [2, 12]})),
+    ("_unsafe_view.default", t("2,3,4", params={"size": [24]})), ("unsqueeze.default", t("2,3", params={"dim": 1})),
+    ("squeeze.dim", t("2,1,3", params={"dim": 1})), ("squeeze.dims", t("2,1,3,1", params={"dim": [1, 3]})),
+    ("squeeze.default", t("2,1,3")), ("flatten.using_ints", t("2,3,4,5", params={"start_dim": 1})),
+]:
+    aten(_name, "movement", _test, doc="a view: no dispatch when its input is contiguous", view=True, flops=no_flops)
+for _name, _test in [
+    ("permute.default", t("2,3,4", params={"dims": [2, 0, 1]})),
+    ("expand.default", t("1,3,1", params={"size": [2, 3, 4]})),
+    ("slice.Tensor", t("4,6", params={"dim": 1, "start": 1, "end": 5, "step": 2})),
+    ("select.int", t("4,6", params={"dim": 0, "index": 2})),
+    ("cat.default", t("2,3", "2,3", params={"tensors": [0, 1], "dim": 1})),
+    ("index.Tensor", t("5,4", "3:int64:index:5", params={"indices": [1]})),
+    ("gather.default", t("3,4", "3,2:int64:index:4", params={"dim": 1})),
+    ("index_select.default", t("5,4", "3:int64:index:5", params={"dim": 0})),
+    ("repeat.default", t("2,3", params={"repeats": [2, 1]})), ("clone.default", t("2,3")),
+    ("contiguous.default", t("2,3")),
+]:
+    aten(_name, "movement", _test, doc="data movement, as the ATen op", flops=no_flops)
+for _name, _test in [("matmul.default", t("2,3,4", "4,5", atol=1e-4)), ("bmm.default", t("2,3,4", "2,4,5", atol=1e-4)),
+                     ("mm.default", t("3,4", "4,5", atol=1e-4))]:
+    aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops)
+
+# -- derived sets (read at call time, so a kernel added later is in them) ----------------------------------------
+
+def all_kernels() -> frozenset[str]:
+    """Kernels a program may contain (not deferred)."""
+    return frozenset(name for name, k in KERNELS.items() if k.deferred is None)
+
+
+def kernels_where(**facts: Any) -> frozenset[str]:
+    """Kernels whose record has all these field values: ``kernels_where(view=True)``, ``(layout="spatial")``."""
+    return frozenset(name for name, k in KERNELS.items() if all(getattr(k, f) == v for f, v in facts.items()))
+
+
+def kernels_for(backend: str) -> frozenset[str]:
+    """The kernels ``backend`` implements (its own fast kernel, or the reference)."""
+    return frozenset(name for name in all_kernels() if backend in KERNELS[name].impls)
+
+
+def node_flops(op_type: str, ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    """FLOPs of a node or dispatch (one per output element for an op with no kernel record)."""
+    record = KERNELS.get(op_type)
+    if op_type in ("aten.conv2d.default", "aten.convolution.default"):
+        return conv_flops(ins, outs, params)
+    return (record.flops if record is not None else per_output)(ins, outs, params)
+
+
+__all__ = [
+    "ACTIVATIONS", "KERNEL_DTYPES", "KERNELS", "REFERENCE", "KernelCost", "KernelDef", "KernelTest", "all_kernels",
+    "get_kernel", "kernel", "kernels_for", "kernels_where", "node_flops", "t",
+]

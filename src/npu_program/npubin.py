@@ -1,0 +1,250 @@
+"""The `.npubin` file format: a `CompiledProgram` on disk.
+
+Layout (all integers little-endian; docs/npubin.md has the full description):
+
+    offset  size  field
+    0       8     magic b"NPUBIN\\0\\0"
+    8       2     format major version (uint16)
+    10      2     format minor version (uint16)
+    12      8     header length H in bytes (uint64)
+    20      H     header: UTF-8 JSON, sorted keys, everything except constant bytes (the program's
+                  fields as `npu_program.codec.to_json` writes them, plus `constants`, `blob_nbytes`)
+    ...           zero padding up to a multiple of 64
+    B       N     blob: constant data, each entry 64-byte aligned, located by (offset, nbytes) in the header
+    end-32  32    SHA-256 of every preceding byte
+
+No pickle: a program file may come from anywhere and must never be able to run code when loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from torch_ir.errors import InputNotFoundError, TorchIRError
+from torch_ir.fileio import atomic_write, read_input
+
+from .codec import SchemaError, from_json, to_json
+from .kernels import kernels_for
+from .program import CompiledProgram, TensorSpec
+
+MAGIC = b"NPUBIN\0\0"
+# 1.1 added `state_specs` (optional, so a 1.0 file reads as a program without state slots).
+FORMAT_VERSION = (1, 1)
+# Majors this reader understands; a new major means the layout changed in a way old readers must refuse.
+SUPPORTED_MAJORS = (1,)
+ALIGNMENT = 64
+
+_FIXED = struct.Struct("<8sHHQ")  # magic, major, minor, header length
+_DIGEST_BYTES = hashlib.sha256().digest_size
+_RECOMPILE = "recompile the model to produce a fresh .npubin file"
+
+# Top-level header fields, each required so that a file from a buggy writer fails loudly on load.
+REQUIRED_FIELDS = ("model_name", "target", "input_specs", "output_specs", "weight_specs", "weight_keys",
+                   "tensors", "dispatches", "memory", "constants", "blob_nbytes", "ir", "metadata")
+
+
+class NpubinError(TorchIRError, ValueError):
+    """A file that is not a usable `.npubin`; the message names the file, the broken rule and the fix."""
+
+
+def _error(path: Path | str, problem: str, fix: str = _RECOMPILE) -> NpubinError:
+    return NpubinError(f"{path}: {problem}; {fix}")
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def write_npubin(program: CompiledProgram, path: str | os.PathLike[str]) -> None:
+    """Write `program` to `path` atomically: readers see the old file or the complete new one, never a mix.
+
+    The bytes are encoded before any file is touched, so an unserializable program leaves the disk untouched.
+    The write is ``torch_ir.fileio.atomic_write`` (random temp name beside `path`, fsync, rename); an
+    unwritable path raises ``OutputWriteError`` naming `path`.
+    """
+    atomic_write(path, encode_npubin(program), what="program file")
+
+
+def encode_npubin(program: CompiledProgram) -> bytes:
+    """The complete file contents for `program`; deterministic so that identical programs give identical files."""
+    _check_constants_before_write(program)
+    blob, ranges = _pack_constants(program.constants)
+    header = _encode_header(_header_dict(program, ranges, len(blob)))
+    fixed = _FIXED.pack(MAGIC, *FORMAT_VERSION, len(header))
+    padding = bytes(_align(len(fixed) + len(header)) - len(fixed) - len(header))
+    body = fixed + header + padding + blob
+    return body + hashlib.sha256(body).digest()
+
+
+def _check_constants_before_write(program: CompiledProgram) -> None:
+    """Catch a constant without a spec or of the wrong size here, where the compiler bug is, not at run time."""
+    for name, data in program.constants.items():
+        spec = program.tensors.get(name)
+        if spec is None:
+            raise ValueError(f"constant {name!r} has no spec in program.tensors; add its TensorSpec")
+        if len(data) != spec.nbytes:
+            raise ValueError(f"constant {name!r} holds {len(data)} bytes but its spec {spec.shape} {spec.dtype} "
+                             f"needs {spec.nbytes}; store the tensor's full little-endian data")
+
+
+def _pack_constants(constants: dict[str, bytes]) -> tuple[bytes, dict[str, dict[str, int]]]:
+    """Concatenate constant data in name order, each entry starting on an ALIGNMENT boundary of the blob."""
+    blob = bytearray()
+    ranges: dict[str, dict[str, int]] = {}
+    for name in sorted(constants):
+        data = bytes(constants[name])
+        blob += bytes(_align(len(blob)) - len(blob))
+        ranges[name] = {"offset": len(blob), "nbytes": len(data)}
+        blob += data
+    return bytes(blob), ranges
+
+
+def _header_dict(program: CompiledProgram, ranges: dict[str, dict[str, int]], blob_nbytes: int) -> dict[str, Any]:
+    # Every program field through the one codec (`tensors` becomes a list so the compiler's order survives
+    # sort_keys); the constant bytes are in the blob, located by `constants`.
+    return {**to_json(program), "constants": ranges, "blob_nbytes": blob_nbytes}
+
+
+def _encode_header(header: dict[str, Any]) -> bytes:
+    # Strict JSON (no NaN/Infinity), like the IR's own serializer, so any JSON reader can open the header.
+    try:
+        text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"cannot write .npubin: the program holds a value that is not strict JSON ({err}); "
+                         "dispatch params, ir and metadata must be JSON values (no tuples keys, NaN or objects)"
+                         ) from err
+    return text.encode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def read_npubin(path: str | os.PathLike[str]) -> CompiledProgram:
+    """Load a `.npubin` file; raises `NpubinError` (naming the file, the broken rule and the fix) if unusable."""
+    path = Path(path)
+    try:
+        data = read_input(path, "program file", "check the path, or compile the model to create it")
+    except InputNotFoundError:
+        raise _error(path, "no such file", "check the path, or compile the model to create it") from None
+    except TorchIRError as err:
+        raise NpubinError(str(err)) from None
+    return decode_npubin(data, path)
+
+
+def decode_npubin(data: bytes, path: str | os.PathLike[str] = "<bytes>") -> CompiledProgram:
+    """Decode file contents; `path` only labels error messages. Checks run from the outside in."""
+    header_len = _check_fixed_header(data, path)
+    _check_checksum(data, path)
+    header = _parse_header(data[_FIXED.size:_FIXED.size + header_len], path)
+    blob = data[_align(_FIXED.size + header_len):len(data) - _DIGEST_BYTES]
+    if len(blob) != header["blob_nbytes"]:
+        raise _error(path, f"blob holds {len(blob)} bytes but the header declares {header['blob_nbytes']}")
+    newer = _FIXED.unpack_from(data)[2] > FORMAT_VERSION[1]
+    program = _program_from_header(header, blob, path, ignore_unknown=newer)
+    from .check import check_program  # it raises this module's NpubinError
+
+    # the kernel names are checked against the target's kernels when the kernel table knows the target; an
+    # unknown target's names are the business of whoever runs it (the runtime checks them again)
+    check_program(program, str(path), kernels=kernels_for(program.target) or None)
+    return program
+
+
+def _check_fixed_header(data: bytes, path: Path | str) -> int:
+    """Magic, then version, then sizes; returns the header length.
+
+    The version is checked before the checksum because a newer major may lay out everything after the
+    fixed header differently, the checksum included.
+    """
+    if len(data) < _FIXED.size:
+        raise _error(path, f"truncated: {len(data)} bytes, shorter than the {_FIXED.size}-byte fixed header")
+    magic, major, minor, header_len = _FIXED.unpack_from(data)
+    if magic != MAGIC:
+        raise _error(path, f"not a .npubin file (magic {magic!r}, expected {MAGIC!r})",
+                     "pass a file written by CompiledProgram.save / write_npubin")
+    if major not in SUPPORTED_MAJORS:
+        supported = ", ".join(f"{m}.x" for m in SUPPORTED_MAJORS)
+        raise _error(path, f"format version {major}.{minor} is not supported (this reader supports {supported})",
+                     "the program must be recompiled with this compiler, or loaded with a newer one")
+    needed = _align(_FIXED.size + header_len) + _DIGEST_BYTES
+    if len(data) < needed:
+        raise _error(path, f"truncated: header declares {header_len} bytes, so the file needs at least {needed} "
+                           f"bytes but has {len(data)}")
+    return header_len
+
+
+def _check_checksum(data: bytes, path: Path | str) -> None:
+    body, stored = data[:-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
+    if hashlib.sha256(body).digest() != stored:
+        raise _error(path, "checksum mismatch: file was altered or truncated", "recompile the model")
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not strict JSON")
+
+
+def _parse_header(raw: bytes, path: Path | str) -> dict[str, Any]:
+    # Strict JSON as the writer produces it: NaN/Infinity refused (parse_constant), and integers longer
+    # than Python's digit limit or nesting deeper than its recursion limit refused rather than crashing.
+    try:
+        header = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise _error(path, f"header is not valid UTF-8 JSON (strict: no NaN or Infinity; {err})") from None
+    except RecursionError:
+        raise _error(path, "header is nested too deeply to be a program") from None
+    if not isinstance(header, dict):
+        raise _error(path, f"header is a JSON {type(header).__name__}, not an object")
+    for name in REQUIRED_FIELDS:
+        if name not in header:
+            raise _error(path, f"header lacks required field {name!r}")
+    return header
+
+
+def _program_from_header(header: dict[str, Any], blob: bytes, path: Path | str, *,
+                         ignore_unknown: bool = False) -> CompiledProgram:
+    """The program of a header. A file of a newer minor version may add optional top-level fields this
+    reader does not know (see docs/npubin.md, Versioning): they are ignored; in a file of this reader's
+    version an unknown field is an error."""
+    known = {f.name for f in dataclasses.fields(CompiledProgram)}
+    fields = {k: v for k, v in header.items()
+              if k not in ("constants", "blob_nbytes") and (k in known or not ignore_unknown)}
+    try:
+        program = from_json(CompiledProgram, fields, "header")
+    except SchemaError as err:
+        raise _error(path, f"header is malformed: {err}") from None
+    program.constants = _read_constants(header["constants"], blob, program.tensors, path)
+    return program
+
+
+def _read_constants(ranges: Any, blob: bytes, tensors: dict[str, TensorSpec], path: Path | str) -> dict[str, bytes]:
+    if not isinstance(ranges, dict):
+        raise _error(path, "header field 'constants' is malformed (expected an object)")
+    constants = {}
+    for name, entry in ranges.items():
+        offset, nbytes = _constant_range(name, entry, path)
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(blob):
+            raise _error(path, f"constant {name!r} range [{offset}, {offset + nbytes}) lies outside the "
+                               f"{len(blob)}-byte blob")
+        spec = tensors.get(name)
+        if spec is None or spec.nbytes != nbytes:
+            raise _error(path, f"constant {name!r} has {nbytes} bytes but no matching spec in 'tensors'")
+        constants[name] = blob[offset:offset + nbytes]
+    return constants
+
+
+def _constant_range(name: str, entry: Any, path: Path | str) -> tuple[int, int]:
+    try:
+        offset, nbytes = entry["offset"], entry["nbytes"]
+    except (KeyError, TypeError):
+        raise _error(path, f"constant {name!r} lacks required field 'offset' or 'nbytes'") from None
+    if not isinstance(offset, int) or not isinstance(nbytes, int):
+        raise _error(path, f"constant {name!r} has a non-integer offset or nbytes")
+    return offset, nbytes

@@ -1,0 +1,224 @@
+"""The compiled program: what the NPU compiler produces and the runtime loads.
+
+A `CompiledProgram` is a flat list of kernel dispatches over named tensors plus the memory plan that places
+those tensors in one activation arena. It is plain data (no torch import) so that a runtime, a test or a
+reporting tool can load and inspect it without the compiler's dependencies. The classes here are plain
+dataclasses; their JSON form comes from the one generic codec, `npu_program.codec` (`to_json` /
+`from_json`), and `save`/`load` go through the `.npubin` format in `npu_program.npubin`.
+
+Tensors come in four kinds, each with its own storage:
+
+* activations (`tensors`, placed in the arena by `memory`), inputs and outputs among them;
+* weights (`weight_specs`), bound from a weights file, read-only;
+* constants (`constants`), small data embedded in the file, read-only;
+* state (`state_specs`), persistent buffers such as a KV cache: created and initialized once
+  (`npu_runtime.State`), written by dispatches, kept across runs and shareable by several programs.
+
+Shapes are concrete integers today. Symbolic dimensions (a sequence length known only at run time) will
+come as a new optional field (e.g. `TensorSpec.sym_shape: list[int | str] | None`, strings naming a
+dimension variable), so files without it keep their meaning; readers of this version refuse such a field
+as unknown rather than misreading it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dtypes import get_dtype, nbytes
+
+#: Initial values a state slot may ask for.
+STATE_INITS = ("zeros",)
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of `dtype` (from the one dtype table, `npu_program.dtypes`); an unknown name is an error
+    because a guessed size corrupts memory plans, and so is a packed sub-byte dtype (use `dtypes.nbytes`)."""
+    return get_dtype(dtype).itemsize
+
+
+@dataclass
+class TensorSpec:
+    """Name, shape and dtype of one tensor: enough to size and place it without holding its data."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    # Target-specific storage layout (e.g. "NHWC"); None means the contiguous row-major default.
+    layout: str | None = None
+
+    @property
+    def numel(self) -> int:
+        """Element count; a 0-d tensor has one element."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Storage size in bytes, which is what the memory planner and the constant checks need."""
+        return nbytes(self.numel, self.dtype)
+
+
+@dataclass
+class StateSpec:
+    """A persistent buffer (a KV cache, say): lives outside the arena, kept across runs, written by dispatches.
+
+    `npu_runtime.State` creates it initialized as `init` says. Programs that name the same `shared_key`
+    (prefill and decode of one model) share one buffer when given the same `State` object; without a
+    `shared_key` the slot is keyed by its `name`.
+    """
+
+    name: str
+    shape: list[int]
+    dtype: str
+    # Initial value, one of STATE_INITS.
+    init: str = "zeros"
+    # Key under which programs share this buffer; None: the slot's own name.
+    shared_key: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The key of this slot's buffer in a `State`."""
+        return self.shared_key if self.shared_key is not None else self.name
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.numel, self.dtype)
+
+    def tensor_spec(self) -> TensorSpec:
+        """The slot as a plain tensor spec (what kernels and buffers are made from)."""
+        return TensorSpec(self.name, list(self.shape), self.dtype)
+
+
+@dataclass
+class Dispatch:
+    """One kernel launch: the unit the runtime executes, in program order."""
+
+    # Kernel name from the target's kernel library, e.g. "gemm", "conv2d" or "aten.add.Tensor".
+    kernel: str
+    # The IR node this launch came from, so errors and profiles can point back at the model.
+    node: str
+    inputs: list[str]
+    # Activations or state slots.
+    outputs: list[str]
+    # Kernel arguments; JSON values only (lists, not tuples) so that they survive a save/load round trip.
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MemoryPlan:
+    """Where each activation tensor lives inside one preallocated arena, so the runtime never allocates."""
+
+    arena_bytes: int
+    # Byte offset of each activation tensor inside the arena.
+    offsets: dict[str, int]
+    # What the activations would need with no reuse at all; reported next to arena_bytes to show the saving.
+    no_reuse_bytes: int
+    # The target's alignment of every offset (`Target.alignment`: 64 for the CPU, 256 for WebGPU).
+    alignment: int = 64
+    # View tensor -> tensor whose storage it shares; a view has no storage of its own to plan.
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CompiledProgram:
+    """A model compiled for one target: everything the runtime needs except the weight data itself.
+
+    Weights stay in their own file (looked up through `weight_keys`) so that recompiling does not rewrite
+    gigabytes; only small constants are embedded. Everything here must be deterministic: the same model and
+    options must give a byte-identical file, so `metadata` must not hold timestamps, paths or host names.
+    """
+
+    model_name: str
+    target: str
+    input_specs: list[TensorSpec]
+    output_specs: list[TensorSpec]
+    # Named weight slots the runtime binds before the first run.
+    weight_specs: list[TensorSpec]
+    # Weight slot name -> key in the weights file (e.g. a state-dict key).
+    weight_keys: dict[str, str]
+    # Every intermediate tensor (and every constant) by name; stored as a list so the compiler's order survives.
+    tensors: dict[str, TensorSpec] = field(metadata={"keyed_by": "name"})
+    dispatches: list[Dispatch]
+    memory: MemoryPlan
+    # Raw little-endian data of small constant tensors; their specs are in `tensors`. Stored in the file's
+    # blob, not in the JSON header.
+    constants: dict[str, bytes] = field(default_factory=dict, metadata={"json": False})
+    # The normalized IR as a JSON dict, kept for CPU fallback and debugging; None to ship a smaller file.
+    ir: dict[str, Any] | None = None
+    # Compiler version, options and similar; no timestamps (the file must be deterministic).
+    metadata: dict[str, Any] = field(default_factory=dict)
+    # Persistent buffers written by dispatches and kept across runs (format 1.1; none in a 1.0 file).
+    state_specs: list[StateSpec] = field(default_factory=list)
+
+    @property
+    def dispatch_count(self) -> int:
+        return len(self.dispatches)
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.memory.arena_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(spec.nbytes for spec in self.weight_specs)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(spec.nbytes for spec in self.state_specs)
+
+    def kernel_histogram(self) -> dict[str, int]:
+        """Dispatches per kernel, most used first (ties by name), to see where a program spends its launches."""
+        counts = Counter(d.kernel for d in self.dispatches)
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+    def summary(self) -> str:
+        """A few human-readable lines for CLIs and logs."""
+        top = ", ".join(f"{kernel} {n}" for kernel, n in list(self.kernel_histogram().items())[:5])
+        memory = self.memory
+        saved = 1 - memory.arena_bytes / memory.no_reuse_bytes if memory.no_reuse_bytes else 0.0
+        constant_bytes = sum(len(data) for data in self.constants.values())
+        lines = [
+            f"model: {self.model_name}  target: {self.target}",
+            f"dispatches: {self.dispatch_count}" + (f" ({top})" if top else ""),
+            f"arena: {memory.arena_bytes} bytes ({_human(memory.arena_bytes)}) vs {memory.no_reuse_bytes} bytes"
+            f" without reuse ({saved:.0%} saved)",
+            f"weights: {len(self.weight_specs)} tensors, {self.weight_bytes} bytes ({_human(self.weight_bytes)})",
+            f"constants: {len(self.constants)} embedded, {constant_bytes} bytes",
+        ]
+        if self.state_specs:
+            lines.append(f"state: {len(self.state_specs)} slots, {self.state_bytes} bytes "
+                         f"({_human(self.state_bytes)})")
+        return "\n".join(lines)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the program as a `.npubin` file, atomically (see `npu_program.npubin.write_npubin`)."""
+        from .npubin import write_npubin  # local import: npubin imports this module
+
+        write_npubin(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CompiledProgram:
+        """Read a `.npubin` file; raises `NpubinError` naming the file and the fix if it is not usable."""
+        from .npubin import read_npubin
+
+        return read_npubin(path)
+
+
+def _human(nbytes: int) -> str:
+    """Bytes as KiB/MiB/GiB for reading; the exact count is printed beside it."""
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+__all__ = ["STATE_INITS", "CompiledProgram", "Dispatch", "MemoryPlan", "StateSpec", "TensorSpec", "dtype_size"]

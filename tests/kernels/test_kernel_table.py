@@ -1,0 +1,95 @@
+"""The kernel test table: every kernel × dtype × backend of the kernel table, run from its record
+(example inputs, parameters, tolerance) as a compiled one-dispatch program, against the op's reference
+implementation run by ``IRExecutor`` (as JAX's op records do). A kernel without a record fails here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import npu_compiler
+from npu_compiler import CompileOptions
+from npu_program.kernels import KERNELS, KernelTest, all_kernels
+from npu_runtime import Device, Executor, NPUBuffer, load_weights
+from npu_runtime.device import new_tensor
+from torch_ir import IRExecutor
+from torch_ir.ir import NPU_IR, OpNode, TensorMeta
+from torch_ir.ops.registry import bind_kernel
+from torch_ir.ops.values import dtype_from_name, dtype_name
+from torch_ir.verify import default_tolerance
+
+CASES = [(name, dtype, backend) for name in sorted(all_kernels()) if KERNELS[name].test
+         for dtype in KERNELS[name].test.dtypes for backend in KERNELS[name].impls]
+
+
+def test_every_kernel_has_a_test_record():
+    missing = sorted(name for name in all_kernels() if KERNELS[name].test is None)
+    assert not missing, f"kernels without a test record (add test=t(...) to their KernelDef): {missing}"
+
+
+def make_inputs(test: KernelTest, dtype: str, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    values = []
+    for shape, kind, how in test.inputs:
+        torch_dtype = dtype_from_name(dtype if kind == "*" else kind)
+        if how == "bool":
+            values.append(torch.rand(shape, generator=gen) > 0.5)
+        elif how.startswith("index:"):
+            values.append(torch.randint(0, int(how.split(":")[1]), shape, generator=gen, dtype=torch_dtype))
+        elif how == "positive":
+            values.append((torch.rand(shape, generator=gen) + 0.5).to(torch_dtype))
+        elif torch_dtype.is_floating_point:
+            values.append(torch.randn(shape, generator=gen).to(torch_dtype))
+        else:
+            values.append(torch.randint(-8, 8, shape, generator=gen, dtype=torch_dtype))
+    return values
+
+
+def one_node_ir(name: str, test: KernelTest, values: list[torch.Tensor]) -> NPU_IR:
+    metas = [TensorMeta(f"in{i}", list(v.shape), dtype_name(v.dtype),
+                     role="weight" if i in test.weights else "input") for i, v in enumerate(values)]
+    probe = OpNode("probe", name, metas, [], dict(test.params))
+    outs = bind_kernel(probe, torch.device("cpu"))(values, {})
+    out_metas = [TensorMeta(f"out{i}", list(o.shape), dtype_name(o.dtype)) for i, o in enumerate(outs)]
+    return NPU_IR(model_name=f"kernel_{name}", graph_inputs=[m for m in metas if m.role == "input"],
+                  graph_outputs=out_metas, weights=[m for m in metas if m.role == "weight"],
+                  nodes=[OpNode("k0", name, metas, out_metas, dict(test.params))])
+
+
+@pytest.mark.parametrize(("name", "dtype", "backend"), CASES, ids=[f"{n}-{d}-{b}" for n, d, b in CASES])
+def test_kernel_against_its_reference(name, dtype, backend):
+    test = KERNELS[name].test
+    values = make_inputs(test, dtype)
+    ir = one_node_ir(name, test, values)
+    expected = IRExecutor(ir, {f"in{i}": values[i] for i in test.weights}).run(
+        [v for i, v in enumerate(values) if i not in test.weights])
+    program = npu_compiler.compile(ir, target=backend,
+                                   options=CompileOptions(normalize=False, fuse=False, public_output_names=False))
+    if KERNELS[name].view and not program.dispatches:
+        pass  # a view of a contiguous input is an alias: the copy-out reads it
+    else:
+        assert [d.kernel for d in program.dispatches] == [name]
+    device = Device(backend)
+    inputs = {spec.name: NPUBuffer(new_tensor(device, spec, values[int(spec.name[2:])]), spec, device)
+              for spec in program.input_specs}
+    weights = load_weights({f"in{i}": values[i] for i in test.weights}, program, device)
+    outputs = Executor(program, device).run(inputs, weights=weights)
+    for spec, want in zip(program.output_specs, expected):
+        got = outputs[spec.name].to_numpy()
+        rtol, atol = default_tolerance(want.dtype)
+        torch.testing.assert_close(torch.from_numpy(got).to(want.dtype), want, rtol=max(rtol, test.rtol),
+                                   atol=max(atol, test.atol), equal_nan=True)
+
+
+def test_the_activation_sets_agree():
+    """One set of fusable activations: the kernel table's, which the op records, the fusion rules and the
+    CPU backend must all implement."""
+    from npu_program.kernels import ACTIVATIONS
+    from npu_runtime.backends.cpu_kernels import _MKLDNN_ACTIVATIONS
+    from torch_ir.ops.npu import ACTIVATIONS as REFERENCE_ACTIVATIONS
+    from torch_ir.passes.fusion import _ACT_OPS
+
+    assert set(REFERENCE_ACTIVATIONS) - {None} == set(ACTIVATIONS)
+    assert set(_MKLDNN_ACTIVATIONS) - {None} == set(ACTIVATIONS)
+    made = {fn({"approximate": "tanh", "min_val": 0.0, "max_val": 6.0, "min": 0, "max": 6}) for fn in _ACT_OPS.values()}
+    assert made <= set(ACTIVATIONS)
