@@ -66,10 +66,13 @@ def _check_list(doc: dict, key: str, source: str, required: bool = True) -> list
 
 
 def _check_str_map(doc: dict, key: str, source: str) -> None:
+    """``weight_aliases`` maps a name to a list of names; ``weight_name_mapping`` and ``mutations`` to one."""
     value = doc.get(key, {})
-    if not isinstance(value, dict) or not all(
-            isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in value.values()):
-        _fail(source, key, "expected an object mapping names to names")
+    many = key == "weight_aliases"
+    ok = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)) if many else \
+        (lambda v: isinstance(v, str))
+    if not isinstance(value, dict) or not all(ok(v) for v in value.values()):
+        _fail(source, key, f"expected an object mapping names to {'lists of names' if many else 'names'}")
 
 
 def check_document(doc: Any, *, source: str = "<dict>") -> None:
