@@ -74,3 +74,13 @@ def test_unknown_model_and_bad_factory_are_named(capsys):
     assert "no zoo model named 'nope'" in capsys.readouterr().err
     assert main(["verify", "no_such_module:factory"]) == 2
     assert "cannot load model factory 'no_such_module:factory'" in capsys.readouterr().err
+
+
+def test_demo_runs_the_whole_pipeline(tmp_path, capsys):
+    assert main(["demo", "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for stage in ("1. extract on meta", "2. verify against eager", "3. normalize", "4. compile",
+                  "5. run the program", "6. profile"):
+        assert stage in out
+    assert "PASSED, max abs error" in out and "equal to eager" in out and "demo PASSED" in out
+    assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md", ".mmd", ".npubin", ".safetensors"}

@@ -1,6 +1,7 @@
 """``torch-ir``: one command over the toolkit.
 
-    torch-ir demo                       extract -> save -> reload -> execute -> verify a built-in model
+    torch-ir demo                       the whole pipeline on a built-in model: extract, verify, normalize,
+                                        compile, run the program, profile
     torch-ir extract resnet -o ir.json  weight-free extraction of a zoo model or package.module:factory
     torch-ir inspect ir.json --mermaid  statistics, Mermaid DAG, Markdown report of an IR file
     torch-ir verify bert                run the IR with seeded weights and compare with PyTorch eager
@@ -36,24 +37,21 @@ def _stage_printer(bar: tqdm):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .report import ir_statistics
-    from .zoo.runner import resolve_spec, run_model
+    from .demo import run_demo
+    from .fileio import check_writable_dir
+    from .zoo.runner import resolve_spec
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out, "demo output directory")
     spec = resolve_spec(args.model)
-    with _progress(f"{spec.name}", total=7) as bar:
-        result = run_model(spec, out, _stage_printer(bar))
-    print(result.ir)
-    print()
-    print(ir_statistics(result.ir))
-    print()
-    print(result.report)
-    print()
-    timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.timings.items())
-    print(f"timings: {timings}")
+    with _progress(f"{spec.name}", total=6) as bar:
+        result = run_demo(spec, out, _stage_printer(bar))
+    print(f"{spec.name}: the whole pipeline, from a model built on the meta device to a compiled program")
+    print("\n".join(result.lines))
     print(f"wrote: {', '.join(str(f) for f in result.files)}")
-    print(f"verification {'PASSED' if result.ok else 'FAILED'}")
+    print(f"demo {'PASSED' if result.ok else 'FAILED'}: the IR and the compiled program compute what the model "
+          "computes" if result.ok else "demo FAILED: see the lines above")
     return 0 if result.ok else 1
 
 
@@ -201,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                   "Warning: a spec imports that module and calls the factory, which runs its code; "
                   "only use specs you trust")
 
-    p = sub.add_parser("demo", help="the main job on a built-in example, printing the report")
+    p = sub.add_parser("demo", help="the whole pipeline on a built-in model (extract on meta, verify against eager, "
+                                    "normalize, compile, run the program, profile), with one short report")
     p.add_argument("--model", default="convnet", help=model_help)
-    p.add_argument("--output", default="reports/demo", help="directory for the IR, report and Mermaid files")
+    p.add_argument("--output", default="reports/demo", help="directory for the IR, the program and the weights")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("extract", help="weight-free extraction to IR JSON")
