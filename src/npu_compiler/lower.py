@@ -90,7 +90,7 @@ def assign_layouts(ir: NPU_IR) -> dict[str, str]:
             nhwc[t.name] = NHWC
 
     for node in ir.nodes:
-        layout = KERNELS[node.op_type].layout if node.op_type in KERNELS else None
+        layout = KERNELS[node.op_type].layout  # every node has a kernel: compile checked it
         if layout == "spatial":
             for t in [node.inputs[0], *node.outputs, *(node.inputs[-1:] if node.op_type == "CONV_ADD" else [])]:
                 mark(t)  # a CONV_ADD's residual is added to its NHWC output: NHWC too

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from npu_program.memory_check import (
     Lifetime,
     MemoryPlanError,
-    _validate,
     align_up,
+    check_lifetimes,
     check_plan,
     lifetimes,
     resolve_alias,
@@ -71,7 +71,7 @@ def plan_memory(
     which is why TFLite uses it.  ``"naive"`` gives every tensor its own bytes, for comparison.
     Zero-byte tensors get offset 0 and occupy nothing.  ``arena_bytes`` is a multiple of ``alignment``.
     """
-    _validate(lives, alignment)
+    check_lifetimes(lives, alignment)
     if strategy == "naive":
         offsets = _plan_naive(lives, alignment)
     elif strategy == "greedy_by_size":

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .dtypes import nbytes as dtype_nbytes
+
 #: The dtypes a kernel runs unless its record says otherwise (names of the dtype table, `npu_program.dtypes`).
 KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
 FLOATS = frozenset({"float32", "float16", "bfloat16"})
@@ -33,8 +35,6 @@ REFERENCE = "reference"
 #: Activations a GEMM, CONV or CONV_ADD applies to its result (``activation`` parameter; null for none).
 ACTIVATIONS = ("relu", "relu6", "silu", "gelu", "gelu_tanh")
 
-_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-          "int8": 1, "uint8": 1, "bool": 1}
 
 
 class Spec(Protocol):
@@ -59,7 +59,7 @@ def numel(t: Spec) -> int:
 
 
 def nbytes(t: Spec) -> int:
-    return numel(t) * _BYTES.get(t.dtype, 4)
+    return dtype_nbytes(numel(t), t.dtype)
 
 
 # -- FLOP formulas (multiply-adds count two) ------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from torch_ir.errors import TorchIRError
 
-__all__ = ["Lifetime", "MemoryPlanError", "align_up", "check_plan", "lifetimes", "resolve_alias"]
+__all__ = ["Lifetime", "MemoryPlanError", "align_up", "check_lifetimes", "check_plan", "lifetimes", "resolve_alias"]
 
 
 class MemoryPlanError(TorchIRError, ValueError):
@@ -131,7 +131,7 @@ def align_up(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
-def _validate(lives: Sequence[Lifetime], alignment: int) -> None:
+def check_lifetimes(lives: Sequence[Lifetime], alignment: int) -> None:
     """Reject inputs that no plan could be correct for (duplicate names, negative sizes, bad alignment)."""
     if not isinstance(alignment, int) or alignment <= 0:
         raise MemoryPlanError(f"alignment must be a positive int, got {alignment!r}")
@@ -171,7 +171,7 @@ def check_plan(lives: Sequence[Lifetime], offsets: Mapping[str, int], arena_byte
     tensor only needs comparing with its two neighbours in offset order, so the check is O(n log n).
     Zero-byte tensors occupy nothing and never collide.
     """
-    _validate(lives, alignment)
+    check_lifetimes(lives, alignment)
     for lt in lives:
         _check_placement(lt, offsets, arena_bytes, alignment)
     sized = [lt for lt in lives if lt.nbytes > 0]

@@ -84,12 +84,8 @@ class StateSpec:
         return self.shared_key if self.shared_key is not None else self.name
 
     @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
     def nbytes(self) -> int:
-        return nbytes(self.numel, self.dtype)
+        return self.tensor_spec().nbytes
 
     def tensor_spec(self) -> TensorSpec:
         """The slot as a plain tensor spec (what kernels and buffers are made from)."""

@@ -13,17 +13,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from npu_program.check import check_program
 from npu_program.kernels import kernels_for
 from npu_program.memory_check import resolve_alias
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
-from torch_ir.ops.values import dtype_from_name
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
+from .reference import check_output_shapes
 from .state import State, check_slot
+from .validate import DispatchValidator
 from .weights import Weights, load_weights
 
 Step = tuple[Callable[[list[Any], list[Any]], None], list[Any], list[Any]]
@@ -49,6 +49,7 @@ class Executor:
         names the dispatch, its IR node and the error), as tinygrad's ``VALIDATE_WITH_CPU`` does."""
         self.program = program
         self.validate = validate
+        self._validation_hook: StepHook | None = None
         self.device = as_device(device if device is not None else "cpu")
         backend = self.device.backend
         if backend.target != program.target:
@@ -73,7 +74,7 @@ class Executor:
         self.state: State | None = None
 
     def _kernel(self, index: int, dispatch: Any) -> Any:
-        check_output_shapes(index, dispatch, self.specs, self.program.model_name)
+        check_output_shapes(index, dispatch, self.specs, self.program.model_name)  # before any prepacking
         try:
             return self.device.backend.kernel(dispatch, self.specs, self.fixed)
         except TorchIRError:
@@ -151,9 +152,10 @@ class Executor:
         return self.copy_out()
 
     def _validator(self) -> StepHook:
-        from .validate import DispatchValidator
-
-        return DispatchValidator(self)
+        """The validation hook, made once (it binds every dispatch's reference)."""
+        if self._validation_hook is None:
+            self._validation_hook = DispatchValidator(self)
+        return self._validation_hook
 
     def ensure_bound(self, weights: Any, state: State | None = None) -> None:
         """Bind ``weights`` and ``state`` if they are new; without them, the ones bound before (a program
@@ -239,36 +241,3 @@ def _as_numpy(value: Any) -> np.ndarray:
         value = value.detach().cpu()
         return value.float().numpy() if str(value.dtype) == "torch.bfloat16" else value.numpy()
     return np.asarray(value)
-
-
-def check_output_shapes(index: int, dispatch: Any, specs: Mapping[str, TensorSpec], model: str) -> None:
-    """Run the dispatch's reference on the meta device (shapes only, nothing allocated) and refuse the
-    program when its parameters give outputs other than its specs: a kernel would otherwise write past
-    its slot in the arena (a CONV whose padding disagrees with its output spec, from a hostile file)."""
-    from torch_ir.ir import OpNode, TensorMeta
-    from torch_ir.ops.registry import bind_kernel
-
-    from .backends.cpu_kernels import reference_params
-
-    def meta(name: str) -> TensorMeta:
-        return TensorMeta(name, list(specs[name].shape), specs[name].dtype)
-
-    where = f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {model!r}"
-    node = OpNode(dispatch.node, dispatch.kernel, [meta(n) for n in dispatch.inputs],
-                  [meta(n) for n in dispatch.outputs], reference_params(dispatch))
-    inputs = [torch.empty(specs[n].shape, dtype=dtype_from_name(specs[n].dtype), device="meta")
-              for n in dispatch.inputs]
-    try:
-        outputs = bind_kernel(node, torch.device("meta"))(inputs, {})
-    except TorchIRError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any refusal of the parameters by the op itself
-        if isinstance(e, NotImplementedError) or "meta" in str(e):
-            return  # a reference that makes CPU tensors itself (a causal mask) cannot run on meta: unchecked
-        raise RuntimeInputError(f"{where} has parameters its op refuses ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
-    got = [list(t.shape) for t in outputs]
-    want = [list(specs[n].shape) for n in dispatch.outputs]
-    if got != want:
-        raise RuntimeInputError(f"{where}: its parameters give outputs of shapes {got}, but the program's specs "
-                                f"say {want}; the program is inconsistent: recompile the model")

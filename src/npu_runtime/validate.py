@@ -18,7 +18,7 @@ import torch
 from torch_ir.errors import TorchIRError
 from torch_ir.verify import default_tolerance
 
-from .backends.cpu_kernels import Reference
+from .reference import bind_reference
 
 if TYPE_CHECKING:
     from .executor import Executor, Step
@@ -34,7 +34,7 @@ class DispatchValidator:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
         program = executor.program
-        self.references = [Reference(d, executor.specs) for d in program.dispatches]
+        self.references = [bind_reference(d, executor.specs, torch.device("cpu")) for d in program.dispatches]
 
     def __call__(self, index: int, step: Step) -> None:
         run, ins, outs = step
@@ -47,7 +47,7 @@ class DispatchValidator:
         host_ins = [_host(backend, t, specs[name]) for t, name in zip(ins, dispatch.inputs)]
         run(ins, outs)
         backend.synchronize()
-        expected = self.references[index].fn(host_ins, {})
+        expected = self.references[index](host_ins, {})
         for name, got, want in zip(dispatch.outputs, outs, expected):
             actual = _host(backend, got, specs[name])
             problem = _compare(actual, want)

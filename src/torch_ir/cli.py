@@ -50,8 +50,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"{spec.name}: the whole pipeline, from a model built on the meta device to a compiled program")
     print("\n".join(result.lines))
     print(f"wrote: {', '.join(str(f) for f in result.files)}")
-    print(f"demo {'PASSED' if result.ok else 'FAILED'}: the IR and the compiled program compute what the model "
-          "computes" if result.ok else "demo FAILED: see the lines above")
+    print("demo PASSED: the IR and the compiled program compute what the model computes" if result.ok
+          else "demo FAILED: see the lines above")
     return 0 if result.ok else 1
 
 

@@ -21,6 +21,7 @@ from .fileio import atomic_write
 from .ir import load_ir
 from .naming import safe_stem
 from .report import ir_statistics, markdown_report, to_mermaid
+from .report.stats import human_bytes as _human
 from .verify import verify_ir
 from .weights import module_state, save_weights
 from .zoo.runner import ModelSpec
@@ -115,21 +116,12 @@ def _row(stage: str, text: str, seconds: float) -> str:
 
 
 def _weight_bytes(ir: Any) -> int:
-    from npu_program.dtypes import get_dtype
+    from npu_program.dtypes import nbytes
 
-    return sum(get_dtype(w.dtype).itemsize * (w.numel() or 0) for w in ir.weights)
+    return sum(nbytes(w.numel() or 0, w.dtype) for w in ir.weights)
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
     from torch.utils import _pytree as pytree
 
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-
-
-def _human(nbytes: int) -> str:
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{nbytes} B"

@@ -125,12 +125,9 @@ def fold_allowed(nbytes: int) -> bool:
 
 
 def _human(nbytes: int) -> str:
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if size < 1024 or unit == "PiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{nbytes} B"
+    from .report.stats import human_bytes  # not at the top: report imports the IR, whose checker imports this
+
+    return human_bytes(nbytes)
 
 
 __all__ = ["Limits", "check_alloc", "check_shape", "fold_allowed", "get_limits", "limits", "set_limits"]

@@ -28,9 +28,6 @@ import torch.nn.functional as F  # noqa: N812
 
 from npu_program.kernels import REFERENCE, get_kernel
 from npu_program.program import Dispatch, TensorSpec
-from torch_ir.ir import OpNode, TensorMeta
-from torch_ir.ops.npu import NPU_OPS
-from torch_ir.ops.registry import bind_kernel
 
 from .base import Kernel
 
@@ -260,25 +257,13 @@ class Relu(Binary):
         self.fn = lambda x, out: torch.clamp_min(x, 0.0, out=out)
 
 
-def reference_params(dispatch: Dispatch) -> dict[str, Any]:
-    """The attributes of the op a dispatch came from: an NPU op's reference takes its own attributes, not
-    the kernel-only params the compiler adds (``inplace_residual``, GEMM's ``has_bias``)."""
-    if dispatch.kernel not in NPU_OPS:
-        return dict(dispatch.params)
-    return {k: v for k, v in dispatch.params.items() if k in NPU_OPS[dispatch.kernel].attrs}
-
-
 class Reference:
     """Any kernel of the library: the op's reference implementation, its results copied into the arena."""
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        def meta(name: str) -> TensorMeta:
-            spec = specs[name]
-            return TensorMeta(name, list(spec.shape), spec.dtype)
+        from ..reference import bind_reference  # the reference module imports the device, which imports backends
 
-        node = OpNode(dispatch.node, dispatch.kernel, [meta(n) for n in dispatch.inputs],
-                      [meta(n) for n in dispatch.outputs], reference_params(dispatch))
-        self.fn = bind_kernel(node, torch.device("cpu"))
+        self.fn = bind_reference(dispatch, specs, torch.device("cpu"))
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass

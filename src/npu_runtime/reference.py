@@ -1,0 +1,63 @@
+"""A dispatch as the op it came from: its reference implementation from the ``torch_ir`` op registry.
+
+The CPU backend runs kernels without a fast path through it (``cpu_kernels.Reference``), the executor runs
+it on the meta device to check a loaded program's parameters against its output specs, and
+``Executor(validate=True)`` compares every dispatch with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from npu_program.program import Dispatch, TensorSpec
+from torch_ir.errors import TorchIRError
+from torch_ir.ir import OpNode, TensorMeta
+from torch_ir.ops.npu import NPU_OPS
+from torch_ir.ops.registry import Kernel, bind_kernel
+from torch_ir.ops.values import dtype_from_name
+
+from .device import RuntimeInputError
+
+
+def reference_params(dispatch: Dispatch) -> dict[str, Any]:
+    """The attributes of the op a dispatch came from: an NPU op's reference takes its own attributes, not
+    the kernel-only params the compiler adds (``inplace_residual``, GEMM's ``has_bias``)."""
+    if dispatch.kernel not in NPU_OPS:
+        return dict(dispatch.params)
+    return {k: v for k, v in dispatch.params.items() if k in NPU_OPS[dispatch.kernel].attrs}
+
+
+def bind_reference(dispatch: Dispatch, specs: Mapping[str, TensorSpec], device: torch.device) -> Kernel:
+    """The dispatch's op bound to its reference implementation on ``device`` (the CPU, or meta for shapes)."""
+    def meta(name: str) -> TensorMeta:
+        return TensorMeta(name, list(specs[name].shape), specs[name].dtype)
+
+    node = OpNode(dispatch.node, dispatch.kernel, [meta(n) for n in dispatch.inputs],
+                  [meta(n) for n in dispatch.outputs], reference_params(dispatch))
+    return bind_kernel(node, device)
+
+
+def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, TensorSpec], model: str) -> None:
+    """Run the dispatch's reference on the meta device (shapes only, nothing allocated) and refuse the
+    program when its parameters give outputs other than its specs: a kernel would otherwise write past
+    its slot in the arena (a CONV whose padding disagrees with its output spec, from a hostile file)."""
+    where = f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {model!r}"
+    inputs = [torch.empty(specs[n].shape, dtype=dtype_from_name(specs[n].dtype), device="meta")
+              for n in dispatch.inputs]
+    try:
+        outputs = bind_reference(dispatch, specs, torch.device("meta"))(inputs, {})
+    except TorchIRError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any refusal of the parameters by the op itself
+        if isinstance(e, NotImplementedError) or "meta" in str(e):
+            return  # a reference that makes CPU tensors itself (a causal mask) cannot run on meta: unchecked
+        raise RuntimeInputError(f"{where} has parameters its op refuses ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
+    got = [list(t.shape) for t in outputs]
+    want = [list(specs[n].shape) for n in dispatch.outputs]
+    if got != want:
+        raise RuntimeInputError(f"{where}: its parameters give outputs of shapes {got}, but the program's specs "
+                                f"say {want}; the program is inconsistent: recompile the model")
