@@ -20,6 +20,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", default="greedy_by_size", choices=("greedy_by_size", "naive"),
                    help="memory planning strategy (naive: no reuse, for comparison)")
     p.add_argument("--no-ir", action="store_true", help="leave the normalized IR out of the program file")
+    p.add_argument("--fallback", choices=("cpu",), default=None,
+                   help="run the nodes the target has no kernel for on the host CPU inside the program (host "
+                        "dispatches) instead of refusing the model; the summary shows the placement")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
@@ -46,7 +49,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     ir = _load(args.source)
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir)
     try:
-        program = compile(ir, target=args.target, options=options)
+        program = compile(ir, target=args.target, options=options, fallback=args.fallback)
     except UnsupportedOpsError as e:
         print(f"torch-ir compile: {e}\n", file=sys.stderr)
         print(partition(ir, is_op_supported, target=args.target).summary())

@@ -2,6 +2,12 @@
 
 Every check that can fail runs before the program exists, so a failed compile writes nothing, and
 every unsupported node is reported at once with its op and the reason.
+
+``compile(..., fallback="cpu")`` does not refuse the nodes the target merely has no kernel for (or not in
+their dtype): they become *host dispatches* of the same program (``Dispatch.host`` = the reason), run on
+the host CPU by the op's reference implementation, with their tensors in the same arena. Nodes the
+host cannot run either (no reference implementation, an op refused as unsafe, symbolic shapes, a kernel
+deferred for a reason of its own) are still refused.
 """
 
 from __future__ import annotations
@@ -14,20 +20,27 @@ from typing import Any
 
 import torch
 
+from npu_program.kernels import KERNELS
+from npu_program.program import bind_outputs
 from torch_ir.errors import TorchIRError
-from torch_ir.ir import NPU_IR, load_ir
+from torch_ir.ir import NPU_IR, OpNode, load_ir
 from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.limits import check_alloc, check_shape
+from torch_ir.ops.registry import is_supported, resolve_overload, unsafe_reason
 from torch_ir.ops.values import dtype_from_name
 from torch_ir.passes import NormalizeOptions, normalize
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
+from .cost import node_flops
 from .fusion import fuse_kernels
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
 from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
 
 COMPILER_VERSION = "0.1.0"
+
+#: The values of ``compile(fallback=...)`` besides None (strict): where nodes without a kernel run.
+FALLBACKS = ("cpu",)
 
 
 class CompileError(TorchIRError, ValueError):
@@ -69,12 +82,17 @@ IRSource = NPU_IR | dict | str | os.PathLike
 
 
 def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001 - the seed's name
-            options: CompileOptions | None = None) -> CompiledProgram:
+            options: CompileOptions | None = None, fallback: str | None = None) -> CompiledProgram:
     """Compile an IR (an ``NPU_IR``, its JSON dict, or a path to its JSON file) into a ``CompiledProgram``.
 
-    Raises ``UnsupportedOpsError`` listing every node the target cannot run (use ``partition`` and
-    ``DAGExecutor`` to run those on the CPU), ``CompileError`` for other problems.
+    ``fallback=None`` (strict) raises ``UnsupportedOpsError`` listing every node the target cannot run.
+    ``fallback="cpu"`` makes the nodes the target has no kernel for (or not in their dtype) host
+    dispatches, run on the host CPU by the op's reference implementation; the program's
+    ``metadata["placement"]`` and ``summary()`` say what runs where. Nodes the host cannot run either
+    (no reference implementation, unsafe ops, symbolic shapes) still raise ``UnsupportedOpsError``.
+    Other problems raise ``CompileError``.
     """
+    _check_fallback(fallback)
     options = options or CompileOptions()
     target = get_target(target)
     ir = load_source(ir_or_path)
@@ -82,12 +100,19 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
         ir = normalize(ir, options.normalize_options)
     if options.fuse:
         ir = fuse_kernels(ir)
-    check_compilable(ir, target)
+    host = check_compilable(ir, target, fallback=fallback)
     if options.public_output_names:
-        ir = with_public_output_names(ir)
-    lowered = lower(ir, target)
+        ir = with_public_output_names(ir)  # renames tensors, not nodes: ``host`` still names the nodes
+    lowered = lower(ir, target, host)
     memory = plan(lowered, ir, options, options.alignment or target.alignment)
-    return _program(ir, target, lowered, memory, options)
+    return _program(ir, target, lowered, memory, options, fallback)
+
+
+def _check_fallback(fallback: str | None) -> None:
+    if fallback is not None and fallback not in FALLBACKS:
+        raise CompileError(f"compile(fallback={fallback!r}): unknown fallback; use one of "
+                           f"{', '.join(map(repr, FALLBACKS))} (nodes without a kernel run on the host CPU) or None "
+                           "(strict: every node must have a kernel of the target)")
 
 
 def load_source(source: IRSource) -> NPU_IR:
@@ -98,19 +123,32 @@ def load_source(source: IRSource) -> NPU_IR:
     return load_ir(str(Path(source)))
 
 
-def check_compilable(ir: NPU_IR, target: Target) -> None:
-    """Raise if any node is unsupported (all of them listed) or the graph needs what programs lack."""
+def check_compilable(ir: NPU_IR, target: Target, *, fallback: str | None = None) -> dict[str, str]:
+    """Raise if any node is unsupported (all of them listed) or the graph needs what programs lack.
+
+    With ``fallback="cpu"``, returns the nodes that become host dispatches (node name -> why); only the
+    nodes the host cannot run either are refused. Strict (None): returns ``{}`` or raises.
+    """
+    written_inputs = sorted(set(ir.mutations) & {t.name for t in ir.graph_inputs})
+    if written_inputs:
+        raise CompileError(
+            f"IR {ir.model_name!r} writes its inputs in place ({', '.join(written_inputs)}); compiled programs "
+            "do not write back into their inputs. Run it with torch_ir.IRExecutor, or return the new value "
+            "from forward() instead of updating the input.")
     if ir.mutations:
         raise CompileError(
             f"IR {ir.model_name!r} writes buffers in place ({', '.join(sorted(ir.mutations))}); compiled programs "
             "do not carry buffer mutations yet. Run it with torch_ir.IRExecutor, or export without the cache.")
-    bad = [(n.name, n.op_type, reason) for n in ir.nodes if (reason := unsupported_reason(n, target))]
-    if bad:
-        lines = [f"IR {ir.model_name!r}: {len(bad)} of {len(ir.nodes)} nodes cannot run on target {target.name!r}:"]
-        lines += [f"  {name} ({op}): {reason}" for name, op, reason in bad]
-        lines.append("Fix: run the graph through npu_compiler.partition(ir, is_op_supported) and "
-                     "npu_runtime.DAGExecutor, which run these nodes on the CPU; or register a kernel for them.")
-        raise UnsupportedOpsError("\n".join(lines), bad)
+    unsupported = [(n, reason) for n in ir.nodes if (reason := unsupported_reason(n, target))]
+    refused = {n.name: why for n, _ in unsupported if (why := host_refusal(n))}
+    host = {n.name: reason for n, reason in unsupported if n.name not in refused}
+    if fallback is None and unsupported:
+        _raise_unsupported(ir, target, [(n.name, n.op_type, reason) for n, reason in unsupported],
+                           hostable=not refused)
+    if refused:
+        _raise_unsupported(ir, target, [(n.name, n.op_type, _both_reasons(reason, refused[n.name]))
+                                        for n, reason in unsupported if n.name in refused],
+                           hostable=False, fallback=fallback)
     _check_sizes(ir)
     dynamic = [t for t in ir.graph_inputs if not t.is_static]
     if dynamic:
@@ -121,6 +159,49 @@ def check_compilable(ir: NPU_IR, target: Target) -> None:
     if passthrough:
         raise CompileError(f"IR {ir.model_name!r}: outputs {passthrough} are not computed by any node (an input or "
                            "weight returned as it is); return a computed value instead")
+    return host
+
+
+def _both_reasons(target_reason: str, host_reason: str) -> str:
+    """Why neither the target nor the host runs a node, without saying one thing twice (a symbolic shape is
+    usually both reasons)."""
+    if host_reason in target_reason or target_reason.startswith(host_reason.split(";")[0]):
+        return target_reason
+    return f"{target_reason}; and the host cannot run it: {host_reason}"
+
+
+def host_refusal(node: OpNode) -> str | None:
+    """Why ``node`` cannot be a host dispatch either (None: it can): symbolic shapes (a program is planned
+    for static shapes), a kernel deferred for a reason of its own, or an op the registry cannot run."""
+    dynamic = [t for t in [*node.inputs, *node.outputs] if not t.is_static]
+    if dynamic:
+        return f"tensor {dynamic[0].name!r} has the symbolic shape {dynamic[0].shape}; export with fixed shapes"
+    record = KERNELS.get(node.op_type)
+    if record is not None and record.deferred is not None:
+        return record.deferred
+    if is_supported(node.op_type):
+        return None
+    overload = resolve_overload(node.op_type)
+    reason = unsafe_reason(node.op_type, overload) if overload is not None else None
+    if reason is not None:
+        return f"the op registry refuses {node.op_type} ({reason})"
+    return (f"the torch_ir op registry has no reference implementation of {node.op_type}; register one with "
+            "@torch_ir.register_op")
+
+
+def _raise_unsupported(ir: NPU_IR, target: Target, bad: list[tuple[str, str, str]], *, hostable: bool,
+                       fallback: str | None = None) -> None:
+    where = f"target {target.name!r}" + (f" nor on the host (fallback={fallback!r})" if fallback else "")
+    lines = [f"IR {ir.model_name!r}: {len(bad)} of {len(ir.nodes)} nodes cannot run on {where}:"]
+    lines += [f"  {name} ({op}): {reason}" for name, op, reason in bad]
+    if hostable:
+        lines.append('Fix: compile(..., fallback="cpu") (torch-ir compile --fallback cpu) runs these nodes on the '
+                     "host CPU inside the program; or run the graph through npu_compiler.partition(ir, "
+                     "is_op_supported) and npu_runtime.DAGExecutor; or register a kernel for them.")
+    else:
+        lines.append("Fix: export with fixed shapes, register a reference implementation (@torch_ir.register_op) "
+                     "or a kernel for these ops, or run the graph with torch_ir.IRExecutor.")
+    raise UnsupportedOpsError("\n".join(lines), bad)
 
 
 def _check_sizes(ir: NPU_IR) -> None:
@@ -154,9 +235,10 @@ def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions, alignment: int) 
     constants = {c.name for c in ir.constants}
     sizes = {name: spec.nbytes for name, spec in lowered.tensors.items()
              if name not in lowered.aliases and name not in constants}
+    pinned = bind_outputs(lowered.dispatches)  # computed once at bind time: never reused
     lives = lifetimes([(d.inputs, d.outputs) for d in lowered.dispatches], sizes,
-                      live_in=[t.name for t in ir.graph_inputs], live_out=[t.name for t in ir.graph_outputs],
-                      aliases=lowered.aliases)
+                      live_in=[*(t.name for t in ir.graph_inputs), *pinned],
+                      live_out=[*(t.name for t in ir.graph_outputs), *pinned], aliases=lowered.aliases)
     offsets, arena = plan_memory(lives, alignment=alignment, strategy=options.memory_strategy)
     check_plan(lives, offsets, arena, alignment=alignment)
     check_alloc(arena, f"IR {ir.model_name!r}: the activation arena")
@@ -164,8 +246,24 @@ def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions, alignment: int) 
                       dict(lowered.aliases))
 
 
+def placement_metadata(ir: NPU_IR, lowered: Lowered, fallback: str | None) -> dict[str, Any]:
+    """What runs where, compactly (the program's ``metadata["placement"]``): nodes, dispatches and FLOPs on
+    the target and on the host, and every host dispatch with its op and reason."""
+    host_nodes = {d.node for d in lowered.dispatches if d.host is not None}
+    sides = {side: {"nodes": 0, "dispatches": 0, "flops": 0} for side in ("target", "host")}
+    for node in ir.nodes:
+        side = sides["host" if node.name in host_nodes else "target"]
+        side["nodes"] += 1
+        side["flops"] += node_flops(node)
+    for d in lowered.dispatches:
+        sides["host" if d.host is not None else "target"]["dispatches"] += 1
+    return {"fallback": fallback, **sides,
+            "host_dispatches": [{"index": i, "node": d.node, "op": d.kernel, "reason": d.host}
+                                for i, d in enumerate(lowered.dispatches) if d.host is not None]}
+
+
 def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
-             options: CompileOptions) -> CompiledProgram:
+             options: CompileOptions, fallback: str | None = None) -> CompiledProgram:
     read = {name for d in lowered.dispatches for name in d.inputs} | set(lowered.aliases.values())
     inline = ir.constant_values
     weights = [w for w in [*ir.weights, *(c for c in ir.constants if c.name not in inline)] if w.name in read]
@@ -184,6 +282,7 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
         "normalized_nodes": len(ir.nodes),
         # state-dict key -> tied keys, so a weights file that stored a tied weight once still loads
         "weight_aliases": {k: v for k, v in ir.weight_aliases.items() if {k, *v} & slot_keys},
+        "placement": placement_metadata(ir, lowered, fallback),
     }
     return CompiledProgram(
         model_name=ir.model_name, target=target.name,
@@ -212,4 +311,5 @@ def _constant_bytes(value: Any, dtype: str) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-__all__ = ["COMPILER_VERSION", "CompileError", "CompileOptions", "TensorSpec", "UnsupportedOpsError", "compile"]
+__all__ = ["COMPILER_VERSION", "FALLBACKS", "CompileError", "CompileOptions", "TensorSpec", "UnsupportedOpsError",
+           "compile", "host_refusal"]

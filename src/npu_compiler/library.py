@@ -80,6 +80,8 @@ def unsupported_reason(node: OpNode, target: str | Target = "cpu") -> str | None
     record = KERNELS.get(op)
     if record is not None and record.deferred:
         return f"{op} {record.deferred}"
+    if record is not None and record.host:
+        return f"{op} stays on the host CPU: {record.host}"
     if not target.runs(op):
         return _missing_kernel(op, target)
     dtypes = target.dtypes & record.dtypes
@@ -95,8 +97,7 @@ def unsupported_reason(node: OpNode, target: str | Target = "cpu") -> str | None
 def _missing_kernel(op: str, target: Target) -> str:
     if op in NPU_OPS or op in KERNELS:
         return f"target {target.name!r} has no kernel for {op}"
-    return (f"{op} is not in the NPU kernel library (NPU ops, elementwise, reduction, pooling, movement and "
-            "matmul ops); it runs on the CPU through npu_compiler.partition")
+    return f"{op} is not in the NPU kernel library (docs/kernels.md lists the kernels)"
 
 
 def is_op_supported(op: str | OpNode, target: str | Target = "cpu") -> bool:

@@ -9,10 +9,18 @@ Three steps, each small, each reading the kernel table (``npu_program.kernels``)
    *view* kernel of a contiguous tensor is no dispatch at all, only an alias (a view of the same bytes);
 3. *in place*: a ``CONV_ADD`` (made by ``npu_compiler.fusion``) writes its output over its residual
    when the residual dies there.
+
+*Host dispatches* (``compile(fallback="cpu")``: nodes the target has no kernel for) are plain dispatches
+with ``host`` set to the reason: the node's op type and attributes, no view aliasing, no in-place
+writing. What they write is row-major (a convolution reading it reads row-major); what they read keeps
+the layout its producer wrote (an NHWC convolution output stays NHWC, rather than making the
+convolution convert), and the runtime hands it to the op's reference in logical order (a strided view
+on the CPU, a download elsewhere), so no conversion dispatch is needed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,23 +49,29 @@ def spec_of(meta: TensorMeta, layout: str | None = None) -> TensorSpec:
     return TensorSpec(meta.name, [int(d) for d in meta.shape], meta.dtype, layout)
 
 
-def lower(ir: NPU_IR, target: Target) -> Lowered:
-    """Dispatches for every node of ``ir`` (every node must be supported by ``target``; see ``compile``)."""
-    layouts = assign_layouts(ir) if target.channels_last else {}
+def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None) -> Lowered:
+    """Dispatches for every node of ``ir``: a kernel of ``target`` for each node, except the nodes named in
+    ``host`` (node name -> why), which become host dispatches (see ``compile(fallback=...)``)."""
+    host = host or {}
+    layouts = assign_layouts(ir, host) if target.channels_last else {}
     tensors = {t.name: spec_of(t, layouts.get(t.name)) for t in _activations(ir)}
     tensors.update({c.name: spec_of(c) for c in ir.constants})
     activations = {t.name for t in _activations(ir)}
     dispatches: list[Dispatch] = []
     aliases: dict[str, str] = {}
     for node in ir.nodes:
-        source, out = node.inputs[0].name if node.inputs else None, node.outputs[0].name
+        ins, outs = [t.name for t in node.inputs], [t.name for t in node.outputs]
+        if node.name in host:  # the op itself, on the host: its attributes as they are, no kernel params
+            dispatches.append(Dispatch(node.op_type, node.name, ins, outs, dict(node.attrs), host=host[node.name]))
+            continue
+        source, out = ins[0] if ins else None, outs[0]
         if KERNELS[node.op_type].view and source in activations and tensors[source].layout is None \
                 and tensors[out].layout is None:
             aliases[out] = source
             continue
-        dispatches.append(Dispatch(node.op_type, node.name, [t.name for t in node.inputs],
-                                   [t.name for t in node.outputs], _params(node)))
+        dispatches.append(Dispatch(node.op_type, node.name, ins, outs, _params(node)))
     lowered = Lowered(dispatches, tensors, aliases)
+    mark_bind_time(lowered, ir)
     write_in_place(lowered, ir)
     return lowered
 
@@ -76,21 +90,27 @@ def _params(node: OpNode) -> dict[str, Any]:
 
 # -- layouts ---------------------------------------------------------------------------------------
 
-def assign_layouts(ir: NPU_IR) -> dict[str, str]:
+def assign_layouts(ir: NPU_IR, host: Mapping[str, str] | None = None) -> dict[str, str]:
     """Tensor name -> ``"NHWC"`` for the 4-D float activations that convolutions and pooling read or write.
 
     Graph inputs read by a convolution are NHWC too: the runtime converts them when they are copied in,
-    which is the one conversion such a model needs.
+    which is the one conversion such a model needs. Nodes in ``host`` (host dispatches) mark nothing, and
+    what they write is never NHWC: they run the op's reference, which gives row-major tensors.
     """
+    host = host or {}
     nhwc: dict[str, str] = {}
     activations = {t.name for t in _activations(ir)}
+    host_written = {t.name for n in ir.nodes if n.name in host for t in n.outputs}
 
     def mark(t: TensorMeta) -> None:
-        if t.name in activations and t.rank == 4 and t.dtype.startswith(("float", "bfloat")):
+        if t.name in activations and t.name not in host_written and t.rank == 4 \
+                and t.dtype.startswith(("float", "bfloat")):
             nhwc[t.name] = NHWC
 
     for node in ir.nodes:
-        layout = KERNELS[node.op_type].layout  # every node has a kernel: compile checked it
+        if node.name in host:
+            continue
+        layout = KERNELS[node.op_type].layout  # every other node has a kernel: compile checked it
         if layout == "spatial":
             for t in [node.inputs[0], *node.outputs, *(node.inputs[-1:] if node.op_type == "CONV_ADD" else [])]:
                 mark(t)  # a CONV_ADD's residual is added to its NHWC output: NHWC too
@@ -98,6 +118,23 @@ def assign_layouts(ir: NPU_IR) -> dict[str, str]:
                                                    for t in node.inputs):
             mark(node.outputs[0])
     return nhwc
+
+
+# -- bind time ------------------------------------------------------------------------------------
+
+def mark_bind_time(lowered: Lowered, ir: NPU_IR) -> None:
+    """Mark the dispatches that read only weights and constants (and what earlier such dispatches wrote) to
+    run once, when the weights are bound: a weight-norm, a weight transposed or filled with a constant is
+    then computed once rather than on every run (the ONNX "light" models make their weights with
+    ConstantOfShape). What they write keeps its bytes for the program's life; graph outputs are left alone
+    (every run copies them out)."""
+    known = {t.name for t in [*ir.weights, *ir.constants]}
+    outputs = {t.name for t in ir.graph_outputs}
+    for d in lowered.dispatches:
+        if all(resolve_alias(n, lowered.aliases) in known or n in known for n in d.inputs) \
+                and not set(d.outputs) & outputs:
+            d.at_bind = True
+            known.update(d.outputs)
 
 
 # -- in place --------------------------------------------------------------------------------------
@@ -112,14 +149,19 @@ def write_in_place(lowered: Lowered, ir: NPU_IR) -> None:
             last_read[resolve_alias(name, aliases)] = k
     for name in keep:
         last_read[resolve_alias(name, aliases)] = len(lowered.dispatches)
+    pinned = {resolve_alias(n, aliases) for d in lowered.dispatches if d.at_bind for n in d.outputs}
     for k, d in enumerate(lowered.dispatches):
-        if d.kernel != "CONV_ADD":
+        if d.kernel != "CONV_ADD" or d.host is not None or d.at_bind:  # a host CONV_ADD is the op's reference
             continue
         root, out = resolve_alias(d.inputs[-1], aliases), d.outputs[0]
         # the convolution must not read the residual's bytes itself (``conv(h) + h``): it would read
         # values the in-place accumulation is overwriting
         conv_reads = {resolve_alias(name, aliases) for name in d.inputs[:-1]}
-        if root in lowered.tensors and last_read.get(root) == k and root not in keep and root not in conv_reads:
+        # the output is a view of the residual's bytes: only when both are stored alike (a residual written
+        # by a host dispatch is row-major while the CONV_ADD's output is NHWC)
+        same_layout = root in lowered.tensors and lowered.tensors[root].layout == lowered.tensors[out].layout
+        if same_layout and last_read.get(root) == k and root not in keep and root not in conv_reads \
+                and root not in pinned:  # bytes computed once at bind time are read again by the next run
             d.params["inplace_residual"] = True
             aliases[out] = d.inputs[-1]
             # the residual's bytes now also hold the output: they live until the output's last read

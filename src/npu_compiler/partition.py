@@ -121,6 +121,10 @@ def partition(ir_dict_or_ir: IRSource, is_op_supported: Callable[[str], bool], *
     """
     target = get_target(target)
     ir = load_source(ir_dict_or_ir)
+    written_inputs = sorted(set(ir.mutations) & {t.name for t in ir.graph_inputs})
+    if written_inputs:
+        raise CompileError(f"IR {ir.model_name!r} writes its inputs in place ({', '.join(written_inputs)}); "
+                           "partitioned execution does not write back into inputs")
     if ir.mutations:
         raise CompileError(f"IR {ir.model_name!r} writes buffers in place ({', '.join(sorted(ir.mutations))}); "
                            "partitioned execution does not carry buffer mutations yet")

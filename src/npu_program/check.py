@@ -10,8 +10,10 @@ silently wrong answer) or naming a kernel the target does not have:
 * every state slot: a spec as above, a known initial value, a name no other tensor has, and all the
   state together within the allocation limit;
 * every dispatch: a kernel of the target that will run it (the kernel set the runtime's backend passes
-  in), tensors that exist, outputs that are activations or state slots (never weights or constants),
-  parameters that are plain attribute values (symbolic sizes in the safe grammar only);
+  in) or, for a host dispatch (``Dispatch.host`` set), a bounded name shaped like an op type (whether
+  the op registry has it and may run it is the runtime's check, which imports the registry), tensors
+  that exist, outputs that are activations or state slots (never weights or constants), parameters
+  that are plain attribute values (symbolic sizes in the safe grammar only);
 * the memory plan: an arena within the limits, every activation at an aligned offset inside it, views
   no larger than their base, and no two tensors live at the same step sharing bytes (the memory
   planner's own independent checker, :func:`~npu_program.memory_check.check_plan`, run again).
@@ -22,6 +24,7 @@ Loading a file (``CompiledProgram.load``) and constructing an ``Executor`` both 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -34,6 +37,12 @@ from .npubin import NpubinError
 from .program import STATE_INITS, CompiledProgram, StateSpec, TensorSpec, dtype_size
 
 _FIX = "recompile the model to produce a fresh .npubin file"
+
+#: A host dispatch's kernel is an op type: ``namespace.name.overload`` (an ATen or custom op) or one name (an
+#: NPU op such as ``GEMM`` in a dtype the target lacks); identifiers only, so no path or expression passes.
+HOST_OP_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*)?")
+MAX_HOST_OP_CHARS = 200
+MAX_HOST_REASON_CHARS = 2000
 
 
 def _fail(where: str, problem: str, fix: str = _FIX) -> NpubinError:
@@ -130,9 +139,14 @@ def _check_state(program: CompiledProgram, weights: dict[str, TensorSpec], where
 def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], where: str,
                       kernels: Collection[str] | None) -> None:
     state = {spec.name for spec in program.state_specs}
+    bound = {w.name for w in program.weight_specs} | set(program.constants)  # what exists at bind time
     for i, d in enumerate(program.dispatches):
         what = f"dispatch {i}"
-        if not isinstance(d.kernel, str) or (kernels is not None and d.kernel not in kernels):
+        if d.at_bind is not False:
+            _check_bind_time(d, bound, program, what, where)
+        if getattr(d, "host", None) is not None:
+            _check_host_dispatch(d, what, where)  # an op run on the host: not a kernel of the target
+        elif not isinstance(d.kernel, str) or (kernels is not None and d.kernel not in kernels):
             raise _fail(where, f"{what} names kernel {str(d.kernel)[:80]!r}, which target {program.target!r} does "
                                "not have (a program may only run kernels of its target's table)")
         for name in [*d.inputs, *d.outputs]:
@@ -152,6 +166,30 @@ def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], where: st
                 _check_window_param(key, value, f"{where}: {what} ({d.kernel}) param {key!r}")
         except ValueError as e:
             raise NpubinError(f"{e}; {_FIX}") from None
+
+
+def _check_bind_time(d: Any, bound: set[str], program: CompiledProgram, what: str, where: str) -> None:
+    """A dispatch run once at bind time may read only what exists then (weights, constants, what earlier such
+    dispatches wrote) and must not write a graph output: otherwise a run would read stale bytes."""
+    if d.at_bind is not True:
+        raise _fail(where, f"{what}: at_bind must be true or false, got {str(d.at_bind)[:40]!r}")
+    late = [n for n in d.inputs if resolve_alias(n, program.memory.aliases) not in bound and n not in bound]
+    outputs = {s.name for s in program.output_specs}
+    if late or set(d.outputs) & outputs or set(d.outputs) & {s.name for s in program.state_specs}:
+        raise _fail(where, f"{what} ({d.kernel}) runs at bind time but reads {late[:3] or 'nothing late'} or writes "
+                           "a program output or state slot; a bind-time dispatch reads weights and constants only")
+    bound.update(d.outputs)
+
+
+def _check_host_dispatch(d: Any, what: str, where: str) -> None:
+    """A host dispatch names an op type (bounded, identifiers and dots only) and says why, briefly."""
+    if not isinstance(d.host, str) or not d.host or len(d.host) > MAX_HOST_REASON_CHARS:
+        raise _fail(where, f"{what}: host must be a non-empty string of at most {MAX_HOST_REASON_CHARS} characters "
+                           "(why the dispatch runs on the host) or null")
+    if not isinstance(d.kernel, str) or len(d.kernel) > MAX_HOST_OP_CHARS or not HOST_OP_PATTERN.fullmatch(d.kernel):
+        raise _fail(where, f"{what} is a host dispatch naming {str(d.kernel)[:80]!r}, which is not an op type "
+                           f"(namespace.name.overload or an NPU op name, identifiers only, at most "
+                           f"{MAX_HOST_OP_CHARS} characters)")
 
 
 #: Window parameters (convolution, pooling) and the least value each element may take. A kernel given a
@@ -199,9 +237,10 @@ def _check_memory(program: CompiledProgram, where: str) -> None:
     if stray:
         raise _fail(where, f"memory.offsets places {stray[:5]}, which are not tensors of the program")
     try:
+        pinned = program.bind_outputs  # computed once at bind time, read by every run
         lives = lifetimes([(d.inputs, d.outputs) for d in program.dispatches], sizes,
-                          live_in=[s.name for s in program.input_specs],
-                          live_out=[s.name for s in program.output_specs], aliases=memory.aliases)
+                          live_in=[*(s.name for s in program.input_specs), *pinned],
+                          live_out=[*(s.name for s in program.output_specs), *pinned], aliases=memory.aliases)
         check_plan(lives, memory.offsets, memory.arena_bytes, alignment=memory.alignment)
     except MemoryPlanError as e:
         raise _fail(where, f"the memory plan is invalid: {e}") from None

@@ -16,7 +16,11 @@ Field metadata (``dataclasses.field(metadata=...)``) tunes two things:
 * ``{"json": False}``: the field is not part of the JSON form (e.g. constant bytes, stored in a blob);
 * ``{"keyed_by": "name"}``: a ``dict[str, T]`` stored as a JSON list of ``T`` in insertion order, keyed on
   decoding by each item's ``name`` (duplicates refused). A JSON object would lose the order to
-  ``sort_keys``, and the writer must be deterministic.
+  ``sort_keys``, and the writer must be deterministic;
+* ``{"omit_default": True}``: the field is left out of the JSON form while it holds its default (it
+  decodes back to the default). A field added in a minor format version then changes nothing in the
+  files that do not use it, and a reader of the older version refuses only the files that do (as an
+  unknown field) instead of misreading them.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ def to_json(obj: Any) -> Any:
         out: dict[str, Any] = {}
         for f in _json_fields(type(obj)):
             value = getattr(obj, f.name)
+            if f.metadata.get("omit_default") and value == f.default:
+                continue
             key = f.metadata.get("keyed_by")
             out[f.name] = [to_json(v) for v in value.values()] if key and value is not None else to_json(value)
         return out

@@ -6,10 +6,13 @@ from collections import defaultdict
 
 from .kernels import FLOATS, KERNEL_DTYPES, KERNELS, REFERENCE, KernelDef
 
-_KINDS = ("contraction", "fused", "attention", "normalization", "elementwise", "reduction", "pooling", "movement")
+_KINDS = ("contraction", "fused", "attention", "normalization", "elementwise", "reduction", "pooling", "resampling",
+          "sorting", "movement", "host")
 
 
 def _impl(record: KernelDef, backend: str) -> str:
+    if record.host:
+        return "host"
     impl = record.impls.get(backend)
     if impl is None:
         return "—"
@@ -45,8 +48,15 @@ def kernels_markdown() -> str:
         "the op's reference implementation from the `torch_ir` op registry; a class name is a fast kernel "
         "that runs the dispatches it accepts, the reference the others).",
         "",
-        f"{len(KERNELS)} kernels; dtypes \"all\" = "
+        f"{len(KERNELS)} records; dtypes \"all\" = "
         "bfloat16, bool, float16, float32, int32, int64, int8, uint8; \"floats\" = bfloat16, float16, float32.",
+        "",
+        "**Fallback.** A strict `npu_compiler.compile` refuses a graph with any op outside this table, listing "
+        "every such node with its reason. `compile(..., fallback=\"cpu\")` (`torch-ir compile --fallback cpu`) "
+        "instead makes those nodes *host dispatches* of the same program, run by the op's reference "
+        "implementation on the host CPU, and the program's summary lists them with the reason. The reason is "
+        "the record's own for the ops in the **host** section below (data-dependent work NPUs keep on the "
+        "host), and \"not in the NPU kernel library\" for an op with no record.",
         "",
     ]
     for kind in [*_KINDS, *sorted(set(by_kind) - set(_KINDS))]:
@@ -58,6 +68,8 @@ def kernels_markdown() -> str:
                   "|---|---|---|---|" + "---|" * len(backends) + "---|"]
         for r in sorted(records, key=lambda r: r.name):
             notes = r.doc if r.deferred is None else f"**not in programs yet**: {r.deferred}"
+            if r.host:
+                notes = f"**stays on the host**: {r.host}"
             if r.params:
                 notes += "; params: " + ", ".join(f"`{p}`" for p in r.params)
             cost = r.flops.__name__.replace("_flops", "").replace("_", " ")

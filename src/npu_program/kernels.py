@@ -103,6 +103,27 @@ def reduce_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, An
     return numel(ins[0])
 
 
+def baddbmm_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return 2 * numel(outs[0]) * int(ins[1].shape[-1]) + 2 * numel(outs[0])
+
+
+def conv_transpose_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    w = ins[1].shape  # [C_in, C_out / groups, *kernel]: every input element meets C_out/groups · kernel weights
+    return 2 * numel(ins[0]) * int(w[1]) * math.prod(int(d) for d in w[2:])
+
+
+def einsum_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    """Two per point of the iteration space (the product of every index's size), the usual count of a contraction."""
+    terms = str(params.get("equation", "")).replace(" ", "").split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for term, spec in zip(terms, ins):
+        letters = [c for c in term if c.isalpha()]
+        if "." in term or len(letters) != len(spec.shape):
+            return per_output(ins, outs, params)  # an ellipsis: not worth parsing for a cost estimate
+        sizes.update({c: int(d) for c, d in zip(letters, spec.shape)})
+    return 2 * math.prod(sizes.values()) if sizes else per_output(ins, outs, params)
+
+
 # -- the test record --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -150,7 +171,8 @@ class KernelDef:
     """Everything about one kernel. See the module docstring."""
 
     name: str
-    kind: str  # contraction | elementwise | normalization | attention | reduction | pooling | movement | fused
+    kind: str  # contraction | elementwise | normalization | attention | reduction | pooling | resampling | sorting
+    #            | movement | fused | host (runs on the host CPU only: see ``host``)
     doc: str
     dtypes: frozenset[str] = KERNEL_DTYPES
     #: A view: relabels a contiguous tensor's shape; lowered to no dispatch (an alias of the input's bytes).
@@ -166,8 +188,12 @@ class KernelDef:
     impls: dict[str, str] = field(default_factory=lambda: {"cpu": REFERENCE})
     #: Why no program may contain it yet (the compiler refuses it with this reason); None when it may.
     deferred: str | None = None
-    #: Its entry in the kernel test table (every backend's implementation against the reference).
-    test: KernelTest | None = None
+    #: Why the op runs on the host CPU, never as a kernel of a target (data-dependent work an NPU has no unit
+    #: for): a strict compile refuses it with this reason, ``compile(fallback="cpu")`` places it on the host.
+    host: str | None = None
+    #: Its entries in the kernel test table (every backend's implementation against the reference): one
+    #: record, or several for a kernel whose parameters select different code (padding modes).
+    test: KernelTest | tuple[KernelTest, ...] | None = None
 
     def cost(self, ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any] | None = None) -> KernelCost:
         """FLOPs and the bytes read and written (inputs once, outputs once: no cache model; see the cost model)."""
@@ -177,6 +203,13 @@ class KernelDef:
     @property
     def backends(self) -> tuple[str, ...]:
         return tuple(self.impls)
+
+    @property
+    def tests(self) -> tuple[KernelTest, ...]:
+        """Its test records (none, one or several)."""
+        if self.test is None:
+            return ()
+        return self.test if isinstance(self.test, tuple) else (self.test,)
 
 
 KERNELS: dict[str, KernelDef] = {}
@@ -233,12 +266,16 @@ kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout
        params={"dim": "axis", "scale": "scale applied first"},
        test=t("2,3,7", params={"dim": -1, "scale": 0.5}, dtypes=_HALF))
 kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as one GEMM", flops=qkv_flops,
-       params={"splits": "output widths", "has_bias": "biases follow the weights", "trans_b": "as GEMM",
+       params={"splits": "output widths", "has_bias": "biases follow the weights (one flag, or [q, k, v])",
+               "trans_b": "as GEMM",
                "packed": "one weight", "num_heads": "query heads", "num_kv_heads": "key/value heads",
                "head_dim": "per head"},
-       test=t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3),
-              params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
-                      "num_heads": 2, "num_kv_heads": 1, "head_dim": 4}))
+       test=(t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3),
+               params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
+                       "num_heads": 2, "num_kv_heads": 1, "head_dim": 4}),
+             t("1,4,8", "8,8", "8,8", "8,8", "8", "8", weights=(1, 2, 3, 4, 5),
+               params={"splits": [8, 8, 8], "has_bias": [True, False, True], "trans_b": True, "packed": False,
+                       "num_heads": 2, "num_kv_heads": 2, "head_dim": 4})))
 kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops,
        params={"scale": "applied to q · kᵀ", "causal": "mask the future"},
        test=t("1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True}))
@@ -248,6 +285,12 @@ kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, d
 kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS, test=t("2,6", "2,6", dtypes=_HALF))
 kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS, test=t("1,2,5,4", "5,4", "5,4"))
 kernel("EMBEDDING", "movement", "rows of a table by index", test=t("10,4", "2,3:int64:index:10", weights=(0,)))
+kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch norm statistics", layout="keeps",
+       dtypes=FLOATS, params={"eps": "epsilon"},
+       test=t("2,4,5,5", "4", "4", "4", "4:positive", params={"eps": 1e-5}, weights=(1, 2, 3, 4), dtypes=_HALF))
+kernel("LRN", "normalization", "local response normalization across channels", layout="keeps", dtypes=FLOATS,
+       params={"size": "channels in the window", "alpha": "scale", "beta": "exponent", "k": "added first"},
+       test=t("1,6,4,4", params={"size": 3, "alpha": 1e-2, "beta": 0.75, "k": 1.0}, dtypes=_HALF))
 kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at an index", params={"dim": "axis"},
        deferred="writes a KV cache in place; compiled programs do not carry buffer mutations yet")
 
@@ -316,6 +359,7 @@ for _name, _test in [
     ("_unsafe_view.default", t("2,3,4", params={"size": [24]})), ("unsqueeze.default", t("2,3", params={"dim": 1})),
     ("squeeze.dim", t("2,1,3", params={"dim": 1})), ("squeeze.dims", t("2,1,3,1", params={"dim": [1, 3]})),
     ("squeeze.default", t("2,1,3")), ("flatten.using_ints", t("2,3,4,5", params={"start_dim": 1})),
+    ("unflatten.int", t("2,12", params={"dim": 1, "sizes": [3, 4]})),
 ]:
     aten(_name, "movement", _test, doc="a view: no dispatch when its input is contiguous", view=True, flops=no_flops)
 for _name, _test in [
@@ -335,11 +379,113 @@ for _name, _test in [("matmul.default", t("2,3,4", "4,5", atol=1e-4)), ("bmm.def
                      ("mm.default", t("3,4", "4,5", atol=1e-4))]:
     aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops)
 
+# -- the kernel library's coverage of real models: padding, splitting, resampling, sorting --------------------------
+
+_PAD = {"pad": [1, 2, 2, 1], "value": None}
+aten("pad.default", "movement",
+     (t("1,2,5,6", params={**_PAD, "mode": "constant", "value": 0.5}),
+      t("1,2,5,6", params={**_PAD, "mode": "reflect"}), t("1,2,5,6", params={**_PAD, "mode": "replicate"}),
+      t("1,2,5,6", params={**_PAD, "mode": "circular"})),
+     doc="padding: constant (constant_pad_nd), reflect, replicate or circular", flops=no_flops)
+aten("split_with_sizes.default", "movement", t("2,7,3", params={"split_sizes": [2, 4, 1], "dim": 1}),
+     doc="split into pieces along a dim (split and chunk read so)", flops=no_flops)
+aten("unbind.int", "movement", t("3,2,4", params={"dim": 0}),
+     doc="every index along a dim as its own tensor (a fused QKV split into q, k and v)", flops=no_flops)
+aten("roll.default", "movement", t("2,5,6", params={"shifts": [1, -2], "dims": [1, 2]}),
+     doc="a circular shift along dims", flops=no_flops)
+aten("flip.default", "movement", t("2,5,6", params={"dims": [1, 2]}), doc="reverse along dims", flops=no_flops)
+aten("full.default", "movement", t(params={"size": [3, 5], "fill_value": 1.5, "dtype": {"dtype": "float32"}}),
+     doc="a tensor of one value (zeros_like, ones_like, full_like, fill and scalar_tensor read so; a small one "
+         "is folded into a constant, a large one is filled once at bind time)", flops=no_flops)
+_UP = {"output_size": None, "scale_factors": [2.0, 1.5]}
+aten("upsample_nearest2d.vec", "resampling", t("1,3,4,6", params=_UP), doc="nearest-neighbour resize",
+     layout="spatial", dtypes=FLOATS)
+aten("upsample_bilinear2d.vec", "resampling",
+     (t("1,3,4,6", params={**_UP, "align_corners": False}), t("1,3,4,6", params={**_UP, "align_corners": True})),
+     doc="bilinear resize, align_corners either way", layout="spatial", dtypes=FLOATS)
+aten("upsample_bicubic2d.vec", "resampling",
+     (t("1,3,4,6", params={**_UP, "align_corners": False}, atol=1e-4),
+      t("1,3,4,6", params={**_UP, "align_corners": True}, atol=1e-4)),
+     doc="bicubic resize, align_corners either way", layout="spatial", dtypes=FLOATS)
+aten("group_norm.default", "normalization",
+     t("2,6,4,4", "6", "6", params={"num_groups": 3, "eps": 1e-5}, weights=(1, 2), atol=1e-4),
+     doc="group norm: statistics over channel groups", dtypes=FLOATS)
+aten("softplus.default", "elementwise", t("2,3,4", params={"beta": 1.0, "threshold": 20.0}), layout="keeps")
+aten("floor_divide.default", "elementwise", t("3,4", "3,4:positive"), layout="keeps")
+for _name in ("max.dim", "min.dim"):
+    aten(_name, "reduction", t("2,5,3", params={"dim": 1, "keepdim": False}),
+         doc="values and indices of the extreme along a dim", flops=reduce_flops)
+aten("sum.default", "reduction", t("2,3,4"), doc="sum of every element", flops=reduce_flops)
+aten("adaptive_avg_pool1d.default", "pooling", t("2,3,12", params={"output_size": [4]}),
+     doc="average pooling of a sequence to a length", dtypes=FLOATS, flops=reduce_flops)
+aten("_weight_norm.default", "normalization", t("6,4", "6,1:positive", params={"dim": 0}, weights=(0, 1)),
+     doc="a weight from its direction and norm (weight_norm): v · g / ‖v‖; of weights, it runs once at bind "
+         "time", dtypes=FLOATS)
+for _name in ("topk.default", "sort.default"):
+    _params = {"k": 3, "dim": -1, "largest": True, "sorted": True} if _name == "topk.default" else {"dim": -1}
+    aten(_name, "sorting", t("2,3,7", params=_params),
+         doc="the sorting unit: values and indices along the last axis", flops=reduce_flops)
+
+aten("cumsum.default", "reduction", t("2,7", params={"dim": 1}, atol=1e-4),
+     doc="running sum along a dim, of a static length (RoBERTa's and OPT's position ids from the attention mask)")
+aten("batch_norm.default", "normalization",
+     t("1,4,6", params={"weight": None, "bias": None, "running_mean": None, "running_var": None, "training": True,
+                        "momentum": 0.0, "eps": 1e-5, "cudnn_enabled": False}, atol=1e-4),
+     doc="batch norm with batch statistics (training mode without running statistics: BiT's weight "
+         "standardization); in inference form it becomes BATCH_NORM or folds into a CONV", dtypes=FLOATS)
+aten("linalg_vector_norm.default", "reduction", t("2,3,5", params={"ord": 2, "dim": [-1], "keepdim": True}),
+     doc="a p-norm along dims (ConvNeXt-V2's global response norm, SwinV2's cosine attention)", dtypes=FLOATS,
+     flops=reduce_flops)
+aten("cosine_similarity.default", "reduction", t("2,5,3", "2,5,3", params={"dim": 1, "eps": 1e-8}),
+     doc="cosine similarity along a dim", dtypes=FLOATS, flops=reduce_flops)
+aten("clamp_min.default", "elementwise", t("2,3,4", params={"min": 0.1}), layout="keeps")
+aten("einsum.default", "contraction",
+     t("2,3,4", "2,4,5", params={"equation": "bij,bjk->bik", "tensors": [0, 1]}, atol=1e-4),
+     doc="a contraction written as an equation (CvT)", flops=einsum_flops)
+aten("baddbmm.default", "contraction", t("2,3,5", "2,3,4", "2,4,5", params={"beta": 0.5, "alpha": 2.0}, atol=1e-4),
+     doc="beta · self + alpha · batch1 @ batch2 (BLOOM's ALiBi scores, WavLM)", flops=baddbmm_flops)
+aten("conv_transpose2d.input", "contraction",
+     t("1,4,5,5", "4,3,3,3", "3", params={"stride": [2, 2], "padding": [1, 1], "output_padding": [1, 1],
+                                         "groups": 1, "dilation": [1, 1]}, weights=(1, 2), atol=1e-4),
+     doc="transposed 2-D convolution (U-Net and DPT upsampling)", layout="spatial", dtypes=FLOATS,
+     flops=conv_transpose_flops)
+aten("repeat_interleave.self_int", "movement", t("2,3,4", params={"repeats": 2, "dim": 1}),
+     doc="each slice repeated along a dim (GPT-J's rotary tables)", flops=no_flops)
+aten("copy.default", "movement", t("2,3,4", "3,4"), doc="src broadcast into self's shape and dtype", flops=no_flops)
+aten("slice_scatter.default", "movement", t("4,6", "4,2", params={"dim": 1, "start": 1, "end": 5, "step": 2}),
+     doc="self with a strided slice replaced by src (static positions)", flops=no_flops)
+aten("select_scatter.default", "movement", t("4,6", "6", params={"dim": 0, "index": 2}),
+     doc="self with one index along a dim replaced by src", flops=no_flops)
+aten("im2col.default", "movement", t("1,2,6,6", params={"kernel_size": [2, 2], "dilation": [1, 1], "padding": [0, 0],
+                                                        "stride": [2, 2]}),
+     doc="sliding windows as columns (unfold; MobileViT-V2)", flops=no_flops)
+aten("col2im.default", "movement", t("1,8,9", params={"output_size": [6, 6], "kernel_size": [2, 2],
+                                                      "dilation": [1, 1], "padding": [0, 0], "stride": [2, 2]}),
+     doc="columns summed back into an image (fold; MobileViT-V2)", flops=per_output)
+aten("embedding_bag.padding_idx", "movement",
+     t("10,4", "6:int64:index:10", "2:int64:index:1",
+       params={"scale_grad_by_freq": False, "mode": 2, "sparse": False, "per_sample_weights": None,
+               "include_last_offset": False, "padding_idx": None}, weights=(0,)),
+     doc="sums, means or maxima of bags of table rows (recommendation models); tested in max mode, whose "
+         "auxiliary outputs the meta and CPU kernels size alike", flops=per_output)
+
+# -- ops that stay on the host: data-dependent work an NPU has no unit for -------------------------------------------
+
+_SCATTER = "a scatter to run-time positions (each element's destination is data), which NPUs run on the host"
+for _name, _why in [
+    ("histc.default", "a histogram: " + _SCATTER),
+    ("index_put.default", "writes at run-time indices: " + _SCATTER),
+    ("grid_sampler.default", "samples at run-time coordinates (a data-dependent gather with interpolation)"),
+    ("grid_sampler_2d.default", "samples at run-time coordinates (a data-dependent gather with interpolation)"),
+    ("nonzero.default", "its output size depends on the data"),
+]:
+    kernel(f"aten.{_name}", "host", "runs on the host CPU", host=_why)
+
 # -- derived sets (read at call time, so a kernel added later is in them) ----------------------------------------
 
 def all_kernels() -> frozenset[str]:
-    """Kernels a program may contain (not deferred)."""
-    return frozenset(name for name, k in KERNELS.items() if k.deferred is None)
+    """Kernels a program may contain (not deferred, not host-only)."""
+    return frozenset(name for name, k in KERNELS.items() if k.deferred is None and k.host is None)
 
 
 def kernels_where(**facts: Any) -> frozenset[str]:

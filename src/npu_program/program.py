@@ -96,7 +96,8 @@ class StateSpec:
 class Dispatch:
     """One kernel launch: the unit the runtime executes, in program order."""
 
-    # Kernel name from the target's kernel library, e.g. "gemm", "conv2d" or "aten.add.Tensor".
+    # Kernel name from the target's kernel library, e.g. "GEMM", "CONV" or "aten.add.Tensor" (for a host
+    # dispatch, the op type it runs: see `host`).
     kernel: str
     # The IR node this launch came from, so errors and profiles can point back at the model.
     node: str
@@ -105,6 +106,15 @@ class Dispatch:
     outputs: list[str]
     # Kernel arguments; JSON values only (lists, not tuples) so that they survive a save/load round trip.
     params: dict[str, Any] = field(default_factory=dict)
+    # Why this dispatch runs on the host CPU rather than as a kernel of the target (set by
+    # compile(fallback="cpu")); None for a kernel of the target. A host dispatch's `kernel` is the op type
+    # of its IR node (e.g. "aten.cumsum.default"), run by the op's reference implementation from the
+    # torch_ir op registry. Format 1.2; written only when set, so files without host dispatches are as before.
+    host: str | None = field(default=None, metadata={"omit_default": True})
+    # Runs once, when the weights are bound, not on every run: it reads only weights, constants and what
+    # earlier such dispatches wrote (a weight-norm, a transposed or constant-filled weight), and what it writes
+    # keeps its arena bytes for the program's whole life. Format 1.2; written only when set.
+    at_bind: bool = field(default=False, metadata={"omit_default": True})
 
 
 @dataclass
@@ -169,6 +179,16 @@ class CompiledProgram:
     def state_bytes(self) -> int:
         return sum(spec.nbytes for spec in self.state_specs)
 
+    @property
+    def bind_outputs(self) -> list[str]:
+        """Tensors written by the dispatches that run at bind time: their arena bytes are never reused."""
+        return bind_outputs(self.dispatches)
+
+    @property
+    def host_dispatches(self) -> list[tuple[int, Dispatch]]:
+        """``(index, dispatch)`` of every dispatch that runs on the host CPU (``Dispatch.host`` set)."""
+        return [(i, d) for i, d in enumerate(self.dispatches) if d.host is not None]
+
     def kernel_histogram(self) -> dict[str, int]:
         """Dispatches per kernel, most used first (ties by name), to see where a program spends its launches."""
         counts = Counter(d.kernel for d in self.dispatches)
@@ -191,7 +211,37 @@ class CompiledProgram:
         if self.state_specs:
             lines.append(f"state: {len(self.state_specs)} slots, {self.state_bytes} bytes "
                          f"({_human(self.state_bytes)})")
+        at_bind = [d for d in self.dispatches if d.at_bind]
+        if at_bind:
+            kinds = ", ".join(sorted({d.kernel for d in at_bind}))
+            lines.append(f"bind time: {len(at_bind)} dispatches ({kinds}) run once when the weights are bound, "
+                         f"not on every run")
+        lines += self.placement_lines()
         return "\n".join(lines)
+
+    def placement_lines(self) -> list[str]:
+        """The placement summary of a program with host dispatches (none without): how many dispatches run
+        on the host, the FLOPs on each side (from ``metadata["placement"]`` when the compiler wrote it), and
+        one line per host op with its count and reason."""
+        host = self.host_dispatches
+        if not host:
+            return []
+        line = f"placement: {len(host)} of {self.dispatch_count} dispatches run on the host CPU (the op's " \
+               f"reference), {self.dispatch_count - len(host)} on target {self.target}"
+        flops = _placement_flops(self.metadata.get("placement"))
+        if flops is not None:
+            target_flops, host_flops = flops
+            total = target_flops + host_flops
+            share = host_flops / total if total else 0.0
+            line += f"; host FLOPs {share:.1%} ({_count(host_flops)} of {_count(total)})"
+        by_op: dict[str, list[str]] = {}
+        for _, d in host:
+            by_op.setdefault(d.kernel, []).append(d.host or "")
+        lines = [line, "host dispatches and why:"]
+        for op, reasons in by_op.items():
+            others = len(set(reasons)) - 1
+            lines.append(f"  {op} x{len(reasons)}: {reasons[0]}" + (f" (and {others} other reasons)" if others else ""))
+        return lines
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the program as a `.npubin` file, atomically (see `npu_program.npubin.write_npubin`)."""
@@ -205,6 +255,32 @@ class CompiledProgram:
         from .npubin import read_npubin
 
         return read_npubin(path)
+
+
+def bind_outputs(dispatches: list[Dispatch]) -> list[str]:
+    """The outputs of ``at_bind`` dispatches, in order: the memory planner and its checker keep them live from
+    before the first dispatch to after the last (they are computed once and read by every run)."""
+    return [name for d in dispatches if d.at_bind for name in d.outputs]
+
+
+def _placement_flops(placement: Any) -> tuple[int, int] | None:
+    """(target, host) FLOPs of ``metadata["placement"]``; None when absent or not as the compiler writes it
+    (metadata is free-form, and a summary must not fail on a file's odd metadata)."""
+    try:
+        values = placement["target"]["flops"], placement["host"]["flops"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    return values
+
+
+def _count(n: int) -> str:
+    """A count as 950, 1.2 K, 3.4 M, 5.6 G: FLOPs of small and large models both readable."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return str(n)
 
 
 def _human(nbytes: int) -> str:

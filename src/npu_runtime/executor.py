@@ -5,6 +5,10 @@ view of the arena (or of its base, for a view), every dispatch gets its kernel. 
 prepares the kernels (batch norm folded, weights prepacked) and builds, per dispatch, the lists of
 input and output tensors, so that a run is the input copy, a loop of ``kernel.run(inputs, outputs)``
 and the output copies: nothing is looked up or allocated per dispatch.
+
+Host dispatches (``Dispatch.host``, from ``compile(fallback="cpu")``) run in the same loop: the backend gives
+them a kernel that runs the op's reference implementation on the host CPU, after the op was checked to be
+one the registry has and may run.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
-from .reference import check_output_shapes
+from .reference import check_host_dispatches, check_output_shapes
 from .state import State, check_slot
 from .validate import DispatchValidator
 from .weights import Weights, load_weights
@@ -60,13 +64,18 @@ class Executor:
         # a loaded program is untrusted data: re-check it (against this backend's kernels) before allocating
         kernels = getattr(backend, "kernels", None)
         check_program(program, kernels=kernels if kernels is not None else kernels_for(backend.target))
+        # host dispatches name ops, not kernels: each must be an op the registry has and may run
+        check_host_dispatches(program)
         self.arena = backend.allocate(program.arena_bytes)
         self.tensors = self._place()
         self.constants = {name: backend.from_bytes(data, program.tensors[name])
                           for name, data in program.constants.items()}
         self.specs: dict[str, TensorSpec] = {**program.tensors, **{w.name: w for w in program.weight_specs},
                                              **{s.name: s.tensor_spec() for s in program.state_specs}}
-        self.fixed = set(self.constants) | {w.name for w in program.weight_specs}
+        # fixed for every run: constants, weights and what the bind-time dispatches compute from them once
+        self.fixed = set(self.constants) | {w.name for w in program.weight_specs} | set(program.bind_outputs)
+        read = {n for d in program.dispatches for n in d.inputs} | {s.name for s in program.output_specs}
+        self._unread = {n for d in program.dispatches for n in d.outputs} - read
         self.kernels = [self._kernel(i, d) for i, d in enumerate(program.dispatches)]
         self.steps: list[Step] = []
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
@@ -74,7 +83,8 @@ class Executor:
         self.state: State | None = None
 
     def _kernel(self, index: int, dispatch: Any) -> Any:
-        check_output_shapes(index, dispatch, self.specs, self.program.model_name)  # before any prepacking
+        check_output_shapes(index, dispatch, self.specs, self.program.model_name,  # before any prepacking
+                            self._unread)
         try:
             return self.device.backend.kernel(dispatch, self.specs, self.fixed)
         except TorchIRError:
@@ -106,8 +116,7 @@ class Executor:
             raise RuntimeInputError(f"weights for program {self.program.model_name!r} lack slots {missing[:10]}; "
                                     "load them with npu_runtime.load_weights(path, program, device)")
         state = self._state(state)
-        env = {**self.tensors, **self.constants, **{name: weights[name].data for name in self.fixed
-                                                    if name not in self.constants},
+        env = {**self.tensors, **self.constants, **{w.name: weights[w.name].data for w in self.program.weight_specs},
                **{spec.name: state[spec.key].data for spec in self.program.state_specs}}
         self.steps = []
         for index, (dispatch, kernel) in enumerate(zip(self.program.dispatches, self.kernels)):
@@ -118,8 +127,26 @@ class Executor:
                     f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
                     f"{self.program.model_name!r} cannot be prepared with its weights ({type(e).__name__}: "
                     f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
-            self.steps.append((kernel.run, [env[n] for n in dispatch.inputs], [env[n] for n in dispatch.outputs]))
+            step = (kernel.run, [env[n] for n in dispatch.inputs], [env[n] for n in dispatch.outputs])
+            if dispatch.at_bind:  # computed now, from the weights, before a later kernel prepacks its result
+                self._run_at_bind(index, step)
+                step = (_already_computed, *step[1:])
+            self.steps.append(step)
         self.bound, self.state = weights, state
+
+    def _run_at_bind(self, index: int, step: Step) -> None:
+        backend = self.device.backend
+        backend.begin_run()
+        try:
+            step[0](step[1], step[2])
+        except TorchIRError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the dispatch that failed
+            dispatch = self.program.dispatches[index]
+            raise DispatchError(f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
+                                f"{self.program.model_name!r} failed at bind time: {type(e).__name__}: {e}") from e
+        finally:
+            backend.end_run()
 
     def _state(self, state: State | None) -> State:
         """``state`` checked against the program's slots (slots it lacks are added to it)."""
@@ -230,6 +257,10 @@ class Executor:
         from .profile import profile_executor
 
         return profile_executor(self, inputs, weights, runs=runs, warmup=warmup)
+
+
+def _already_computed(inputs: Any, outputs: Any) -> None:
+    """The run of a bind-time dispatch: its outputs were computed when the weights were bound."""
 
 
 def _all_buffers(weights: Any) -> bool:

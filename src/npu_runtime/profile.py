@@ -1,4 +1,9 @@
-"""Profiling a run: time per dispatch, per kernel kind, and the runtime's own overhead."""
+"""Profiling a run: time per dispatch, per kernel kind, and the runtime's own overhead.
+
+Host dispatches (``compile(fallback="cpu")``: ops run on the host CPU by their reference implementation) are
+marked: ``DispatchTime.host``, and ``[host]`` after the op in the tables, so the time the fallback costs shows
+(not to be confused with the *host overhead*, the runtime's own time per dispatch and per run).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,22 @@ if TYPE_CHECKING:
     from .executor import Executor, Step
 
 
+HOST_TAG = "[host]"
+
+
 @dataclass
 class DispatchTime:
     index: int
     kernel: str
     node: str
     median_us: float
+    # a host dispatch (the op's reference on the host CPU), not a kernel of the target
+    host: bool = False
+
+    @property
+    def label(self) -> str:
+        """The kernel as the tables show it: ``[host]`` after a host dispatch's op."""
+        return f"{self.kernel} {HOST_TAG}" if self.host else self.kernel
 
 
 @dataclass
@@ -39,17 +54,20 @@ class Profile:
         return len(self.dispatches)
 
     def by_kernel(self) -> list[tuple[str, int, float, float]]:
-        """``(kernel, dispatches, total µs, share of all kernel time)``, slowest kernel first."""
+        """``(kernel, dispatches, total µs, share of all kernel time)``, slowest kernel first; host dispatches
+        are grouped apart from kernels of the same name, as ``"<op> [host]"``."""
         totals: dict[str, list[float]] = {}
         for d in self.dispatches:
-            totals.setdefault(d.kernel, []).append(d.median_us)
+            totals.setdefault(d.label, []).append(d.median_us)
         all_us = sum(d.median_us for d in self.dispatches) or 1.0
         rows = [(k, len(v), sum(v), sum(v) / all_us) for k, v in totals.items()]
         return sorted(rows, key=lambda r: (-r[2], r[0]))
 
     def table(self, top: int = 10) -> str:
         """A text report: per kernel kind, then the slowest dispatches."""
-        lines = [f"profile of {self.model_name}: {self.dispatch_count} dispatches, median of {self.runs} runs",
+        host = sum(d.host for d in self.dispatches)
+        on_host = f" ({host} {HOST_TAG}: on the host CPU)" if host else ""
+        lines = [f"profile of {self.model_name}: {self.dispatch_count} dispatches{on_host}, median of {self.runs} runs",
                  f"run: {self.run_ms:.3f} ms; host overhead {self.host_us_per_dispatch:.2f} µs/dispatch "
                  f"+ {self.host_us_per_run:.1f} µs/run (input copy, output copies)", "",
                  f"{'kernel':<32} {'count':>6} {'total µs':>10} {'share':>7}"]
@@ -57,7 +75,7 @@ class Profile:
         lines += ["", f"slowest {min(top, self.dispatch_count)} dispatches:",
                   f"{'#':>4} {'kernel':<32} {'node':<32} {'µs':>9}"]
         slowest = sorted(self.dispatches, key=lambda d: -d.median_us)[:top]
-        lines += [f"{d.index:>4} {d.kernel:<32} {d.node[:32]:<32} {d.median_us:>9.1f}" for d in slowest]
+        lines += [f"{d.index:>4} {d.label:<32} {d.node[:32]:<32} {d.median_us:>9.1f}" for d in slowest]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +116,7 @@ def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any
     program = executor.program
     return Profile(
         model_name=program.model_name, runs=runs,
-        dispatches=[DispatchTime(i, d.kernel, d.node, statistics.median(ts) / 1e3)
+        dispatches=[DispatchTime(i, d.kernel, d.node, statistics.median(ts) / 1e3, d.host is not None)
                     for i, (d, ts) in enumerate(zip(program.dispatches, per_dispatch))],
         run_ms=statistics.median(totals) / 1e6,
         host_us_per_dispatch=loop_us / max(len(executor.steps), 1),

@@ -1,22 +1,27 @@
 """A dispatch as the op it came from: its reference implementation from the ``torch_ir`` op registry.
 
-The CPU backend runs kernels without a fast path through it (``cpu_kernels.Reference``), the executor runs
-it on the meta device to check a loaded program's parameters against its output specs, and
+The CPU backend runs kernels without a fast path through it (``cpu_kernels.Reference``), every backend
+runs host dispatches (``Dispatch.host``, from ``compile(fallback="cpu")``) through it on the CPU, the
+executor runs it on the meta device to check a loaded program's parameters against its output specs, and
 ``Executor(validate=True)`` compares every dispatch with it.
+
+A host dispatch names an op type read from a file, so before anything runs :func:`check_host_dispatches`
+refuses a program whose host dispatch names an op the registry does not have or refuses as unsafe
+(``aten.from_file``, an in-place variant, ``os.system``): the same rule the IR executor applies to a node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 
-from npu_program.program import Dispatch, TensorSpec
+from npu_program.program import CompiledProgram, Dispatch, TensorSpec
 from torch_ir.errors import TorchIRError
 from torch_ir.ir import OpNode, TensorMeta
 from torch_ir.ops.npu import NPU_OPS
-from torch_ir.ops.registry import Kernel, bind_kernel
+from torch_ir.ops.registry import Kernel, bind_kernel, is_supported, resolve_overload, unsafe_reason
 from torch_ir.ops.values import dtype_from_name
 
 from .device import RuntimeInputError
@@ -40,7 +45,8 @@ def bind_reference(dispatch: Dispatch, specs: Mapping[str, TensorSpec], device: 
     return bind_kernel(node, device)
 
 
-def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, TensorSpec], model: str) -> None:
+def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, TensorSpec], model: str,
+                        unread: Collection[str] = ()) -> None:
     """Run the dispatch's reference on the meta device (shapes only, nothing allocated) and refuse the
     program when its parameters give outputs other than its specs: a kernel would otherwise write past
     its slot in the arena (a CONV whose padding disagrees with its output spec, from a hostile file)."""
@@ -58,6 +64,43 @@ def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, Tens
                                 f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
     got = [list(t.shape) for t in outputs]
     want = [list(specs[n].shape) for n in dispatch.outputs]
-    if got != want:
+    # a meta kernel may size an output nothing reads smaller than the CPU kernel makes it (embedding_bag's
+    # max_indices: [0] on meta, one per bag on the CPU); such an output only has to fit its slot
+    if len(got) != len(want) or any(g != w and not (name in unread and _numel(g) <= _numel(w))
+                                    for g, w, name in zip(got, want, dispatch.outputs)):
         raise RuntimeInputError(f"{where}: its parameters give outputs of shapes {got}, but the program's specs "
                                 f"say {want}; the program is inconsistent: recompile the model")
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def host_op_problem(op: str) -> str | None:
+    """Why the host must not run ``op`` for a host dispatch (None: it may): the op registry has no
+    implementation of it, or refuses it as unsafe (it touches files or process state, writes an argument)."""
+    if is_supported(op):
+        return None
+    overload = resolve_overload(op)
+    reason = unsafe_reason(op, overload) if overload is not None else None
+    if reason is not None:
+        return f"the op registry refuses it: {reason}"
+    return "the torch_ir op registry has no implementation of it (host dispatches run registered ops only)"
+
+
+def check_host_dispatches(program: CompiledProgram) -> None:
+    """Refuse the program, before anything is allocated or run, if a host dispatch names an op the host may
+    not run; the error names the program, the dispatch, its op and the rule."""
+    for index, dispatch in enumerate(program.dispatches):
+        if dispatch.host is None:
+            continue
+        problem = host_op_problem(dispatch.kernel)
+        if problem is not None:
+            raise RuntimeInputError(
+                f"program {program.model_name!r}: dispatch {index} (node {dispatch.node!r}) is a host dispatch of "
+                f"op {dispatch.kernel!r}, which the host may not run: {problem}. A host dispatch may only name an "
+                "op of the torch_ir op registry that touches nothing but its own tensors (docs/security.md); "
+                "recompile the model, or register the op's reference implementation with @torch_ir.register_op")

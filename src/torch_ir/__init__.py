@@ -20,19 +20,19 @@ from .errors import (  # noqa: E402
     WeightsMismatchError,
 )
 from .executor import IRExecutor  # noqa: E402
-from .frontends import extract_ir, from_exported_program  # noqa: E402
+from .frontends import build_on_meta, extract_ir, from_exported_program  # noqa: E402
 from .ir import NPU_IR, OpNode, TensorMeta, load_ir  # noqa: E402
 from .ops import register_op  # noqa: E402
 from .report import ir_statistics, markdown_report, to_mermaid  # noqa: E402
 from .verify import verify_ir, verify_ir_with_state_dict  # noqa: E402
-from .weights import load_state_dict, match_weights, save_weights  # noqa: E402
+from .weights import exported_program_state, load_state_dict, match_weights, save_weights  # noqa: E402
 
 __all__ = [
     "NPU_IR", "ExecutionError", "ExtractionError", "IRExecutor", "IRValidationError", "InputMismatchError",
     "OpNode", "TensorMeta", "TorchIRError", "UnsupportedOpError", "WeightsMismatchError", "__version__",
-    "extract_ir", "from_exported_program", "ir_statistics", "load_ir", "load_state_dict", "markdown_report",
-    "match_weights", "register_op", "save_weights", "to_mermaid", "verify_ir", "verify_ir_with_state_dict",
-    "import_onnx", "import_tinygrad",
+    "build_on_meta", "exported_program_state", "extract_ir", "from_exported_program", "import_onnx",
+    "import_tinygrad", "ir_statistics", "load_ir", "load_state_dict", "markdown_report", "match_weights",
+    "register_op", "save_weights", "to_mermaid", "verify_ir", "verify_ir_with_state_dict",
 ]
 
 

@@ -18,8 +18,8 @@ from torch_ir.ops.registry import bind_kernel
 from torch_ir.ops.values import dtype_from_name, dtype_name
 from torch_ir.verify import default_tolerance
 
-CASES = [(name, dtype, backend) for name in sorted(all_kernels()) if KERNELS[name].test
-         for dtype in KERNELS[name].test.dtypes for backend in KERNELS[name].impls]
+CASES = [(name, i, dtype, backend) for name in sorted(all_kernels())
+         for i, test in enumerate(KERNELS[name].tests) for dtype in test.dtypes for backend in KERNELS[name].impls]
 
 
 def test_every_kernel_has_a_test_record():
@@ -56,9 +56,10 @@ def one_node_ir(name: str, test: KernelTest, values: list[torch.Tensor]) -> NPU_
                   nodes=[OpNode("k0", name, metas, out_metas, dict(test.params))])
 
 
-@pytest.mark.parametrize(("name", "dtype", "backend"), CASES, ids=[f"{n}-{d}-{b}" for n, d, b in CASES])
-def test_kernel_against_its_reference(name, dtype, backend):
-    test = KERNELS[name].test
+@pytest.mark.parametrize(("name", "index", "dtype", "backend"), CASES,
+                         ids=[f"{n}-{i}-{d}-{b}" if i else f"{n}-{d}-{b}" for n, i, d, b in CASES])
+def test_kernel_against_its_reference(name, index, dtype, backend):
+    test = KERNELS[name].tests[index]
     values = make_inputs(test, dtype)
     ir = one_node_ir(name, test, values)
     expected = IRExecutor(ir, {f"in{i}": values[i] for i in test.weights}).run(

@@ -16,7 +16,7 @@ from torch_ir import extract_ir
 
 
 class CumsumNet(nn.Module):
-    """conv -> cumsum over channels (no NPU kernel) -> conv -> pool -> linear."""
+    """conv -> logcumsumexp over channels (no NPU kernel) -> conv -> pool -> linear."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -27,7 +27,7 @@ class CumsumNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn(self.conv1(x)))
-        y = torch.cumsum(y, dim=1)
+        y = torch.logcumsumexp(y, dim=1)
         y = torch.relu(self.conv2(y))
         return self.fc(y.mean(dim=(2, 3)))
 
@@ -43,7 +43,7 @@ class Branches(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         left = torch.relu(self.a(x))
-        right = torch.cumsum(self.b(x), dim=-1)
+        right = torch.logcumsumexp(self.b(x), dim=-1)
         return self.c(left + right)
 
 
@@ -65,12 +65,12 @@ def _run(plan, real: nn.Module, x: torch.Tensor) -> np.ndarray:
 def test_an_op_without_kernel_runs_on_the_cpu_between_two_npu_parts():
     x = torch.randn(2, 3, 16, 16)
     ir, real, expected = _setup(CumsumNet, x)
-    with pytest.raises(UnsupportedOpsError, match="cumsum"):
+    with pytest.raises(UnsupportedOpsError, match="logcumsumexp"):
         compile(ir)  # the whole graph cannot be one program...
     plan = partition(ir.to_dict(), is_op_supported)  # ...but it can run in parts
     assert [p.device for p in plan.partitions] == ["npu", "cpu", "npu"]
     (cpu,) = plan.cpu_placements()
-    assert cpu.op == "aten.cumsum.default" and "not in the NPU kernel library" in cpu.reason
+    assert cpu.op == "aten.logcumsumexp.default" and "not in the NPU kernel library" in cpu.reason
     np.testing.assert_allclose(_run(plan, real, x), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -82,9 +82,9 @@ def test_placement_summary_counts_nodes_and_flops_and_says_why():
     # the two convolutions dominate: 2 * out_elems * C_in * 9 each
     conv_flops = 2 * (2 * 8 * 16 * 16) * 3 * 9 + 2 * (2 * 8 * 16 * 16) * 8 * 9
     assert conv_flops < totals["npu"]["flops"] < conv_flops * 1.1
-    assert totals["cpu"]["flops"] == 2 * 8 * 16 * 16  # one cumsum output element each
+    assert totals["cpu"]["flops"] == 2 * 8 * 16 * 16  # one logcumsumexp output element each
     text = plan.summary()
-    assert "aten.cumsum.default" in text and "not in the NPU kernel library" in text and "3 partitions" in text
+    assert "aten.logcumsumexp.default" in text and "not in the NPU kernel library" in text and "3 partitions" in text
     json.dumps(plan.to_dict())
 
 
@@ -97,7 +97,7 @@ def test_a_user_predicate_moves_ops_to_the_cpu():
 
     plan = partition(ir, no_gemm)
     reasons = {p.op: p.reason for p in plan.cpu_placements()}
-    assert set(reasons) == {"GEMM", "aten.cumsum.default"}
+    assert set(reasons) == {"GEMM", "aten.logcumsumexp.default"}
     assert reasons["GEMM"] == "the predicate no_gemm rejected GEMM"
     np.testing.assert_allclose(_run(plan, real, x), expected, rtol=1e-4, atol=1e-5)
 
@@ -114,7 +114,7 @@ def test_independent_branches_need_no_extra_device_switches():
     x = torch.randn(4, 6)
     ir, real, expected = _setup(Branches, x)
     plan = partition(ir, is_op_supported)
-    # cumsum is the only CPU node; the left branch joins the first NPU part, the join the second
+    # logcumsumexp is the only CPU node; the left branch joins the first NPU part, the join the second
     assert [p.device for p in plan.partitions] == ["npu", "cpu", "npu"]
     assert len(plan.partitions[0].nodes) == 2  # both GEMMs that read x
     np.testing.assert_allclose(_run(plan, real, x), expected, rtol=1e-5, atol=1e-6)

@@ -14,7 +14,11 @@ from tinygrad.tensor import Tensor
 
 
 def realize_weights(model: object, seed: int = 0) -> object:
-    """Give every weight real, seeded values (tinygrad initializes lazily, with THREEFRY in the graph)."""
+    """Give every weight seeded numpy values (BatchNorm statistics other than 0 and 1 included).
+
+    Users need not do this (the importer realizes lazily initialized weights itself); the tests use it
+    where they want values that do not depend on tinygrad's RNG, or non-trivial running statistics.
+    """
     rng = np.random.default_rng(seed)
     for key, t in get_state_dict(model).items():
         if key.endswith("running_var"):  # a variance: positive

@@ -93,13 +93,33 @@ def test_cnn_with_batchnorm_pooling_and_head(tmp_path):
 
 
 def test_llama_block(tmp_path):
-    block = realize_weights(LlamaBlock())
+    """Written the ordinary way: its Linear weights stay lazy until the importer realizes them."""
+    block = LlamaBlock()
     cos, sin = rotary_tables(8, 16)
     ir = _check(block, [_tensor(1, 6, 32), cos[:6].contiguous().realize(), sin[:6].contiguous().realize()], tmp_path)
+    assert sorted(ir.weight_name_mapping.values()) == sorted(get_state_dict(block))
     hist = ir.op_histogram()
     assert hist["aten.linear.default"] == 7  # q, k, v, o and the three of the gated MLP
     assert hist["aten.matmul.default"] == 2  # scores and the weighted sum of values
     assert hist["aten._softmax.default"] == 1 and hist["aten.silu.default"] == 1
+
+
+def test_llama_block_compiles_whole_and_runs_equal_to_tinygrad():
+    """Its causal mask fills with -inf through a scalar_tensor: a fill kernel, not a refusal."""
+    from npu_compiler import compile as compile_ir
+    from npu_runtime import Device, Executor, load_weights
+
+    block = realize_weights(LlamaBlock())
+    cos, sin = rotary_tables(8, 16)
+    inputs = [_tensor(1, 6, 32), cos[:6].contiguous().realize(), sin[:6].contiguous().realize()]
+    ir, weights = import_tinygrad(block, inputs)
+    program = compile_ir(ir)  # strict: every node has a kernel
+    device = Device()
+    outputs = Executor(program, device).run(
+        {spec.name: x.numpy() for spec, x in zip(program.input_specs, inputs)},
+        weights=load_weights({k: torch.from_numpy(v) for k, v in weights.items()}, program, device))
+    actual = [torch.from_numpy(outputs[spec.name].to_numpy()) for spec in program.output_specs]
+    assert_outputs_close(actual, [torch.from_numpy(block(*inputs).numpy())])
 
 
 @pytest.mark.slow
@@ -111,8 +131,79 @@ def test_tiny_llama_end_to_end(tmp_path):
 
 
 def test_randomness_in_the_graph_says_to_realize_the_weights():
-    with pytest.raises(ExtractionError, match=r"THREEFRY.*realize the weights first"):
+    """Randomness in forward is not a weight: the message says to keep it out, not to realize weights."""
+    with pytest.raises(ExtractionError, match=r"THREEFRY.*generated in the model's forward.*keep randomness "
+                                              r"out of forward") as info:
         import_tinygrad(lambda x: x + Tensor.rand(*x.shape), [_tensor(2, 2)])
+    assert "realize the weights" not in str(info.value)
+
+
+# -- models written the ordinary way: lazily initialized weights, never realized by the user ---------------
+
+def _assert_weights_are_the_models(model, weights: dict[str, np.ndarray]) -> None:
+    """The returned weights are every state-dict tensor, and the very values the model now holds."""
+    state = get_state_dict(model)
+    assert sorted(weights) == sorted(state)
+    for key, t in state.items():
+        assert t.uop.has_buffer_identity(), f"{key} was left lazy"
+        np.testing.assert_array_equal(weights[key], t.numpy(), err_msg=key)
+
+
+def test_lazy_mlp_imports_and_equals_its_own_forward():
+    model = MLP((8, 16, 4))
+    assert not any(t.uop.has_buffer_identity() for t in get_state_dict(model).values())  # really lazy
+    ir = _check(model, [_tensor(3, 8)])  # _check calls the model after the import: same weights, same output
+    assert _ops(ir) == ["linear", "relu", "linear"]
+    _, weights = import_tinygrad(model, [_tensor(3, 8)])
+    _assert_weights_are_the_models(model, weights)
+    assert np.abs(weights["layers.0.weight"]).max() > 0  # tinygrad's random init, not zeros
+
+
+def test_lazy_cnn_with_batchnorm_imports(tmp_path):
+    Tensor.training = False
+    model = CNN()
+    ir = _check(model, [_tensor(2, 3, 8, 8)], tmp_path)
+    assert _ops(ir)[0] == "conv2d" and "max_pool2d" in _ops(ir) and _ops(ir)[-1] == "linear"
+    assert {"bn1.running_mean", "bn1.running_var", "conv2.weight"} <= set(ir.weight_name_mapping.values())
+
+
+def test_lazy_weights_are_realized_once():
+    """A second import reads the same values: the importer realizes in place, it does not re-draw."""
+    model = MLP((4, 3))
+    _, first = import_tinygrad(model, [_tensor(2, 4)])
+    _, second = import_tinygrad(model, [_tensor(2, 4)])
+    for key in first:
+        np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+
+
+def test_lazy_embedding_imports():
+    from tinygrad.nn import Embedding
+
+    table = Embedding(10, 4)
+    ir = _check(table, [Tensor(np.array([[1, 7, 7, 0]], dtype=np.int32))])
+    assert list(ir.weight_name_mapping.values()) == ["weight"]
+
+
+def test_a_random_tensor_kept_as_an_attribute_is_a_weight():
+    class Noisy:
+        def __init__(self):
+            self.noise = Tensor.rand(2, 3)  # lazy THREEFRY, but reachable from the state dict
+
+        def __call__(self, x: Tensor) -> Tensor:
+            return x + self.noise
+
+    model = Noisy()
+    ir = _check(model, [_tensor(2, 3)])
+    assert _ops(ir) == ["add"] and list(ir.weight_name_mapping.values()) == ["noise"]
+
+
+def test_empty_weights_stay_weight_free_beside_lazy_ones():
+    model = MLP((4, 3))
+    layer = model.layers[0]
+    layer.weight = Tensor.empty(3, 4)  # declared without data; the bias stays a lazy random init
+    ir, weights = import_tinygrad(model, [_tensor(2, 4)])
+    assert sorted(ir.weight_name_mapping.values()) == ["layers.0.bias", "layers.0.weight"]
+    assert list(weights) == ["layers.0.bias"]
 
 
 def test_buffers_outside_the_state_dict_become_weights_too():

@@ -4,6 +4,11 @@ A backend allocates device memory, copies host arrays in and out, views a tensor
 and turns a dispatch into a kernel it can run. The executors are written against this interface only,
 so a compute-shader backend (WebGPU) plugs in beside the CPU one without changing them or the compiler.
 Handles (``Any`` below) are whatever the backend uses for device memory: ``torch.Tensor`` on the CPU.
+
+*Host dispatches* (``Dispatch.host`` set, made by ``compile(fallback="cpu")``) are not kernels of the
+target: their ``kernel`` is an op type, run on the host CPU by the op's reference implementation. A
+backend's ``kernel()`` hands them to its ``host_kernel()``; :class:`HostKernel` is the implementation any
+backend can return there (download the inputs, run the reference on CPU tensors, upload the outputs).
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from npu_program.program import Dispatch, TensorSpec
+from torch_ir.ops.values import dtype_from_name
 
 
 class Kernel(Protocol):
@@ -55,7 +62,14 @@ class Backend(Protocol):
         """Copy a device tensor back to a host array in logical (row-major) order."""
 
     def kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
-        """The kernel that runs ``dispatch``; ``weight_names`` are the inputs bound before the first run."""
+        """The kernel that runs ``dispatch``; ``weight_names`` are the inputs bound before the first run.
+
+        A host dispatch (``dispatch.host`` set) is not a kernel of this backend: return ``host_kernel``'s."""
+
+    def host_kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> Kernel:
+        """The kernel of a host dispatch: the op's reference implementation run on the host CPU, reading and
+        writing this backend's tensors (``HostKernel(self, dispatch, specs)`` works for any backend; one whose
+        tensors are host memory already can run the reference on them directly)."""
 
     def begin_run(self) -> None:
         """A run starts: a GPU backend opens its command encoder; every dispatch until ``end_run`` is recorded."""
@@ -65,3 +79,33 @@ class Backend(Protocol):
 
     def synchronize(self) -> None:
         """Wait for all submitted work (a no-op on a synchronous backend); profiling calls it."""
+
+
+class HostKernel:
+    """A host dispatch on any backend: its inputs downloaded (logical order), the op's reference implementation
+    run on CPU tensors, its outputs uploaded (``copy_in`` converts to each output's dtype and layout).
+
+    The executor has already checked the op (``npu_runtime.reference.check_host_dispatches``) and its output
+    shapes (``check_output_shapes``) before this is made.
+    """
+
+    def __init__(self, backend: Backend, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        from ..reference import bind_reference  # the reference module imports the device, which imports backends
+
+        self.backend = backend
+        self.in_specs = [specs[name] for name in dispatch.inputs]
+        self.fn = bind_reference(dispatch, specs, torch.device("cpu"))
+
+    def prepare(self, weights: dict[str, Any]) -> None:
+        pass
+
+    def run(self, inputs: list[Any], outputs: list[Any]) -> None:
+        host = [self._host(handle, spec) for handle, spec in zip(inputs, self.in_specs)]
+        for out, value in zip(outputs, self.fn(host, {})):
+            self.backend.copy_in(out, value.detach().contiguous().numpy() if value.dtype != torch.bfloat16
+                                 else value.float().numpy())
+
+    def _host(self, handle: Any, spec: TensorSpec) -> torch.Tensor:
+        """A device tensor as a CPU tensor of its own dtype (``download`` widens bfloat16 to float32)."""
+        array = self.backend.download(handle, spec)
+        return torch.from_numpy(np.ascontiguousarray(array)).to(dtype_from_name(spec.dtype))

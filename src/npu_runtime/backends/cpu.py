@@ -10,7 +10,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.values import dtype_from_name
 
 from .base import Kernel
-from .cpu_kernels import make_kernel
+from .cpu_kernels import Reference, make_kernel
 
 
 def _nhwc(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
@@ -72,7 +72,14 @@ class CPUBackend:
         return t.contiguous().numpy().copy()
 
     def kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
+        if dispatch.host is not None:  # not a kernel of the table: the op itself, on the host
+            return self.host_kernel(dispatch, specs)
         return make_kernel(dispatch, specs, weight_names)
+
+    def host_kernel(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> Kernel:
+        """The op's reference on the arena's tensors themselves: on this backend they are host memory already
+        (an NHWC tensor is a logical strided view), so nothing is downloaded or uploaded."""
+        return Reference(dispatch, specs)
 
     def begin_run(self) -> None:  # kernels run as they are dispatched: nothing to record or submit
         pass

@@ -3,23 +3,28 @@
 Each node is bound to its implementation once, at construction (``ops.registry.bind_kernel``), so
 every unsupported op is reported before anything runs; values are freed after their last use;
 a failure names the node. ``run_traced`` hands every node's outputs to a callback, which is how the
-verifier compares intermediate values.
+verifier compares intermediate values. With ``check_shapes`` (or ``TORCH_IR_CHECK_SHAPES=1``) every
+node's outputs are checked against the shapes and dtypes the IR declares for them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from ..errors import ExecutionError, InputMismatchError, UnsupportedOpError
+from ..errors import ExecutionError, InputMismatchError, TorchIRError, UnsupportedOpError
 from ..ir import NPU_IR, OpNode, TensorMeta
 from ..ops.registry import bind_kernel, unsupported_message
+from ..ops.symbolic import eval_sym
 from ..ops.values import decode_value, dtype_name
-from ..weights import WeightsSource, match_weights
+from ..weights import WeightsSource, as_tensor, match_weights
 
-Inputs = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+Inputs = Sequence[Any] | Mapping[str, Any]  # torch tensors, numpy arrays, anything with __array__/__dlpack__
 NodeCallback = Callable[[OpNode, list[torch.Tensor]], None]
+CHECK_SHAPES_ENV = "TORCH_IR_CHECK_SHAPES"
 
 
 class IRExecutor:
@@ -27,14 +32,23 @@ class IRExecutor:
 
     Example::
 
-        executor = IRExecutor(ir, model.state_dict())
-        (logits,) = executor.run([x])
+        executor = IRExecutor(ir, model)               # or model.state_dict(), a file, an ExportedProgram
+        (logits,) = executor.run([x])                  # x: a torch tensor, a numpy array, ...
+
+    ``weights`` is anything ``torch_ir.load_state_dict`` takes (values may be numpy arrays or other
+    array-likes). Non-persistent buffers missing from it are rebuilt from the IR's recipes where it has one.
+    ``check_shapes=True`` checks every node's actual outputs against the IR's declared shapes and dtypes
+    (symbolic dimensions resolved with the symbols bound from the inputs) and raises ``ExecutionError``
+    naming the node, op, output and both shapes at the first difference; ``None`` (the default) reads the
+    environment variable ``TORCH_IR_CHECK_SHAPES`` (``1`` turns it on). A debugging aid: it costs a little
+    per node.
     """
 
     def __init__(self, ir: NPU_IR, weights: WeightsSource | None = None, *, device: str | torch.device = "cpu",
-                 strict_weights: bool = True):
+                 strict_weights: bool = True, check_shapes: bool | None = None):
         self.ir = ir
         self.device = torch.device(device)
+        self.check_shapes = _env_flag(CHECK_SHAPES_ENV) if check_shapes is None else bool(check_shapes)
         self.kernels = self._bind_all(ir)
         self.state = {k: v.to(self.device) for k, v in match_weights(ir, weights, strict=strict_weights).items()}
         keep = {t.name for t in ir.graph_outputs} | set(ir.mutations.values())
@@ -52,11 +66,14 @@ class IRExecutor:
         return kernels
 
     def run(self, inputs: Inputs) -> list[torch.Tensor]:
-        """Execute the graph; returns the outputs in graph-output order. Buffer mutations are applied."""
+        """Execute the graph; returns the outputs in graph-output order. Buffer mutations are applied,
+        and an input the model writes in place (``ir.mutations`` keyed by a graph input) is written back
+        into the caller's tensor, as eager does."""
         return self.run_traced(inputs, None)
 
     def run_traced(self, inputs: Inputs, on_node: NodeCallback | None) -> list[torch.Tensor]:
-        env, symbols = self._bind_inputs(inputs)
+        given: dict[str, torch.Tensor] = {}  # the caller's tensors of the inputs the graph writes in place
+        env, symbols = self._bind_inputs(inputs, given)
         env.update(self.state)
         with torch.no_grad():
             for node, kernel, dead in zip(self.ir.nodes, self.kernels, self.dead_after):
@@ -72,17 +89,24 @@ class IRExecutor:
                         f"while executing node {node.name} ({node.op_type}): the implementation returned "
                         f"{len(outs)} tensors, the IR declares {len(node.outputs)} outputs\n  {node}"
                     )
+                if self.check_shapes:
+                    _check_outputs(self.ir, node, outs, symbols)
                 for meta, value in zip(node.outputs, outs):
                     env[meta.name] = value
                 if on_node is not None:
                     on_node(node, outs)
                 for name in dead:
                     del env[name]
-        for buffer, value in self.ir.mutations.items():
-            self.state[buffer] = env[value]
+        for target, value in self.ir.mutations.items():
+            if target in given:
+                with torch.no_grad():
+                    given[target].copy_(env[value])  # an input written in place: into the caller's tensor
+            else:
+                self.state[target] = env[value]
         return [env[t.name] for t in self.ir.graph_outputs]
 
-    def _bind_inputs(self, inputs: Inputs) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    def _bind_inputs(self, inputs: Inputs, given: dict[str, torch.Tensor] | None = None,
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         metas = self.ir.graph_inputs
         if isinstance(inputs, Mapping):
             names = [m.name for m in metas]
@@ -103,7 +127,10 @@ class IRExecutor:
         symbols: dict[str, int] = {}
         env = {}
         for meta, value in zip(metas, values):
+            value = as_tensor(value, f"input {meta.name!r} of IR {self.ir.model_name!r}", InputMismatchError)
             _check_input(self.ir, meta, value, symbols)
+            if given is not None and meta.name in self.ir.mutations:
+                given[meta.name] = value
             env[meta.name] = value.to(self.device)
         for name, spec in self.ir.symbols.items():
             if "expr" in spec:  # a symbol defined by other symbols (aten.item of a shape)
@@ -133,6 +160,41 @@ def _check_input(ir: NPU_IR, meta: TensorMeta, value: object, symbols: dict[str,
             raise InputMismatchError(
                 f"{where} must have shape {meta.shape}, got {list(value.shape)} (dim {axis}: {got} != {want})"
             )
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _check_outputs(ir: NPU_IR, node: OpNode, outs: Sequence[torch.Tensor], symbols: Mapping[str, int]) -> None:
+    """Each output's dtype and shape as the IR declares them; symbolic dims are evaluated with ``symbols``."""
+    for index, (meta, value) in enumerate(zip(node.outputs, outs)):
+        if not isinstance(value, torch.Tensor):
+            raise ExecutionError(f"check_shapes: node {node.name} ({node.op_type}) output {index} ({meta.name!r}) "
+                                 f"is {type(value).__name__}, not a tensor\n  {node}")
+        declared = [_resolve_dim(d, symbols) for d in meta.shape]
+        actual = list(value.shape)
+        shape_ok = len(declared) == len(actual) and all(d is None or d == a for d, a in zip(declared, actual))
+        dtype = dtype_name(value.dtype)
+        if shape_ok and dtype == meta.dtype:
+            continue
+        shown = [d if d is not None else s for d, s in zip(declared, meta.shape)]
+        symbolic = f" (IR: {meta.shape})" if any(isinstance(d, str) for d in meta.shape) else ""
+        raise ExecutionError(
+            f"check_shapes: node {node.name} ({node.op_type}) output {index} ({meta.name!r}): the IR declares "
+            f"{meta.dtype}{shown}{symbolic}, the kernel returned {dtype}{actual}\n  {node}\n"
+            "The IR's declared shapes are what compilers plan memory with: a difference means the extraction "
+            "recorded a shape the op does not produce (report it), or the IR was edited by hand.")
+
+
+def _resolve_dim(dim: int | str, symbols: Mapping[str, int]) -> int | None:
+    """A declared dimension's value; None when it uses a symbol nothing bound (left unchecked)."""
+    if isinstance(dim, int):
+        return dim
+    try:
+        return eval_sym(dim, symbols)
+    except TorchIRError:
+        return None
 
 
 def _dead_after(ir: NPU_IR, keep: set[str]) -> list[list[str]]:

@@ -11,6 +11,7 @@ _DATA_DEPENDENT = (
     "Tensor.item() cannot be called on meta tensors", "Could not extract specialized integer",
     "Cannot access data pointer", "meta tensors", "Pending unbacked",
 )
+_SHAPE_MISMATCH = ("Attempting to broadcast a dimension", "must match the size of tensor", "shape mismatch")
 _UNSUPPORTED_PYTHON = ("Unsupported", "torch._dynamo.exc", "Dynamo does not know how", ".numpy()", "is not supported")
 
 
@@ -40,5 +41,13 @@ def explain_export_failure(error: Exception, model_name: str) -> ExtractionError
             "Fix: move it out of forward() (precompute it in __init__), or rewrite it with tensor ops "
             "(no .numpy(), .tolist() or Python-side math on tensor values); "
             "see the torch.export documentation for what export supports."
+        )
+    if any(k in text for k in _SHAPE_MISMATCH):
+        return ExtractionError(
+            f"torch.export could not export model {model_name!r}: {text}\n"
+            "If the model caches tensors computed from the input's shape on its first call (detection anchors, "
+            "masks) and was run or exported before, build it again: torch.export puts a module's tensor "
+            "attributes back after a trace but not the plain attributes that guard them (Ultralytics' "
+            "Detect.shape), so the cache is stale. extract_ir itself leaves the model as it found it."
         )
     return ExtractionError(f"torch.export could not export model {model_name!r}: {text}")

@@ -85,7 +85,12 @@ class NPU_IR:  # noqa: N801 - the seed's name, kept so the seeds' code runs as w
     constants: list[TensorMeta] = field(default_factory=list)
     constant_values: dict[str, Any] = field(default_factory=dict)  # name -> nested list (small ones)
     symbols: dict[str, dict[str, Any]] = field(default_factory=dict)  # "s0" -> {min, max[, expr]}
-    mutations: dict[str, str] = field(default_factory=dict)  # buffer (weight) name -> new value
+    # buffer (weight) name, or graph input written in place (1.1), -> the tensor holding its new value
+    mutations: dict[str, str] = field(default_factory=dict)
+    # state-dict key of each non-persistent buffer -> how to rebuild its value without weights, or None (1.1)
+    non_persistent_buffers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # inline constant's name -> the key it was lifted from (``lifted_tensor_0``, ``head.anchors``) (1.1)
+    inlined_constant_keys: dict[str, str] = field(default_factory=dict)
     producer: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -1,7 +1,10 @@
 """NPU_IR <-> JSON. The data classes know nothing of this module.
 
 Attribute values are JSON already (the frontends encode dtypes, symbols and the like as tagged
-objects such as ``{"dtype": "float32"}``), so this codec is a plain walk over the fields.
+objects such as ``{"dtype": "float32"}``), so this codec is a plain walk over the fields. Tensor values
+(``constant_values``, the ``fill`` and ``values`` of ``non_persistent_buffers`` recipes) are plain Python
+numbers in memory, infinities and NaN included; on disk a non-finite number is the tagged object
+``{"float": "-inf"}`` that attributes use, since strict JSON has no such numbers.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,8 @@ from ..fileio import atomic_write, check_output_path, read_input
 from .core import NPU_IR, OpNode, TensorMeta
 from .validate import IRValidationError, check_document, check_integrity
 
-IR_VERSION = "1.0"
+# 1.1: non_persistent_buffers, inlined_constant_keys, non-finite constant values, mutations of graph inputs
+IR_VERSION = "1.1"
 FORMAT = "torch_ir"
 
 
@@ -38,6 +43,44 @@ def tensor_from_dict(d: dict[str, Any]) -> TensorMeta:
     )
 
 
+def encode_numbers(value: Any) -> Any:
+    """A number or nested list of numbers as strict JSON: ``inf``, ``-inf`` and NaN become ``{"float": ...}``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if isinstance(value, list):
+        return [encode_numbers(v) for v in value]
+    return value
+
+
+def decode_numbers(value: Any) -> Any:
+    """The inverse of :func:`encode_numbers`, on a value ``check_document`` has accepted."""
+    if isinstance(value, dict):
+        return float(value["float"])  # only "inf", "-inf" and "nan" pass the checker
+    if isinstance(value, list):
+        return [decode_numbers(v) for v in value]
+    return value
+
+
+def _recipe_to_json(recipe: dict[str, Any] | None) -> dict[str, Any] | None:
+    if recipe is None:
+        return None
+    out = dict(recipe)
+    for key in ("fill", "values"):
+        if key in out:
+            out[key] = encode_numbers(out[key])
+    return out
+
+
+def _recipe_from_json(recipe: dict[str, Any] | None) -> dict[str, Any] | None:
+    if recipe is None:
+        return None
+    out = dict(recipe)
+    for key in ("fill", "values"):
+        if key in out:
+            out[key] = decode_numbers(out[key])
+    return out
+
+
 def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -50,9 +93,11 @@ def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
         "weight_name_mapping": dict(ir.weight_name_mapping),
         "weight_aliases": {k: list(v) for k, v in ir.weight_aliases.items()},
         "constants": [tensor_to_dict(t) for t in ir.constants],
-        "constant_values": dict(ir.constant_values),
+        "constant_values": {k: encode_numbers(v) for k, v in ir.constant_values.items()},
         "symbols": {k: dict(v) for k, v in ir.symbols.items()},
         "mutations": dict(ir.mutations),
+        "non_persistent_buffers": {k: _recipe_to_json(v) for k, v in ir.non_persistent_buffers.items()},
+        "inlined_constant_keys": dict(ir.inlined_constant_keys),
         "nodes": [
             {
                 "name": n.name,
@@ -82,9 +127,11 @@ def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
         weight_name_mapping=dict(doc.get("weight_name_mapping", {})),
         weight_aliases={k: list(v) for k, v in doc.get("weight_aliases", {}).items()},
         constants=[tensor_from_dict(t) for t in doc.get("constants", [])],
-        constant_values=dict(doc.get("constant_values", {})),
+        constant_values={k: decode_numbers(v) for k, v in doc.get("constant_values", {}).items()},
         symbols={k: dict(v) for k, v in doc.get("symbols", {}).items()},
         mutations=dict(doc.get("mutations", {})),
+        non_persistent_buffers={k: _recipe_from_json(v) for k, v in doc.get("non_persistent_buffers", {}).items()},
+        inlined_constant_keys=dict(doc.get("inlined_constant_keys", {})),
         nodes=[
             OpNode(
                 name=n["name"], op_type=n["op_type"],

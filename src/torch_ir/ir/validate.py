@@ -9,6 +9,7 @@ the shape and dtype it was defined with, graph outputs produced, weights declare
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from npu_program.dtypes import DTYPES, is_dtype
@@ -101,9 +102,14 @@ def check_document(doc: Any, *, source: str = "<dict>") -> None:
         _check_tensor(t, f"constants[{i}]", source)
     for key in ("weight_name_mapping", "weight_aliases", "mutations"):
         _check_str_map(doc, key, source)
-    for key in ("producer", "metadata", "constant_values"):
+    for key in ("producer", "metadata", "constant_values", "non_persistent_buffers", "inlined_constant_keys"):
         if not isinstance(doc.get(key, {}), dict):
             _fail(source, key, f"expected an object, got {type(doc[key]).__name__}")
+    _check_constant_values(doc, source)
+    _check_buffers(doc.get("non_persistent_buffers", {}), source)
+    keys = doc.get("inlined_constant_keys", {})
+    if not all(isinstance(v, str) for v in keys.values()):
+        _fail(source, "inlined_constant_keys", "expected an object mapping constant names to state keys")
     for i, node in enumerate(_check_list(doc, "nodes", source)):
         path = f"nodes[{i}]"
         if not isinstance(node, dict):
@@ -120,6 +126,88 @@ def check_document(doc: Any, *, source: str = "<dict>") -> None:
         for name, value in attrs.items():
             _check_attr(value, f"{path}.attrs.{name}", source)
     _check_symbols(doc.get("symbols", {}), source)
+
+
+#: How deep a tensor value may nest (its rank); JSON parsers and the walks below recurse once a level.
+MAX_VALUE_RANK = 64
+_NON_FINITE = ("inf", "-inf", "nan")
+
+
+def _check_numbers(value: Any, path: str, source: str, depth: int = 0) -> None:
+    """A tensor value: a number, a bool, ``{"float": "inf" | "-inf" | "nan"}``, or nested lists of those."""
+    if isinstance(value, list):
+        if depth >= MAX_VALUE_RANK:
+            _fail(source, path, f"nested more than {MAX_VALUE_RANK} lists deep; not a tensor value")
+        for i, v in enumerate(value):
+            _check_numbers(v, f"{path}[{i}]", source, depth + 1)
+    elif isinstance(value, dict):
+        if set(value) != {"float"} or value["float"] not in _NON_FINITE:
+            _fail(source, path, f'{str(value)[:80]} is not a number; a non-finite number is written '
+                                f'{{"float": "inf"}}, {{"float": "-inf"}} or {{"float": "nan"}}')
+    elif not isinstance(value, (int, float, bool)):
+        _fail(source, path, f"expected a number, a bool or a list of them, got {type(value).__name__}")
+
+
+def _value_shape(value: Any) -> list[int] | None:
+    """The shape of a nested-list value whose lists are regular, else None."""
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return shape
+
+
+def _check_constant_values(doc: dict, source: str) -> None:
+    declared = {t.get("name"): t for t in doc.get("constants", []) if isinstance(t, dict)}
+    for name, value in doc.get("constant_values", {}).items():
+        path = f"constant_values[{name!r}]"
+        if name not in declared:
+            _fail(source, path, "holds a value for a name that is not a declared constant")
+        _check_numbers(value, path, source)
+
+
+_RECIPES = ("arange", "fill", "values")
+
+
+def _check_buffers(buffers: dict, source: str) -> None:
+    """``non_persistent_buffers``: state-dict key -> null, or a recipe (see docs/ir_spec.md)."""
+    max_dim = get_limits().max_dim
+    for key, recipe in buffers.items():
+        path = f"non_persistent_buffers[{key!r}]"
+        if recipe is None:
+            continue
+        if not isinstance(recipe, dict):
+            _fail(source, path, "expected null or a recipe object")
+        kinds = [k for k in _RECIPES if k in recipe]
+        if len(kinds) != 1 or set(recipe) != {kinds[0], "dtype", "shape"}:
+            _fail(source, path, f"a recipe has dtype, shape and exactly one of {', '.join(_RECIPES)}; "
+                                f"got the fields {sorted(recipe)[:8]}")
+        if not isinstance(recipe["dtype"], str) or not is_dtype(recipe["dtype"]):
+            _fail(source, f"{path}.dtype", f"unknown dtype; expected one of {', '.join(DTYPES)}")
+        shape = recipe["shape"]
+        if not isinstance(shape, list) or len(shape) > MAX_VALUE_RANK or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= max_dim for d in shape):
+            _fail(source, f"{path}.shape", f"expected a list of at most {MAX_VALUE_RANK} sizes from 0 to {max_dim}")
+        kind = kinds[0]
+        if kind == "arange":
+            spec = recipe["arange"]
+            finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+            if not isinstance(spec, dict) or set(spec) != {"start", "end", "step"} or not all(
+                    finite(v) for v in spec.values()):
+                _fail(source, f"{path}.arange", "expected {start, end, step}, three finite numbers")
+            if spec["step"] == 0:
+                _fail(source, f"{path}.arange.step", "must not be 0")
+        elif kind == "fill":
+            if isinstance(recipe["fill"], list):
+                _fail(source, f"{path}.fill", "expected one number")
+            _check_numbers(recipe["fill"], f"{path}.fill", source)
+        else:
+            _check_numbers(recipe["values"], f"{path}.values", source)
+            if _value_shape(recipe["values"]) != shape and math.prod(shape) != 0:
+                _fail(source, f"{path}.values", f"a value of shape {_value_shape(recipe['values'])}, "
+                                                f"the recipe declares {shape}")
 
 
 def _check_attr(value: Any, path: str, source: str) -> None:
@@ -185,11 +273,23 @@ def check_integrity(ir: NPU_IR, *, source: str | None = None) -> None:
     for name in ir.weight_name_mapping:
         if name not in stored:
             _fail(source, f"weight_name_mapping[{name!r}]", "maps a name that is not a declared weight or constant")
+    input_names = {t.name for t in ir.graph_inputs}
     for buf, value in ir.mutations.items():
-        if buf not in weight_names:
-            _fail(source, f"mutations[{buf!r}]", "mutated buffer is not a declared weight/buffer")
+        if buf not in weight_names and buf not in input_names:
+            _fail(source, f"mutations[{buf!r}]", "mutated tensor is not a declared weight/buffer or graph input")
         if value not in defined:
             _fail(source, f"mutations[{buf!r}]", f"new value {value!r} is never produced")
+    # A recipe must make the buffer's declared shape and dtype. A key no weight maps to is left alone: a pass
+    # that removes an unread buffer may leave its entry, which then only goes unused.
+    by_key = {ir.weight_name_mapping.get(w.name, w.name): w for w in ir.weights}
+    for key, recipe in ir.non_persistent_buffers.items():
+        weight = by_key.get(key)
+        if weight is None or recipe is None:
+            continue
+        if list(recipe.get("shape", [])) != list(weight.shape) or recipe.get("dtype") != weight.dtype:
+            _fail(source, f"non_persistent_buffers[{key!r}]",
+                  f"the recipe makes {recipe.get('dtype')}{recipe.get('shape')}, buffer {weight.name!r} is "
+                  f"{weight.dtype}{weight.shape}")
 
 
 def _check_node(ir: NPU_IR, i: int, node: OpNode, defined: dict, node_names: set, source: str) -> None:

@@ -170,11 +170,12 @@ def conv_add(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list
     return ACTIVATIONS[activation](y + rest[-1])
 
 
-@npu_op("LAYER_NORM", inputs="x weight bias", outputs="y", shape=_same_as_first,
+@npu_op("LAYER_NORM", inputs="x weight? bias?", outputs="y", shape=_same_as_first,
         attrs={"normalized_shape": "trailing dims normalized", "eps": "added to the variance"})
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, normalized_shape: list[int],
-               eps: float = 1e-5) -> torch.Tensor:
-    """y = (x - mean) / sqrt(var + eps) · weight + bias over the trailing ``normalized_shape`` dims."""
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+               normalized_shape: list[int], eps: float = 1e-5) -> torch.Tensor:
+    """y = (x - mean) / sqrt(var + eps) · weight + bias over the trailing ``normalized_shape`` dims; without
+    weight and bias (OLMo, Data2Vec's feature extractor) no affine."""
     return F.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
@@ -185,6 +186,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else weight * y
+
+
+@npu_op("BATCH_NORM", inputs="x weight bias mean var", outputs="y", shape=_same_as_first,
+        attrs={"eps": "added to the variance"})
+def batch_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+               *, eps: float = 1e-5) -> torch.Tensor:
+    """y = (x - mean) / sqrt(var + eps) · weight + bias per channel (dim 1), with the running statistics:
+    a per-channel scale and shift, for a batch norm no CONV before it could absorb (DenseNet's pre-activation)."""
+    return F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
+
+
+@npu_op("LRN", inputs="x", outputs="y", shape=_same_as_first,
+        attrs={"size": "channels in the window", "alpha": "scale", "beta": "exponent", "k": "added first"})
+def lrn(x: torch.Tensor, *, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> torch.Tensor:
+    """Local response normalization across channels (AlexNet, GoogLeNet): y = x / (k + alpha · mean of x² over
+    ``size`` neighbouring channels)^beta, as ``torch.nn.LocalResponseNorm`` and ONNX's LRN define it; computed in
+    float32 and cast back."""
+    return F.local_response_norm(x.float(), size, alpha, beta, k).to(x.dtype)
 
 
 def _masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -207,16 +226,21 @@ def softmax(x: torch.Tensor, mask: torch.Tensor | None = None, *, dim: int = -1,
         layouts={"x": "[B,T,H]", "q": "[B,T,H]", "k": "[B,T,H]", "v": "[B,T,H]"}, attrs={
             "splits": "output widths [q, k, v] (k and v narrower under grouped-query attention)",
             "packed": "one weight [q+k+v, K] (GPT-2's c_attn) instead of three",
-            "has_bias": "biases follow the weights", "trans_b": "weights are [N,K] rather than [K,N]",
+            "has_bias": "biases follow the weights: true/false for all, or one flag per projection [q, k, v] "
+                        "(Whisper's k has none)", "trans_b": "weights are [N,K] rather than [K,N]",
             "num_heads": "query heads (null when unknown)", "num_kv_heads": "key/value heads",
             "head_dim": "width of one head"})
 def qkv_proj(x: torch.Tensor, *params: torch.Tensor, splits: list[int], packed: bool = False,
-             has_bias: bool = False, trans_b: bool = True, num_heads: int | None = None,
+             has_bias: bool | list[bool] = False, trans_b: bool = True, num_heads: int | None = None,
              num_kv_heads: int | None = None, head_dim: int | None = None) -> tuple[torch.Tensor, ...]:
     """q, k, v = the three projections of one input, as one op (one weight read of x)."""
     n_w = 1 if packed else 3
-    weights, biases = params[:n_w], (params[n_w:] if has_bias else [None] * n_w)
-    outs = [gemm(x, w, b, trans_b=trans_b) for w, b in zip(weights, biases)]
+    flags = list(has_bias) if isinstance(has_bias, list) else [bool(has_bias)] * n_w
+    if len(flags) != n_w:
+        raise ValueError(f"QKV_PROJ: has_bias lists {len(flags)} flags for {n_w} weights")
+    given = iter(params[n_w:])
+    biases = [next(given) if flag else None for flag in flags]
+    outs = [gemm(x, w, b, trans_b=trans_b) for w, b in zip(params[:n_w], biases)]
     return tuple(torch.split(outs[0], splits, dim=-1)) if packed else tuple(outs)
 
 

@@ -10,11 +10,17 @@ torch.export writes it); casts become ``_to_copy``; ``reciprocal(sqrt(x))`` beco
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace as dc_replace
+
+from ..ir import OpNode
 from .build import VIEWS, node, norm_dim, out, prod, shape_attr, static, temp
 from .rewrite import Match, Op, Rule, Var
 
 x, y, w, b = Var("x"), Var("y"), Var("w"), Var("b")
 RESHAPE, PERMUTE = "aten.reshape.default", "aten.permute.default"
+MUL, ADD = "aten.mul.Tensor", "aten.add.Tensor"
+PAD, SPLIT, CAT = "aten.pad.default", "aten.split_with_sizes.default", "aten.cat.default"
 
 
 # -- views ----------------------------------------------------------------------------------------
@@ -122,6 +128,137 @@ def _mean_dims(m: Match):
     return [node(m, "aten.mean.dim", [m["x"]], {**attrs, "dim": canon})]
 
 
+# -- the tanh approximation of GELU, written out ------------------------------------------------------
+
+_GELU_TANH = {"half": 0.5, "one": 1.0, "cube": 3.0, "coef": 0.044715, "scale": math.sqrt(2.0 / math.pi)}
+
+
+def _close(value: object, want: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value - want) <= 1e-6 * max(1, want)
+
+
+def _gelu_tanh(m: Match):
+    """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) -> gelu(x, approximate="tanh") (GPT-2's NewGELU, BLOOM, ...)."""
+    values = {"half": m.node("half").attrs.get("other"), "one": m.node("one").attrs.get("other"),
+              "cube": m.node("cube").attrs.get("exponent"), "coef": m.node("coef").attrs.get("other"),
+              "scale": m.node("scale").attrs.get("other")}
+    if not all(_close(values[k], want) for k, want in _GELU_TANH.items()):
+        return None
+    return [node(m, "aten.gelu.default", [m["x"]], {"approximate": "tanh"})]
+
+
+def _gelu_tanh_patterns() -> list[Op]:
+    """The formula's two products and one sum in either operand order."""
+    cubic = Op(MUL, Op("aten.pow.Tensor_Scalar", x, name="cube"), name="coef")
+    patterns = []
+    for inner in (Op(ADD, x, cubic, name="inner"), Op(ADD, cubic, x, name="inner")):
+        one = Op(ADD, Op("aten.tanh.default", Op(MUL, inner, name="scale")), name="one")
+        half = Op(MUL, x, name="half")
+        patterns += [Op(MUL, half, one), Op(MUL, one, half)]
+    return patterns
+
+
+# -- one form for padding, splitting, stacking and constructors ------------------------------------
+
+def _constant_pad(m: Match):
+    """constant_pad_nd(x, pad, value) -> pad(x, pad, "constant", value): one padding kernel, every mode."""
+    attrs = m.node().attrs
+    return [node(m, PAD, [m["x"]], {"pad": list(attrs["pad"]), "mode": "constant",
+                                    "value": attrs.get("value", 0.0)})]
+
+
+def _split_dim(m: Match) -> int | None:
+    root = m.node()
+    rank = len(m["x"].shape)
+    dim = norm_dim(root.attrs.get("dim", 0), rank)
+    if not static(list(m["x"].shape)) or not all(static(list(t.shape)) for t in root.outputs):
+        return None
+    return dim
+
+
+def _split(m: Match):
+    """split(x, size, dim), chunk(x, n, dim) -> split_with_sizes(x, the pieces' sizes, dim)."""
+    dim = _split_dim(m)
+    if dim is None:
+        return None
+    sizes = [int(t.shape[dim]) for t in m.node().outputs]
+    return [node(m, SPLIT, [m["x"]], {"split_sizes": sizes, "dim": dim})]
+
+
+def _renamed(m: Match, n: OpNode, suffix: str) -> OpNode:
+    """``n`` named after the root plus ``suffix``, or the next free variant: a model's own ``stack_part0`` must
+    not meet the ``stack`` + ``_part0`` a rule makes (node names are unique in the graph)."""
+    base = m.node().name + suffix
+    return dc_replace(n, name=m.ctx.fresh(base, nodes_only=True) if m.ctx is not None else base)
+
+
+def _stack(m: Match):
+    """stack(xs, dim) -> cat(reshape(x) with a 1 inserted at dim, ...): views and one concatenation."""
+    root, result = m.node(), out(m)
+    dim = norm_dim(root.attrs.get("dim", 0), len(result.shape))
+    inputs = root.inputs
+    if not static(list(result.shape)) or list(root.attrs.get("tensors", [])) != list(range(len(inputs))):
+        return None
+    parts = [temp(m, t, [*t.shape[:dim], 1, *t.shape[dim:]], f"_part{i}") for i, t in enumerate(inputs)]
+    nodes = [_renamed(m, node(m, RESHAPE, [t], {"shape": shape_attr(list(p.shape))}, [p]), f"_part{i}")
+             for i, (t, p) in enumerate(zip(inputs, parts))]
+    return nodes + [node(m, CAT, parts, {"tensors": list(range(len(parts))), "dim": dim})]
+
+
+def _concat(m: Match):
+    return [node(m, CAT, list(m.node().inputs), dict(m.node().attrs))]
+
+
+def _as_other(m: Match):
+    """reshape_as(x, y), expand_as(x, y) -> reshape, expand to y's shape (y's values are not read)."""
+    shape = list(out(m).shape)
+    if m.node().op_type == "aten.reshape_as.default":
+        return [node(m, RESHAPE, [m["x"]], {"shape": shape_attr(shape)})]
+    return [node(m, "aten.expand.default", [m["x"]], {"size": shape_attr(shape)})]
+
+
+_EXTREMES = {"aten.max.other": "aten.maximum.default", "aten.min.other": "aten.minimum.default"}
+
+
+def _extreme(m: Match):
+    return [node(m, _EXTREMES[m.node().op_type], [m["x"], m["y"]])]
+
+
+# -- one form for what the ONNX exporter spells otherwise (masks, a row picked by index) ------------------
+
+_BOOL_OPS = {"aten.__and__.Tensor": "aten.logical_and.default", "aten.bitwise_and.Tensor": "aten.logical_and.default",
+             "aten.__or__.Tensor": "aten.logical_or.default", "aten.bitwise_or.Tensor": "aten.logical_or.default"}
+
+
+def _logical(m: Match):
+    """a & b, a | b of booleans -> logical_and, logical_or (ONNX has And/Or only for booleans)."""
+    if not (m["x"].dtype == m["y"].dtype == out(m).dtype == "bool"):
+        return None
+    return [node(m, _BOOL_OPS[m.node().op_type], [m["x"], m["y"]])]
+
+
+def _where_scalar(m: Match):
+    """where(c, a, k) with k a one-element constant -> where.ScalarOther(c, a, other=k) (torch.export's form
+    of a mask made additive; the ONNX exporter gives both values as constants)."""
+    cond, a, k = m.node().inputs
+    value = m.scalar(k) if k.numel() == 1 else None
+    if value is None or isinstance(value, bool) or len(k.shape) > len(out(m).shape) or a.dtype != out(m).dtype:
+        return None
+    return [node(m, "aten.where.ScalarOther", [cond, a], {"other": value})]
+
+
+def _picked_row(m: Match):
+    """reshape(index_select(x, d, [i]), shape without d) -> select(x, d, i) (ONNX's Gather of one index)."""
+    picked, index = m.node("pick"), m["i"]
+    value = m.scalar(index) if index.numel() == 1 else None
+    rank = len(m["x"].shape)
+    dim = norm_dim(picked.attrs.get("dim", 0), rank)
+    expected = [s for j, s in enumerate(m["x"].shape) if j != dim]
+    if not isinstance(value, int) or isinstance(value, bool) or list(out(m).shape) != expected:
+        return None
+    return [node(m, "aten.select.int", [m["x"]], {"dim": dim, "index": value})]
+
+
 # -- GEMM -----------------------------------------------------------------------------------------
 
 def _linear(m: Match):
@@ -207,6 +344,28 @@ RULES = [
     Rule("global_avg_pool", "canonical", Op("aten.adaptive_avg_pool2d.default", x), _global_avg_pool,
          doc="adaptive_avg_pool2d(x, 1) -> mean(x, [-2, -1], keepdim) (ONNX's GlobalAveragePool reads so)"),
     Rule("mean_dims", "canonical", Op("aten.mean.dim", x), _mean_dims, doc="mean over dims written negative, sorted"),
+    *(Rule("gelu_tanh", "canonical", pattern, _gelu_tanh,
+           doc="0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) -> gelu(x, approximate=tanh)")
+      for pattern in _gelu_tanh_patterns()),
+    Rule("logical", "canonical", Op(tuple(_BOOL_OPS), x, y), _logical,
+         doc="a & b, a | b of booleans -> logical_and, logical_or"),
+    Rule("where_scalar", "canonical", Op("aten.where.self", exact_arity=False), _where_scalar,
+         doc="where(c, a, k) with k a one-element constant -> where.ScalarOther(c, a, other=k)"),
+    Rule("picked_row", "canonical",
+         Op(RESHAPE, Op("aten.index_select.default", x, Var("i"), name="pick")), _picked_row,
+         doc="reshape(index_select(x, d, [i])) without dim d -> select(x, d, i)"),
+    Rule("constant_pad", "canonical", Op("aten.constant_pad_nd.default", x), _constant_pad,
+         doc="constant_pad_nd(x, pad, value) -> pad(x, pad, mode=constant, value)"),
+    Rule("split", "canonical", Op(("aten.split.Tensor", "aten.chunk.default"), x), _split,
+         doc="split(x, size, dim), chunk(x, n, dim) -> split_with_sizes(x, sizes, dim)"),
+    Rule("stack", "canonical", Op("aten.stack.default", exact_arity=False), _stack,
+         doc="stack(xs, dim) -> cat of the inputs reshaped with a 1 at dim"),
+    Rule("concat", "canonical", Op(("aten.concat.default", "aten.concatenate.default"), exact_arity=False), _concat,
+         doc="concat, concatenate -> cat"),
+    Rule("as_other", "canonical", Op(("aten.reshape_as.default", "aten.expand_as.default"), x, y), _as_other,
+         doc="reshape_as(x, y), expand_as(x, y) -> reshape(x, y's shape), expand(x, y's shape)"),
+    Rule("extreme", "canonical", Op(tuple(_EXTREMES), x, y), _extreme,
+         doc="max(x, y), min(x, y) of two tensors -> maximum, minimum"),
     Rule("linear", "gemm", Op("aten.linear.default", x, w, exact_arity=False), _linear,
          doc="linear(x, w, b) -> GEMM(x, w, b, trans_b)"),
     Rule("addmm", "gemm", Op("aten.addmm.default", b, x, w), _addmm, doc="addmm(b, x, w) -> GEMM(x, w, b)"),

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from ..ir import TensorMeta
+from ..ir import OpNode, TensorMeta
 from ..ops.registry import bind_kernel, is_supported
 from ..ops.values import INLINE_DTYPES, dtype_from_name, has_symbols
-from .build import VIEWS
+from .build import VIEWS, static
 from .rewrite import Fold, Match, Op, Rule, Var
 
 x = Var("x")
@@ -96,6 +96,30 @@ def _fold(m: Match) -> Fold | None:
     return Fold(values)
 
 
+_FILL_VALUE = {"aten.zeros_like.default": 0, "aten.empty_like.default": 0, "aten.ones_like.default": 1,
+               "aten.new_zeros.default": 0, "aten.new_empty.default": 0, "aten.new_ones.default": 1}
+
+
+def _non_finite(value: Any) -> bool:
+    """An attribute holding inf or nan, in the IR's encoding (``{"float": "-inf"}``): folding gives up on
+    those (JSON constants hold no inf), a fill kernel takes them."""
+    return isinstance(value, dict) and set(value) == {"float"}
+
+
+def _like_to_full(m: Match):
+    """zeros_like/ones_like/empty_like/full_like(x), fill(x, v) -> full(x's shape, v): x is not read (its values
+    never matter), so the constant folds or becomes one fill kernel; empty_like is filled with zeros (its values
+    are unspecified, zeros are as good as any and deterministic)."""
+    root, result = m.node(), m.node().outputs[0]
+    if not static(list(result.shape)):
+        return None
+    value = _FILL_VALUE.get(root.op_type, root.attrs.get("fill_value", root.attrs.get("value", root.attrs.get("s"))))
+    if not isinstance(value, (int, float)) and not _non_finite(value):
+        return None  # a fill value from a tensor: leave it
+    return [OpNode(root.name, "aten.full.default", [], list(root.outputs),
+                   {"size": list(result.shape), "fill_value": value, "dtype": {"dtype": result.dtype}})]
+
+
 IDENTITY_RULES = [
     Rule("identity", "cleanup", Op(_IDENTITY_OPS, x, exact_arity=False), _same_value,
          doc="a copy, cast, view, expand, permute or slice that leaves its input as it is -> the input"),
@@ -105,6 +129,12 @@ IDENTITY_RULES = [
 ]
 
 FOLD_RULES = [
+    Rule("like_to_full", "fold", Op((*_FILL_VALUE, "aten.full_like.default", "aten.fill.Scalar",
+                                     "aten.new_full.default"), x, exact_arity=False), _like_to_full,
+         doc="zeros_like, ones_like, empty_like, full_like, fill, new_zeros/ones/empty/full of a static shape "
+             "-> full (x is not read)"),
+    Rule("scalar_tensor_to_full", "fold", Op("aten.scalar_tensor.default"), _like_to_full,
+         doc="scalar_tensor(s) -> full([], s): folded like any constant, or one fill kernel for inf and nan"),
     Rule("fold_constants", "fold", Op("*", exact_arity=False), _fold, check=_fold_reason,
          doc="a node whose inputs are all constants known by value (arange, shape arithmetic) -> a constant"),
 ]

@@ -130,6 +130,24 @@ def _attn_score(m: Match):
     return pre + [node(m, "ATTN_SCORE", inputs, {"scale": m.data["scale"], "causal": False})]
 
 
+def _scaled_query(m: Match):
+    """ATTN_SCORE(heads(q · c), k) -> ATTN_SCORE(heads(q), k, scale · c), heads = permute(reshape(.)).
+
+    Whisper and BART scale the query projection before splitting it into heads; as a scale of the score
+    it costs nothing, and the projection is again read by a head split only (so QKV_PROJ can take it)."""
+    c = m.node("scale").attrs.get("other")
+    if not isinstance(c, (int, float)) or isinstance(c, bool):
+        return None
+    score, split, perm = m.node(), m.node("split"), m.node("perm")
+    src = m["x"]
+    split_out = temp(m, src, list(split.outputs[0].shape), "_q")
+    perm_out = temp(m, src, list(perm.outputs[0].shape), "_qh")
+    return [node(m, RESHAPE, [src], dict(split.attrs), [split_out], suffix="_q"),
+            node(m, PERMUTE, [split_out], dict(perm.attrs), [perm_out], suffix="_qh"),
+            node(m, "ATTN_SCORE", [perm_out, *score.inputs[1:]], {**score.attrs,
+                                                                   "scale": score.attrs["scale"] * float(c)})]
+
+
 def _sdpa_check(m: Match) -> str | None:
     attrs = m.node().attrs
     if attrs.get("dropout_p", 0.0) not in (0, 0.0):
@@ -195,9 +213,8 @@ def _siblings_check(m: Match) -> str | None:
     gemms = [n for n in m.users(m["x"]) if n.op_type == "GEMM" and n.inputs[0].name == m["x"].name]
     if len(gemms) != 3 or gemms[0] is not root:
         return None  # three projections of one input, found at the first of them
-    if any(n.attrs != root.attrs or len(n.inputs) != len(root.inputs) or not m.is_param(n.inputs[1])
-           for n in gemms):
-        return "the three projections differ in bias, transposition or activation"
+    if any(n.attrs != root.attrs or not all(m.is_param(t) for t in n.inputs[1:]) for n in gemms):
+        return "the three projections differ in transposition or activation, or a weight is computed"
     if any(_heads(m, n.outputs[0])[0] is None for n in gemms):
         return "the projections are not split into attention heads"
     for n in gemms[1:]:
@@ -212,8 +229,10 @@ def _qkv_proj(m: Match):
     gemms = m.data["gemms"]
     outs = [n.outputs[0] for n in gemms]
     heads = [_heads(m, t) for t in outs]
-    has_bias = len(gemms[0].inputs) == 3
-    params = [n.inputs[1] for n in gemms] + ([n.inputs[2] for n in gemms] if has_bias else [])
+    flags = [len(n.inputs) == 3 for n in gemms]
+    params = [n.inputs[1] for n in gemms] + [n.inputs[2] for n in gemms if len(n.inputs) == 3]
+    # one flag for all when they agree (the usual case); per projection when not (Whisper's k has no bias)
+    has_bias: bool | list[bool] = flags[0] if len(set(flags)) == 1 else flags
     return [node(m, "QKV_PROJ", [m["x"], *params], {
         "splits": [t.shape[-1] for t in outs], "packed": False, "has_bias": has_bias,
         "trans_b": gemms[0].attrs.get("trans_b", True), "num_heads": heads[0][0], "num_kv_heads": heads[1][0],
@@ -300,7 +319,8 @@ def _rope_check(m: Match) -> str | None:
     """x·cos + rotate_half(x)·sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])."""
     for first, second in ((m["a"], m["b"]), (m["b"], m["a"])):
         direct, rotated = m.producer(first), m.producer(second)
-        if direct is None or rotated is None or direct.op_type != MUL or rotated.op_type != MUL:
+        if direct is None or rotated is None or direct.op_type != MUL or rotated.op_type != MUL \
+                or len(direct.inputs) != 2 or len(rotated.inputs) != 2:  # x · scalar is not x · cos
             continue
         for xx, cos in (direct.inputs, direct.inputs[::-1]):
             for rot, sin in (rotated.inputs, rotated.inputs[::-1]):
@@ -362,6 +382,10 @@ ATTENTION_RULES = [
     Rule("attention_nan_guard", "attention",
          Op("aten.where.self", Op("aten.isnan.default", p), z, p), _nan_guard,
          doc="where(isnan(p), 0, p) of an ATTN_SCORE -> p (ONNX's guard for fully masked rows)"),
+    Rule("attention_scaled_query", "attention",
+         Op("ATTN_SCORE", Op(PERMUTE, Op(RESHAPE, Op(MUL, x, name="scale"), name="split"), name="perm"),
+            exact_arity=False), _scaled_query,
+         doc="ATTN_SCORE(heads(q · c), k) -> ATTN_SCORE(heads(q), k, scale · c) (Whisper's scaled query)"),
     Rule("attention_output", "attention", Op("aten.matmul.default", p, v), _attn_output,
          doc="ATTN_SCORE(...) @ v -> ATTN_OUTPUT(p, v)"),
     Rule("attention_merge_heads", "attention",

@@ -34,7 +34,7 @@ STAGES: list[tuple[str, list[Rule]]] = [
     ("cleanup", cleanup.RULES),
     ("canonicalize", cleanup.IDENTITY_RULES + canonical.RULES),
     ("fuse", cleanup.IDENTITY_RULES + llm.LLM_RULES + llm.ATTENTION_RULES + fusion.RULES),
-    ("late_fuse", cleanup.IDENTITY_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES),
+    ("late_fuse", cleanup.IDENTITY_RULES + fusion.LATE_NORM_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES),
 ]
 
 ALL_RULES: list[Rule] = list({id(r): r for _, rules in STAGES for r in rules}.values())

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..errors import InputMismatchError
 from ..executor import IRExecutor
 from ..ir import NPU_IR
-from ..weights import WeightsSource, load_state_dict, module_state
+from ..weights import WeightsSource, as_tensor, is_array_like, load_state_dict, module_state
 from .compare import TensorDiff, compare_tensors
 from .localize import localize
 from .result import VerificationReport
@@ -39,13 +40,17 @@ def verify_ir(
 
     ``weights`` is anything ``IRExecutor`` takes (a file, a module, a complete state dict: see
     ``verify_ir_with_state_dict`` for one from ``model.state_dict()``); None takes the model's own.
+    Inputs may be torch tensors, numpy arrays or other array-likes (``__array__``, ``__dlpack__``): both
+    the IR and the model get them as torch tensors.
     Tolerances are per dtype (``tolerance.DEFAULT_TOLERANCES``) unless ``rtol``/``atol`` are given;
     integer and bool outputs must be equal. The model runs in eval mode without grad; its training
     flag and any buffer its forward mutates are restored afterwards. On failure the report names
     the first diverging IR node. Unsupported ops and mismatched weights raise as in IRExecutor.
     """
-    args = (test_inputs,) if isinstance(test_inputs, torch.Tensor) else tuple(test_inputs)
-    kwargs = _in_ir_order(ir, test_kwargs or {})
+    if is_array_like(test_inputs):
+        test_inputs = (test_inputs,)
+    args = _as_tensors(tuple(test_inputs), "test_inputs")
+    kwargs = _in_ir_order(ir, _as_tensors(dict(test_kwargs or {}), "test_kwargs"))
     ir_inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     weights = module_state(original_model) if weights is None else weights
     actual = IRExecutor(ir, weights).run(ir_inputs)
@@ -86,6 +91,17 @@ def verify_ir_with_state_dict(
         if name in wanted and name not in state:
             state[name] = buffer.detach()
     return verify_ir(ir, state, original_model, test_inputs, rtol, atol, test_kwargs=test_kwargs)
+
+
+def _as_tensors(tree: Any, what: str) -> Any:
+    """Every array-like leaf of ``tree`` as a torch tensor (``torch_ir.weights.as_tensor``); other leaves
+    (``use_cache=False``) stay as they are."""
+    def convert(path: Any, leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) or not is_array_like(leaf):
+            return leaf
+        return as_tensor(leaf, f"{what}{pytree.keystr(path)}", InputMismatchError)
+
+    return pytree.tree_map_with_path(convert, tree)
 
 
 def _in_ir_order(ir: NPU_IR, kwargs: Mapping[str, Any]) -> dict[str, Any]:

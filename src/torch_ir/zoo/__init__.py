@@ -54,8 +54,13 @@ class ZooEntry:
         device = torch.device(device)
         if self.pretrained is not None and device.type != "meta":
             return self.pretrained().to(device).eval()
-        # fork_rng: seeding for the build must not disturb the caller's random stream.
-        with torch.random.fork_rng(devices=[]), torch.device(device):
+        # fork_rng: seeding for the build must not disturb the caller's random stream. On meta, build_on_meta
+        # keeps the values of small tensors made in __init__ (non-persistent buffers, strides): the IR then
+        # records how to rebuild them, and __init__ code that reads one into Python works as on the CPU.
+        from ..frontends.constants import build_on_meta
+
+        on_device = build_on_meta() if device.type == "meta" else torch.device(device)
+        with torch.random.fork_rng(devices=[]), on_device:
             torch.manual_seed(self.seed)
             model = self.factory()
         return model.eval()
@@ -113,6 +118,6 @@ def _signature(model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype
     return {k: (tuple(v.shape), v.dtype) for k, v in module_state(model).items()}
 
 
-from . import basic, hf  # noqa: E402,F401 - registers the entries
+from . import basic, detection, hf  # noqa: E402,F401 - registers the entries
 
 __all__ = ["Inputs", "ZooEntry", "build_pair", "categories", "get_model", "list_models", "register"]

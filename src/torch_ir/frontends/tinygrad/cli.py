@@ -1,7 +1,8 @@
 """``torch-ir import-tinygrad module:factory``: a tinygrad model to IR JSON (+ its weights).
 
 The factory returns ``(model, example_inputs)``, as the PyTorch ``extract`` command's factories
-do. Realized weights are saved by state-dict path; ``Tensor.empty`` weights give a weight-free IR.
+do. Weights are saved by state-dict path (lazily initialized ones are realized by the importer);
+``Tensor.empty`` weights give a weight-free IR.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def cmd_import_tinygrad(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     if args.weights:
         if not weights:
-            raise TorchIRError(f"model {name!r} has no realized weights to save; realize them in the factory")
+            raise TorchIRError(f"model {name!r} has no weight data to save: it has no weights, or only "
+                              "Tensor.empty declarations (a weight-free import); load or initialize them "
+                              "in the factory")
         save_weights({k: torch.from_numpy(v) for k, v in weights.items()}, args.weights)
         print(f"wrote {len(weights)} weights to {args.weights}")
     return 0

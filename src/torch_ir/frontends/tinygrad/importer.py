@@ -1,9 +1,13 @@
 """tinygrad frontend: call the model, walk the UOp graph of its outputs, build the IR.
 
-Nothing is realized: the importer only reads the lazy graph. Example inputs become graph inputs,
-tensors of ``get_state_dict(model)`` become weights named by their path, ``CONST``s become
-constants, and every other UOp is converted by the table in ``mapping.py``. The literal
-translation is then cleaned by the rule sets of ``rules.py`` (contractions, shape chains).
+The model's computation is never realized: the importer only reads the lazy graph. Example inputs
+become graph inputs, tensors of ``get_state_dict(model)`` become weights named by their path,
+``CONST``s become constants, and every other UOp is converted by the table in ``mapping.py``. The
+literal translation is then cleaned by the rule sets of ``rules.py`` (contractions, shape chains).
+
+State-dict tensors are data, not graph work: one still lazy (``nn.Linear``'s random
+initialization) is realized once, in place, before the model is called, so the returned weights
+are the values the model itself computes with from then on.
 """
 
 from __future__ import annotations
@@ -42,9 +46,12 @@ def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: S
         IRExecutor(ir, {k: torch.from_numpy(v) for k, v in weights.items()})
 
     ``model`` is any callable (an object with ``__call__`` or a function); it is called once on the
-    example inputs and the outputs' graphs are walked, never realized. Realized weights are
-    returned with their data; ``Tensor.empty`` weights are declared in the IR but have no data
-    (a weight-free import). ``simplify=False`` keeps the literal UOp-by-UOp translation.
+    example inputs and the outputs' graphs are walked, never realized. Every tensor of
+    ``get_state_dict(model)`` is a weight: a lazy one (a layer's random initialization) is realized
+    first, in place on the model, with tinygrad's own RNG, and returned with its data like the
+    already realized ones; ``Tensor.empty`` weights are declared in the IR but have no data (a
+    weight-free import). Randomness inside the model's forward is refused.
+    ``simplify=False`` keeps the literal UOp-by-UOp translation.
     """
     name = model_name or getattr(model, "__name__", None) or type(model).__name__
     inputs = [_as_input(x) for x in example_inputs]
@@ -54,6 +61,7 @@ def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: S
     if len({x.uop for x in inputs}) != len(inputs):
         raise ExtractionError(f"model {name!r}: the same tensor is passed as two example inputs; "
                               "the graph could not tell them apart: pass distinct tensors")
+    realize_state(model, name)  # before the call, so the forward's graph reads the weights' buffers
     out = model(*inputs)
     outputs = list(out) if isinstance(out, (tuple, list)) else [out]
     bad = [type(o).__name__ for o in outputs if not isinstance(o, Tensor)]
@@ -77,6 +85,30 @@ def _as_input(x: Any) -> Tensor:
     """
     x = x if isinstance(x, Tensor) else Tensor(np.asarray(x))
     return x if x.uop.has_buffer_identity() else x.contiguous().realize()
+
+
+def realize_state(model: Any, name: str = "model") -> list[str]:
+    """Realize, in place, every state-dict tensor that is still a lazy graph; return their keys.
+
+    A layer written the ordinary way (``nn.Linear(4, 8)``) holds its initialization as an
+    unrealized graph (THREEFRY and the RNG counter's STORE): weights, not computation of the model,
+    so they are computed here once, with tinygrad's own RNG. The realization replaces each Tensor's
+    graph by its buffer, so the model's later forwards use exactly these values. ``Tensor.empty``
+    tensors already are buffers: they stay weight-free declarations.
+    """
+    lazy: dict[int, tuple[str, Tensor]] = {}
+    for key, t in get_state_dict(model).items():
+        if not t.uop.has_buffer_identity():
+            lazy.setdefault(id(t), (key, t))  # a tensor reachable by two paths is realized once
+    if not lazy:
+        return []
+    keys = [key for key, _ in lazy.values()]
+    try:
+        Tensor.realize(*(t for _, t in lazy.values()))  # one schedule for all: one compile, not one per tensor
+    except Exception as e:  # tinygrad raises plain RuntimeError/AssertionError from its scheduler and devices
+        raise ExtractionError(f"tinygrad model {name!r}: realizing its lazy weights {keys} failed: "
+                              f"{type(e).__name__}: {e}; realize or load them before importing") from e
+    return keys
 
 
 def _named_weights(model: Any) -> dict[UOp, str]:

@@ -187,9 +187,10 @@ LEAF_NOTES: dict[Ops, tuple[str, str]] = {
 
 #: UOps that are refused with advice, not mapped.
 REFUSED: dict[Ops, str] = {
-    Ops.THREEFRY: "random numbers generated inside the graph (Tensor.rand, a lazy random init): realize the "
-                  "weights first (`for t in get_state_dict(model).values(): t.realize()`), or build them with "
-                  "Tensor.empty for a weight-free import, and keep randomness out of the model's forward",
+    Ops.THREEFRY: "random numbers generated in the model's forward (Tensor.rand, dropout with "
+                  "Tensor.training set, a lazy random tensor held outside the model's attributes): the IR has no "
+                  "random ops from tinygrad; keep randomness out of forward (state-dict tensors are weights, "
+                  "realized once at import, so a random tensor the model keeps as an attribute is fine)",
     Ops.STORE: "an assignment inside the graph (Tensor.assign, tinygrad's random-number counter): realize the "
                "tensors it writes before importing; the IR has no in-place writes from tinygrad",
     Ops.AFTER: "the value of a buffer after an assignment (see STORE): realize the assigned tensors first",
