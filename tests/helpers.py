@@ -21,6 +21,19 @@ def assert_outputs_close(actual: list[torch.Tensor], expected: Any, *, scale: fl
                                    msg=lambda m, i=i: f"output {i}: {m}")
 
 
+class Fn(torch.nn.Module):
+    """A module whose forward is ``fn(self, *args)``, with the given submodules and parameters."""
+
+    def __init__(self, fn: Callable, **parts: Any):
+        super().__init__()
+        self.fn = fn
+        for key, value in parts.items():
+            setattr(self, key, value)
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(self, *args)
+
+
 def build_pair(factory: Callable[[], torch.nn.Module], seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The same model twice: on the meta device (for extraction) and with seeded real weights."""
     with torch.device("meta"):

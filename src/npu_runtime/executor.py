@@ -142,11 +142,14 @@ class Executor:
         except TorchIRError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the dispatch that failed
-            dispatch = self.program.dispatches[index]
-            raise DispatchError(f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
-                                f"{self.program.model_name!r} failed at bind time: {type(e).__name__}: {e}") from e
+            raise self._failed(index, e, " at bind time") from e
         finally:
             backend.end_run()
+
+    def _failed(self, index: int, error: Exception, when: str = "") -> DispatchError:
+        dispatch = self.program.dispatches[index]
+        return DispatchError(f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
+                             f"{self.program.model_name!r} failed{when}: {type(error).__name__}: {error}")
 
     def _state(self, state: State | None) -> State:
         """``state`` checked against the program's slots (slots it lacks are added to it)."""
@@ -240,9 +243,7 @@ class Executor:
         except TorchIRError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the dispatch that failed
-            dispatch = self.program.dispatches[index]
-            raise DispatchError(f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program "
-                                f"{self.program.model_name!r} failed: {type(e).__name__}: {e}") from e
+            raise self._failed(index, e) from e
         finally:
             backend.end_run()
 

@@ -13,18 +13,8 @@ import npu_compiler
 import torch_ir
 from npu_compiler import UnsupportedOpsError
 
+from ..helpers import Fn
 from .test_compile import check_against_eager, compile_pair, kernels
-
-
-class Fn(nn.Module):
-    def __init__(self, fn, **parts):
-        super().__init__()
-        self.fn = fn
-        for key, value in parts.items():
-            setattr(self, key, value)
-
-    def forward(self, *args):
-        return self.fn(self, *args)
 
 
 def _upsample(mode: str, **kw):

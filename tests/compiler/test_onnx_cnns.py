@@ -27,9 +27,11 @@ A model whose ops lack kernels is marked ``xfail(strict=True)`` in ``MISSING_KER
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -40,8 +42,8 @@ import npu_compiler  # noqa: E402
 from npu_runtime import Device, Executor, load_weights  # noqa: E402
 from tests.onnx.graphs import ort_run  # noqa: E402
 from torch_ir import import_onnx  # noqa: E402
-from torch_ir.limits import fold_allowed  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 CNNS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
         "vgg19", "zfnet512")
@@ -64,47 +66,15 @@ def light_path(name: str) -> str:
     return path
 
 
-def randomized(path: str, seed: int = 0) -> onnx.ModelProto:
-    """The light model with seeded random weights (He-scaled) and the logits as a second output."""
-    from onnx import helper, numpy_helper
-
-    model = onnx.load(path)
-    graph = model.graph
-    shapes = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    consumer = {name: (node, i) for node in graph.node for i, name in enumerate(node.input)}
-    rng = np.random.default_rng(seed)
-    kept, added = [], []
-    for node in graph.node:
-        shape = shapes.get(node.input[0]) if node.op_type == "ConstantOfShape" and node.input else None
-        if shape is None or not fold_allowed(4 * int(np.prod(shape))):
-            kept.append(node)
-            continue
-        value = _random_weight(rng, tuple(int(d) for d in shape), *consumer.get(node.output[0], (None, 0)))
-        added.append(numpy_helper.from_array(value, node.output[0]))
-    del graph.node[:]
-    graph.node.extend(kept)
-    graph.initializer.extend(added)
-    # IR version 3: every initializer must also be a graph input
-    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in added)
-    outputs = {o.name: o for o in graph.output}
-    for node in graph.node:
-        if node.op_type == "Softmax" and node.output[0] in outputs:
-            logits = graph.output.add()
-            logits.CopyFrom(outputs[node.output[0]])  # a softmax keeps its input's type and shape
-            logits.name = node.input[0]
-    return model
-
-
-def _random_weight(rng: np.random.Generator, shape: tuple[int, ...], consumer: object, index: int) -> np.ndarray:
-    op = getattr(consumer, "op_type", "")
-    if op == "BatchNormalization" and index in (1, 4):  # scale, variance: positive
-        return rng.uniform(0.5, 1.5, shape).astype(np.float32)
-    if len(shape) < 2:
-        return rng.uniform(-0.1, 0.1, shape).astype(np.float32)
-    fan_in = int(np.prod(shape[1:]))
-    if op == "Gemm" and not any(a.name == "transB" and a.i for a in consumer.attribute):
-        fan_in = shape[0]
-    return rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in))
+def randomized(path: str) -> onnx.ModelProto:
+    """The light model with seeded random weights and the logits as a second output: the sweep's own function
+    (``bench/compile_coverage/models.py``), so the test and the sweep check the same models."""
+    spec = importlib.util.spec_from_file_location("compile_coverage_models",
+                                                  ROOT / "bench" / "compile_coverage" / "models.py")
+    models = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = models  # its dataclasses look their module up while they are built
+    spec.loader.exec_module(models)
+    return models.randomized_light_model(path)
 
 
 def run_program(program: npu_compiler.CompiledProgram, weights: dict[str, torch.Tensor],

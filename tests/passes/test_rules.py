@@ -18,20 +18,7 @@ import torch_ir
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity
 from torch_ir.passes import ALL_RULES, FAMILIES, NormalizeOptions, QConfig, normalize
 
-from ..helpers import build_pair
-
-
-class Fn(nn.Module):
-    """A module whose forward is ``fn(self, *args)``, with the given submodules and parameters."""
-
-    def __init__(self, fn: Callable, **parts):
-        super().__init__()
-        self.fn = fn
-        for key, value in parts.items():
-            setattr(self, key, value)
-
-    def forward(self, *args):
-        return self.fn(self, *args)
+from ..helpers import Fn, build_pair
 
 
 def applied(ir: NPU_IR) -> dict[str, int]:

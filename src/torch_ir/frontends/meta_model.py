@@ -69,16 +69,27 @@ def strays_on_meta(model: torch.nn.Module, name: str) -> Iterator[None]:
         "They are traced on the meta device like the rest; the model itself is not changed.",
         UserWarning, stacklevel=4,
     )
+    with on_meta(model, only=set(distinct), remember=True):
+        yield
+
+
+@contextlib.contextmanager
+def on_meta(model: torch.nn.Module, *, only: set[int] | None = None, remember: bool = False) -> Iterator[None]:
+    """Swap the model's parameters and buffers (those whose ``id`` is in ``only``; all by default) for meta
+    copies, and put the real ones back after. One copy per tensor, so tied weights stay tied and export lifts
+    them once. ``remember``: each copy keeps its value (``constants.known_value``), as a tensor made under
+    ``build_on_meta`` does, so a stray non-persistent buffer still gets its recipe in the IR."""
     memo: dict[int, torch.Tensor] = {}
     saved = []
     for module in model.modules():
         for store in (module._parameters, module._buffers):
             for key, t in store.items():
-                if t is None or id(t) not in distinct:
+                if t is None or (only is not None and id(t) not in only):
                     continue
                 if id(t) not in memo:
                     fake = t.detach().to("meta")
-                    remember_value(fake, t)  # a stray non-persistent buffer keeps its recipe
+                    if remember:
+                        remember_value(fake, t)
                     memo[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if isinstance(t, torch.nn.Parameter) \
                         else fake
                 saved.append((store, key, t))

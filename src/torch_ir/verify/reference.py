@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils import _pytree as pytree
 
+from ..frontends.meta_model import on_meta
 from ..frontends.torch_export import export_program
 from ..ir import NPU_IR
 
@@ -37,7 +38,7 @@ def export_reference(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Ma
     shapes = _dynamic_shapes(ir, model, args, kwargs)
     if mode == "meta weights":
         args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, dict(kwargs)))
-    with _weights_on_meta(model) if mode == "meta weights" else contextlib.nullcontext():
+    with on_meta(model) if mode == "meta weights" else contextlib.nullcontext():
         return export_program(model, args, kwargs, dynamic_shapes=shapes)
 
 
@@ -112,33 +113,6 @@ class _Recorder(torch.fx.Interpreter):
                 if isinstance(r, torch.Tensor):
                     self.values[f"{n.name}_out{i}"] = r
         return result
-
-
-@contextlib.contextmanager
-def _weights_on_meta(model: torch.nn.Module) -> Iterator[None]:
-    """Swap every parameter and buffer for a meta copy (free), and put the real ones back after.
-
-    One meta copy per tensor, so weights tied in the model stay tied and export lifts them once.
-    """
-    memo: dict[int, torch.Tensor] = {}
-    saved = []
-    for module in model.modules():
-        for store in (module._parameters, module._buffers):
-            for name, t in store.items():
-                if t is None:
-                    continue
-                if id(t) not in memo:
-                    fake = t.detach().to("meta")
-                    is_param = isinstance(t, torch.nn.Parameter)
-                    memo[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if is_param else fake
-                saved.append((store, name, t))
-    try:
-        for store, name, t in saved:
-            store[name] = memo[id(t)]
-        yield
-    finally:
-        for store, name, t in saved:
-            store[name] = t
 
 
 def _dynamic_shapes(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Any:
