@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..fileio import atomic_write, check_output_path, read_input
+from ..ops.values import decode_value, encode_value
 from .core import NPU_IR, OpNode, TensorMeta
 from .validate import IRValidationError, check_document, check_integrity
 
@@ -43,42 +43,11 @@ def tensor_from_dict(d: dict[str, Any]) -> TensorMeta:
     )
 
 
-def encode_numbers(value: Any) -> Any:
-    """A number or nested list of numbers as strict JSON: ``inf``, ``-inf`` and NaN become ``{"float": ...}``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
-    if isinstance(value, list):
-        return [encode_numbers(v) for v in value]
-    return value
-
-
-def decode_numbers(value: Any) -> Any:
-    """The inverse of :func:`encode_numbers`, on a value ``check_document`` has accepted."""
-    if isinstance(value, dict):
-        return float(value["float"])  # only "inf", "-inf" and "nan" pass the checker
-    if isinstance(value, list):
-        return [decode_numbers(v) for v in value]
-    return value
-
-
-def _recipe_to_json(recipe: dict[str, Any] | None) -> dict[str, Any] | None:
+def _recipe_json(recipe: dict[str, Any] | None, code: Callable[[Any], Any]) -> dict[str, Any] | None:
+    """A non-persistent buffer's recipe with its numbers (``fill``, ``values``) encoded or decoded by ``code``."""
     if recipe is None:
         return None
-    out = dict(recipe)
-    for key in ("fill", "values"):
-        if key in out:
-            out[key] = encode_numbers(out[key])
-    return out
-
-
-def _recipe_from_json(recipe: dict[str, Any] | None) -> dict[str, Any] | None:
-    if recipe is None:
-        return None
-    out = dict(recipe)
-    for key in ("fill", "values"):
-        if key in out:
-            out[key] = decode_numbers(out[key])
-    return out
+    return {key: code(value) if key in ("fill", "values") else value for key, value in recipe.items()}
 
 
 def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
@@ -93,10 +62,10 @@ def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
         "weight_name_mapping": dict(ir.weight_name_mapping),
         "weight_aliases": {k: list(v) for k, v in ir.weight_aliases.items()},
         "constants": [tensor_to_dict(t) for t in ir.constants],
-        "constant_values": {k: encode_numbers(v) for k, v in ir.constant_values.items()},
+        "constant_values": {k: encode_value(v) for k, v in ir.constant_values.items()},
         "symbols": {k: dict(v) for k, v in ir.symbols.items()},
         "mutations": dict(ir.mutations),
-        "non_persistent_buffers": {k: _recipe_to_json(v) for k, v in ir.non_persistent_buffers.items()},
+        "non_persistent_buffers": {k: _recipe_json(v, encode_value) for k, v in ir.non_persistent_buffers.items()},
         "inlined_constant_keys": dict(ir.inlined_constant_keys),
         "nodes": [
             {
@@ -127,10 +96,11 @@ def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
         weight_name_mapping=dict(doc.get("weight_name_mapping", {})),
         weight_aliases={k: list(v) for k, v in doc.get("weight_aliases", {}).items()},
         constants=[tensor_from_dict(t) for t in doc.get("constants", [])],
-        constant_values={k: decode_numbers(v) for k, v in doc.get("constant_values", {}).items()},
+        constant_values={k: decode_value(v) for k, v in doc.get("constant_values", {}).items()},
         symbols={k: dict(v) for k, v in doc.get("symbols", {}).items()},
         mutations=dict(doc.get("mutations", {})),
-        non_persistent_buffers={k: _recipe_from_json(v) for k, v in doc.get("non_persistent_buffers", {}).items()},
+        non_persistent_buffers={k: _recipe_json(v, decode_value)
+                                for k, v in doc.get("non_persistent_buffers", {}).items()},
         inlined_constant_keys=dict(doc.get("inlined_constant_keys", {})),
         nodes=[
             OpNode(
