@@ -776,7 +776,7 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
                         ("k_profiler", "profiler._record_function_enter.default"),
                         ("k_assert_async", "aten._assert_async.msg"), ("k_nonexistent", "NOT_A_KERNEL"),
                         ("k_builtins_eval", "builtins.eval.default"), ("k_trailing_space", "aten.mean.dim "),
-                        ("k_nul", "GEMM\x00"), ("k_dots", "aten.mean.dim.extra"), ("k_kv_update", "KV_UPDATE"),
+                        ("k_nul", "GEMM\x00"), ("k_dots", "aten.mean.dim.extra"), ("k_host_only", "aten.histc.default"),
                         ("k_lowercase", "gemm"), ("k_int", 42), ("k_null", None), ("k_list", ["GEMM"])]:
         load_case(cid, mutated(lambda h, k=kernel: set_kernel(h, k)), kernel_rule,
                   f"a dispatch running kernel {kernel!r}", category="dangerous_op")

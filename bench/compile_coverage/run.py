@@ -31,6 +31,7 @@ atol 1e-5) with atol scaled by the output's largest magnitude (when above 1), si
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import inspect
 import json
@@ -55,9 +56,10 @@ sys.path.insert(0, str(HERE))
 
 import npu_compiler  # noqa: E402
 from models import OnnxModel, onnx_entries, randomized_light_model, transformers_entries, zoo_entries  # noqa: E402
+from npu_compiler.llm import is_lm, sequence_symbol  # noqa: E402
 from npu_runtime import Device, Executor, load_weights  # noqa: E402
 from torch_ir import extract_ir  # noqa: E402
-from torch_ir.ir import NPU_IR  # noqa: E402
+from torch_ir.ir import NPU_IR, specialize  # noqa: E402
 from torch_ir.verify import compare_tensors, default_tolerance  # noqa: E402
 from torch_ir.weights import module_state  # noqa: E402
 from torch_ir.zoo import ZooEntry  # noqa: E402
@@ -233,6 +235,11 @@ def compile_and_run(case: Case, row: Row, timed: Timer,
                     dag: bool = False) -> list[torch.Tensor]:
     """Compile whole, or fall back (``dag``: through ``partition`` + ``DAGExecutor`` even when ``compile`` has
     ``fallback=``); fills in the row's status, dispatches and fallen-back ops."""
+    ir = case.ir
+    if is_lm(ir):  # an LLM with a KV cache: the program of the example's length (compile_lm makes two of them)
+        ids = [t.name for t in ir.graph_inputs].index("input_ids")
+        ir = specialize(ir, {sequence_symbol(ir): int(case.inputs[ids].shape[-1])})
+        case = dataclasses.replace(case, ir=ir)
     try:
         program = timed("compile", lambda: npu_compiler.compile(case.ir))
     except npu_compiler.UnsupportedOpsError as e:

@@ -23,6 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fallback", choices=("cpu",), default=None,
                    help="run the nodes the target has no kernel for on the host CPU inside the program (host "
                         "dispatches) instead of refusing the model; the summary shows the placement")
+    p.add_argument("--chunk", type=int, default=16,
+                   help="for an LLM with a KV cache: the prefill program's length in tokens (default: 16)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
@@ -30,6 +32,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default="cpu", help="kernel library to place against (default: cpu)")
     p.add_argument("--json", metavar="FILE", help="also write the plan (placements, partitions) as JSON")
     p.set_defaults(func=cmd_partition)
+
+    from .llm_cli import add_parser as add_generate_parser
+
+    add_generate_parser(sub)
 
 
 def _load(source: str):
@@ -43,11 +49,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from torch_ir.fileio import check_output_path
 
     from . import CompileOptions, UnsupportedOpsError, compile, is_op_supported, partition
+    from .llm import is_lm
 
     if args.output:  # refuse an unwritable path before compiling, not after
         check_output_path(args.output, "program file")
     ir = _load(args.source)
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir)
+    if is_lm(ir):
+        return _compile_lm(ir, args, options)
     try:
         program = compile(ir, target=args.target, options=options, fallback=args.fallback)
     except UnsupportedOpsError as e:
@@ -59,6 +68,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
     program.save(out)
     print(program.summary())
     print(f"wrote {out}")
+    return 0
+
+
+def _compile_lm(ir, args: argparse.Namespace, options) -> int:
+    """An LLM with a KV cache: prefill and decode programs in one directory, and the per-phase dispatch table."""
+    from .llm import compile_lm, fusion_table, unfused_options
+
+    programs = compile_lm(ir, chunk=args.chunk, target=args.target, options=options, fallback=args.fallback)
+    out = Path(args.output) if args.output else default_output(ir.model_name, "_lm")
+    programs.save(out)
+    print(programs.decode.summary())
+    # the same IR without the transformer fusions (host fallback for what has no unfused kernel): what they buy
+    unfused = compile_lm(ir, chunk=args.chunk, target=args.target, options=unfused_options(), fallback="cpu")
+    print(fusion_table(unfused, programs))
+    print(f"wrote {out}/prefill.npubin, {out}/decode.npubin (weights and KV cache shared)")
     return 0
 
 

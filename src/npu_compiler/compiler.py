@@ -29,6 +29,7 @@ from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.registry import is_supported, resolve_overload, unsafe_reason
 from torch_ir.ops.values import dtype_from_name
 from torch_ir.passes import NormalizeOptions, normalize
+from torch_ir.weights import build_buffer
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
 from .cost import node_flops
@@ -36,6 +37,7 @@ from .fusion import fuse_kernels
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
 from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
+from .state import state_slots, state_specs
 
 COMPILER_VERSION = "0.1.0"
 
@@ -103,9 +105,10 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     host = check_compilable(ir, target, fallback=fallback)
     if options.public_output_names:
         ir = with_public_output_names(ir)  # renames tensors, not nodes: ``host`` still names the nodes
-    lowered = lower(ir, target, host)
+    slots = state_slots(ir)
+    lowered = lower(ir, target, host, slots)
     memory = plan(lowered, ir, options, options.alignment or target.alignment)
-    return _program(ir, target, lowered, memory, options, fallback)
+    return _program(ir, target, lowered, memory, options, fallback, slots)
 
 
 def _check_fallback(fallback: str | None) -> None:
@@ -135,10 +138,7 @@ def check_compilable(ir: NPU_IR, target: Target, *, fallback: str | None = None)
             f"IR {ir.model_name!r} writes its inputs in place ({', '.join(written_inputs)}); compiled programs "
             "do not write back into their inputs. Run it with torch_ir.IRExecutor, or return the new value "
             "from forward() instead of updating the input.")
-    if ir.mutations:
-        raise CompileError(
-            f"IR {ir.model_name!r} writes buffers in place ({', '.join(sorted(ir.mutations))}); compiled programs "
-            "do not carry buffer mutations yet. Run it with torch_ir.IRExecutor, or export without the cache.")
+    state_slots(ir)  # raises for a buffer write a program cannot carry as state
     unsupported = [(n, reason) for n in ir.nodes if (reason := unsupported_reason(n, target))]
     refused = {n.name: why for n, _ in unsupported if (why := host_refusal(n))}
     host = {n.name: reason for n, reason in unsupported if n.name not in refused}
@@ -263,12 +263,18 @@ def placement_metadata(ir: NPU_IR, lowered: Lowered, fallback: str | None) -> di
 
 
 def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
-             options: CompileOptions, fallback: str | None = None) -> CompiledProgram:
+             options: CompileOptions, fallback: str | None = None,
+             slots: dict[str, str] | None = None) -> CompiledProgram:
+    slots = slots or {}
     read = {name for d in lowered.dispatches for name in d.inputs} | set(lowered.aliases.values())
     inline = ir.constant_values
-    weights = [w for w in [*ir.weights, *(c for c in ir.constants if c.name not in inline)] if w.name in read]
+    state = set(slots.values())
+    weights = [w for w in [*ir.weights, *(c for c in ir.constants if c.name not in inline)]
+               if w.name in read and w.name not in state]
     tensors = dict(lowered.tensors)
-    constants = {}
+    constants = _rebuilt_buffers(ir, weights)
+    tensors.update({w.name: spec_of(w) for w in weights if w.name in constants})
+    weights = [w for w in weights if w.name not in constants]
     for c in ir.constants:
         if c.name in inline and c.name in read:
             constants[c.name] = _constant_bytes(inline[c.name], c.dtype)
@@ -291,8 +297,26 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
         weight_specs=[spec_of(w) for w in weights],
         weight_keys={w.name: ir.weight_name_mapping.get(w.name, w.name) for w in weights},
         tensors=tensors, dispatches=lowered.dispatches, memory=memory, constants=constants,
+        state_specs=state_specs(ir, slots),
         ir=_deterministic_ir_dict(ir) if options.embed_ir else None, metadata=metadata,
     )
+
+
+#: Non-persistent buffers up to this size are embedded in the program as constants.
+REBUILT_BUFFER_BYTES = 1 << 20
+
+
+def _rebuilt_buffers(ir: NPU_IR, weights: list) -> dict[str, bytes]:
+    """Bytes of the small non-persistent buffers the IR has a recipe for (a rotary ``inv_freq``): they are
+    made from the model's config, not stored in its checkpoint, so the program carries them rather than
+    asking the weights file for them."""
+    rebuilt = {}
+    for w in weights:
+        recipe = ir.non_persistent_buffers.get(ir.weight_name_mapping.get(w.name, w.name))
+        if recipe is not None and w.is_static and spec_of(w).nbytes <= REBUILT_BUFFER_BYTES:
+            value = build_buffer(recipe, w, f"IR {ir.model_name!r}: buffer {w.name!r}").contiguous()
+            rebuilt[w.name] = value.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return rebuilt
 
 
 def _deterministic_ir_dict(ir: NPU_IR) -> dict[str, Any]:

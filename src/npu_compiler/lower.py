@@ -20,7 +20,7 @@ on the CPU, a download elsewhere), so no conversion dispatch is needed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,18 +49,24 @@ def spec_of(meta: TensorMeta, layout: str | None = None) -> TensorSpec:
     return TensorSpec(meta.name, [int(d) for d in meta.shape], meta.dtype, layout)
 
 
-def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None) -> Lowered:
+def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None,
+          state: Mapping[str, str] | None = None) -> Lowered:
     """Dispatches for every node of ``ir``: a kernel of ``target`` for each node, except the nodes named in
-    ``host`` (node name -> why), which become host dispatches (see ``compile(fallback=...)``)."""
-    host = host or {}
+    ``host`` (node name -> why), which become host dispatches (see ``compile(fallback=...)``).
+
+    ``state`` maps the tensor holding a buffer's new value to the buffer's state slot (see
+    ``npu_compiler.state``): the dispatch making it writes the slot in place, and its readers read the slot.
+    """
+    host, state = host or {}, state or {}
     layouts = assign_layouts(ir, host) if target.channels_last else {}
-    tensors = {t.name: spec_of(t, layouts.get(t.name)) for t in _activations(ir)}
+    tensors = {t.name: spec_of(t, layouts.get(t.name)) for t in _activations(ir) if t.name not in state}
     tensors.update({c.name: spec_of(c) for c in ir.constants})
     activations = {t.name for t in _activations(ir)}
     dispatches: list[Dispatch] = []
     aliases: dict[str, str] = {}
     for node in ir.nodes:
-        ins, outs = [t.name for t in node.inputs], [t.name for t in node.outputs]
+        ins = [state.get(t.name, t.name) for t in node.inputs]
+        outs = [state.get(t.name, t.name) for t in node.outputs]
         if node.name in host:  # the op itself, on the host: its attributes as they are, no kernel params
             dispatches.append(Dispatch(node.op_type, node.name, ins, outs, dict(node.attrs), host=host[node.name]))
             continue
@@ -71,7 +77,7 @@ def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None) -> 
             continue
         dispatches.append(Dispatch(node.op_type, node.name, ins, outs, _params(node)))
     lowered = Lowered(dispatches, tensors, aliases)
-    mark_bind_time(lowered, ir)
+    mark_bind_time(lowered, ir, set(state.values()))
     write_in_place(lowered, ir)
     return lowered
 
@@ -122,13 +128,13 @@ def assign_layouts(ir: NPU_IR, host: Mapping[str, str] | None = None) -> dict[st
 
 # -- bind time ------------------------------------------------------------------------------------
 
-def mark_bind_time(lowered: Lowered, ir: NPU_IR) -> None:
+def mark_bind_time(lowered: Lowered, ir: NPU_IR, state: Set[str] = frozenset()) -> None:
     """Mark the dispatches that read only weights and constants (and what earlier such dispatches wrote) to
     run once, when the weights are bound: a weight-norm, a weight transposed or filled with a constant is
     then computed once rather than on every run (the ONNX "light" models make their weights with
     ConstantOfShape). What they write keeps its bytes for the program's life; graph outputs are left alone
     (every run copies them out)."""
-    known = {t.name for t in [*ir.weights, *ir.constants]}
+    known = {t.name for t in [*ir.weights, *ir.constants]} - state  # state slots change from run to run
     outputs = {t.name for t in ir.graph_outputs}
     for d in lowered.dispatches:
         if all(resolve_alias(n, lowered.aliases) in known or n in known for n in d.inputs) \

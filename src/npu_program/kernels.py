@@ -75,7 +75,11 @@ def no_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) 
 
 def gemm_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
     k = ins[0].shape[-2] if params.get("trans_a") else ins[0].shape[-1]
-    return 2 * numel(outs[0]) * int(k)
+    return 2 * numel(outs[0]) * int(k) + (numel(outs[0]) if params.get("has_residual") else 0)
+
+
+def gate_up_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    return 4 * numel(outs[0]) * int(ins[0].shape[-1]) + numel(outs[0])  # two contractions, then silu(g) · u
 
 
 def qkv_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
@@ -93,6 +97,12 @@ def conv_add_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, 
 
 def attn_score_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
     return 2 * numel(outs[0]) * int(ins[0].shape[-1]) + 5 * numel(outs[0])  # q·kᵀ, then the softmax
+
+
+def attention_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
+    q, k, v = ins[0].shape, ins[1].shape, ins[2].shape
+    scores = numel(ins[0]) // int(q[-1]) * int(k[-2])  # [B, H, T, S]
+    return 2 * scores * int(q[-1]) + 5 * scores + 2 * scores * int(v[-1])  # q·kᵀ, the softmax, p·v
 
 
 def matmul_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
@@ -131,7 +141,8 @@ class KernelTest:
     """How the kernel test table runs a kernel: example inputs, parameters and tolerances.
 
     ``inputs`` are ``(shape, dtype, values)``: dtype ``"*"`` is the dtype under test, ``values`` one of
-    ``normal``, ``positive`` (away from zero), ``bool``, ``index:N`` (integers in [0, N)). Inputs at the
+    ``normal``, ``positive`` (away from zero), ``bool``, ``index:N`` (integers in [0, N)), ``positions:N``
+    (distinct integers in [0, N), as a cache write needs). Inputs at the
     positions in ``weights`` are weight slots (bound before the run), the others graph inputs.
     ``rtol``/``atol`` are for float32 and scale with the dtype (``torch_ir.verify.default_tolerance``).
     """
@@ -236,11 +247,18 @@ _CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups
 
 # -- NPU ops ------------------------------------------------------------------------------------------------
 
-kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias)", flops=gemm_flops,
+kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=gemm_flops,
        params={"trans_a": "x's last two dims are transposed", "trans_b": "w is [N, K] (nn.Linear)",
-               "has_bias": "a bias input follows w", "activation": _ACT},
+               "has_bias": "a bias input follows w",
+               "has_residual": "a residual activation of y's shape is the last input, added before the activation "
+                               "(inputs [x, w, bias?, residual]; has_bias is then always given)",
+               "activation": _ACT},
        impls={"cpu": f"{_CPU}:Gemm"},
-       test=t("2,5,16", "8,16", "8", params={"trans_b": True, "activation": "gelu"}, weights=(1, 2), dtypes=_HALF))
+       test=(t("2,5,16", "8,16", "8", params={"trans_b": True, "activation": "gelu"}, weights=(1, 2), dtypes=_HALF),
+             t("2,5,16", "8,16", "8", "2,5,8", params={"trans_b": True, "has_bias": True, "has_residual": True},
+               weights=(1, 2)),
+             t("1,1,16", "8,16", "1,1,8", params={"trans_b": True, "has_bias": False, "has_residual": True},
+               weights=(1,))))
 kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch norm and activation",
        flops=conv_flops, layout="spatial", dtypes=FLOATS,
        params={"stride": "per spatial dim", "padding": "per spatial dim", "dilation": "per spatial dim",
@@ -261,7 +279,8 @@ kernel("LAYER_NORM", "normalization", "layer norm over the trailing dims", layou
        params={"normalized_shape": "trailing dims", "eps": "epsilon"},
        test=t("2,5,8", "8", "8", params={"normalized_shape": [8], "eps": 1e-5}, weights=(1, 2), dtypes=_HALF))
 kernel("RMS_NORM", "normalization", "RMS norm over the last dim", layout="keeps", dtypes=FLOATS,
-       params={"eps": "epsilon"}, test=t("2,5,8", "8", params={"eps": 1e-6}, weights=(1,), dtypes=_HALF))
+       params={"eps": "epsilon"}, impls={"cpu": f"{_CPU}:RmsNorm"},
+       test=t("2,5,8", "8", params={"eps": 1e-6}, weights=(1,), dtypes=_HALF))
 kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout="keeps",
        params={"dim": "axis", "scale": "scale applied first"},
        test=t("2,3,7", params={"dim": -1, "scale": 0.5}, dtypes=_HALF))
@@ -269,21 +288,57 @@ kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as on
        params={"splits": "output widths", "has_bias": "biases follow the weights (one flag, or [q, k, v])",
                "trans_b": "as GEMM",
                "packed": "one weight", "num_heads": "query heads", "num_kv_heads": "key/value heads",
-               "head_dim": "per head"},
-       test=(t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3),
+               "head_dim": "per head",
+               "heads_first": "outputs head-major [B, heads, T, head_dim] (the head split and transpose done by "
+                              "the kernel's store) rather than [B, T, width]"},
+       impls={"cpu": f"{_CPU}:QkvProj"},
+       test=(t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3), dtypes=_HALF,
                params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
                        "num_heads": 2, "num_kv_heads": 1, "head_dim": 4}),
+             t("2,6,8", "8,8", "4,8", "4,8", "8", "4", "4", weights=(1, 2, 3, 4, 5, 6), dtypes=_HALF,
+               params={"splits": [8, 4, 4], "has_bias": True, "trans_b": True, "packed": False,
+                       "num_heads": 2, "num_kv_heads": 1, "head_dim": 4, "heads_first": True}),
              t("1,4,8", "8,8", "8,8", "8,8", "8", "8", weights=(1, 2, 3, 4, 5),
                params={"splits": [8, 8, 8], "has_bias": [True, False, True], "trans_b": True, "packed": False,
-                       "num_heads": 2, "num_kv_heads": 2, "head_dim": 4})))
+                       "num_heads": 2, "num_kv_heads": 2, "head_dim": 4}),
+             t("1,3,8", "8,8", "4,8", "4,8", "8", "4", "4", weights=(1, 2, 3, 4, 5, 6),
+               params={"splits": [8, 4, 4], "has_bias": True, "trans_b": True, "packed": False,
+                       "num_heads": 2, "num_kv_heads": 1, "head_dim": 4, "heads_first": True}),
+             t("2,3,8", "24,8", weights=(1,),
+               params={"splits": [8, 8, 8], "has_bias": False, "trans_b": True, "packed": True,
+                       "num_heads": 2, "num_kv_heads": 2, "head_dim": 4, "heads_first": True})))
 kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops,
        params={"scale": "applied to q · kᵀ", "causal": "mask the future"},
        test=t("1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True}))
 kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, dtypes=FLOATS,
        params={"merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
        test=t("1,2,5,5:positive", "1,2,5,4", params={"merge_heads": True}))
+kernel("ATTENTION", "attention", "softmax(q · kᵀ · scale + mask) · v, heads merged: ATTN_SCORE and ATTN_OUTPUT "
+       "in one kernel (grouped-query k and v, a KV cache longer than q)", flops=attention_flops,
+       params={"scale": "applied to q · kᵀ", "causal": "mask the future",
+               "merge_heads": "[B, T, H·D] rather than [B, H, T, D]"}, impls={"cpu": f"{_CPU}:Attention"},
+       test=(t("1,4,5,4", "1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True, "merge_heads": True},
+               dtypes=_HALF),
+             t("1,4,1,4", "1,2,7,4", "1,2,7,4", "1,1,1,7:bool",
+               params={"scale": 0.5, "causal": False, "merge_heads": True}),
+             t("2,2,3,4", "2,2,3,4", "2,2,3,4", "2,1,3,3", params={"scale": 0.5, "causal": False,
+                                                                  "merge_heads": False}),
+             t("1,4,2,4", "1,1,6,4", "1,1,6,4", "1,1,2,6:bool", params={"scale": 0.5, "causal": True,
+                                                                       "merge_heads": True})))
 kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS, test=t("2,6", "2,6", dtypes=_HALF))
-kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS, test=t("1,2,5,4", "5,4", "5,4"))
+kernel("GATE_UP", "fused", "silu(x · w_gateᵀ + b_gate) * (x · w_upᵀ + b_up): a gated MLP's gate and up projections "
+       "and SILU_GATE, one contraction over both weights (concatenated once, at bind time)", flops=gate_up_flops,
+       dtypes=FLOATS, params={"trans_b": "as GEMM", "has_bias": "b_gate and b_up follow the weights"},
+       impls={"cpu": f"{_CPU}:GateUp"},
+       test=(t("2,5,16", "12,16", "12,16", params={"trans_b": True, "has_bias": False}, weights=(1, 2),
+               atol=1e-4, dtypes=_HALF),
+             t("1,1,16", "12,16", "12,16", "12", "12", params={"trans_b": True, "has_bias": True},
+               weights=(1, 2, 3, 4), atol=1e-4),
+             t("1,3,16", "16,12", "16,12", params={"trans_b": False, "has_bias": False}, weights=(1, 2), atol=1e-4)))
+kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope"},
+       test=t("1,2,5,4", "5,4", "5,4", dtypes=_HALF))
+kernel("ROPE_QK", "elementwise", "rotary position embedding of q and k (same cos and sin) in one kernel",
+       dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope"}, test=t("1,4,5,4", "1,2,5,4", "1,1,5,4", "1,1,5,4", dtypes=_HALF))
 kernel("EMBEDDING", "movement", "rows of a table by index", test=t("10,4", "2,3:int64:index:10", weights=(0,)))
 kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch norm statistics", layout="keeps",
        dtypes=FLOATS, params={"eps": "epsilon"},
@@ -291,8 +346,10 @@ kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch no
 kernel("LRN", "normalization", "local response normalization across channels", layout="keeps", dtypes=FLOATS,
        params={"size": "channels in the window", "alpha": "scale", "beta": "exponent", "k": "added first"},
        test=t("1,6,4,4", params={"size": 3, "alpha": 1e-2, "beta": 0.75, "k": 1.0}, dtypes=_HALF))
-kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at an index", params={"dim": "axis"},
-       deferred="writes a KV cache in place; compiled programs do not carry buffer mutations yet")
+kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at positions, in place: its output is "
+       "the cache's state slot (see npu_compiler.state)", params={"dim": "axis"}, flops=no_flops,
+       impls={"cpu": f"{_CPU}:KvUpdate"},
+       test=t("1,2,8,4", "1,2,3,4", "3:int64:positions:8", params={"dim": 2}, dtypes=_HALF))
 
 # -- ATen ops an NPU runs as they are: one line each, with its test record -------------------------------------
 

@@ -98,7 +98,7 @@ def test_is_op_supported_by_op_type():
     assert is_op_supported("CONV")
     assert is_op_supported("aten.add.Tensor")
     assert not is_op_supported("aten.histc.default")
-    assert not is_op_supported("KV_UPDATE")  # an NPU op the compiler cannot carry yet
+    assert is_op_supported("KV_UPDATE")  # writes a state slot in place (npu_compiler.state)
     assert not is_op_supported("not.an.op")
 
 

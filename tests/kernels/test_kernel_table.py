@@ -36,6 +36,8 @@ def make_inputs(test: KernelTest, dtype: str, seed: int = 0) -> list[torch.Tenso
             values.append(torch.rand(shape, generator=gen) > 0.5)
         elif how.startswith("index:"):
             values.append(torch.randint(0, int(how.split(":")[1]), shape, generator=gen, dtype=torch_dtype))
+        elif how.startswith("positions:"):
+            values.append(torch.randperm(int(how.split(":")[1]), generator=gen)[:shape[0]].to(torch_dtype))
         elif how == "positive":
             values.append((torch.rand(shape, generator=gen) + 0.5).to(torch_dtype))
         elif torch_dtype.is_floating_point:

@@ -84,10 +84,10 @@ ADDITIVE_MASK = {"gpt2": Counter({"aten.where.ScalarOther": 1}), "llama": Counte
 
 EXPECTED_NPU_OPS = {
     "resnet": {"CONV", "GEMM"},
-    "bert": {"GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "LAYER_NORM", "EMBEDDING"},
-    "gpt2": {"GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "LAYER_NORM", "EMBEDDING"},
-    "vit": {"CONV", "GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "LAYER_NORM"},
-    "llama": {"GEMM", "QKV_PROJ", "ATTN_SCORE", "ATTN_OUTPUT", "RMS_NORM", "ROPE", "SILU_GATE", "EMBEDDING"},
+    "bert": {"GEMM", "QKV_PROJ", "ATTENTION", "LAYER_NORM", "EMBEDDING"},
+    "gpt2": {"GEMM", "QKV_PROJ", "ATTENTION", "LAYER_NORM", "EMBEDDING"},
+    "vit": {"CONV", "GEMM", "QKV_PROJ", "ATTENTION", "LAYER_NORM"},
+    "llama": {"GEMM", "QKV_PROJ", "ATTENTION", "RMS_NORM", "ROPE_QK", "GATE_UP", "EMBEDDING"},
 }
 
 

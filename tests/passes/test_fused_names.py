@@ -71,8 +71,8 @@ def test_llm_ops_are_named_by_op():
     assert len(names) == len(set(names))
     for op, name in _npu_nodes(npu):
         assert name == op.lower() or name.startswith(op.lower() + "_"), (op, name)
-    assert {"embedding", "rms_norm", "qkv_proj", "rope", "rope_1", "attn_score", "attn_output", "silu_gate"} \
-        <= set(names)
+    assert {"embedding", "rms_norm", "qkv_proj", "rope_qk", "rope_qk_1", "attention", "attention_1", "gate_up",
+            "gate_up_1"} <= set(names)
 
 
 def test_a_profile_names_dispatches_by_what_they_compute():

@@ -295,11 +295,11 @@ class ScaledQuery(nn.Module):
 
 
 def test_scaled_query_becomes_the_attention_scale_and_qkv_fuses():
-    out = check_module(ScaledQuery, (torch.randn(2, 3, 8),),
-                       ["QKV_PROJ", *["aten.reshape.default", "aten.permute.default"] * 3, "ATTN_SCORE",
-                        "ATTN_OUTPUT"],
-                       ["attention_scaled_query", "qkv_proj"])
-    assert out.nodes[7].attrs["scale"] == 0.5
+    out = check_module(ScaledQuery, (torch.randn(2, 3, 8),), ["QKV_PROJ", "ATTENTION"],
+                       ["attention_scaled_query", "qkv_proj", "qkv_heads_first", "heads_round_trip",
+                        "attention_fused", "attention_merge_heads"])
+    assert out.nodes[1].attrs["scale"] == 0.5 and out.nodes[1].attrs["merge_heads"] is True
+    assert out.nodes[0].attrs["heads_first"] is True and out.nodes[0].attrs["has_bias"] == [True, False, True]
 
 
 def test_qkv_proj_packed():
@@ -348,7 +348,23 @@ QKV_ARGS = (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 
 
 
 def test_sdpa():
-    check_module(lambda: Fn(_sdpa), QKV_ARGS, ["ATTN_SCORE", "ATTN_OUTPUT"], ["sdpa"])
+    check_module(lambda: Fn(_sdpa), QKV_ARGS, ["ATTENTION"], ["sdpa", "attention_fused"])
+
+
+def test_sdpa_without_the_fused_attention_keeps_score_and_output():
+    check_module(lambda: Fn(_sdpa), QKV_ARGS, ["ATTN_SCORE", "ATTN_OUTPUT"], ["sdpa"],
+                 NormalizeOptions(disabled_rules={"attention_fused"}))
+
+
+def _attention_returning_probabilities(s, q, k, v):
+    p = torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1)
+    return p @ v, p
+
+
+def test_attention_whose_probabilities_are_read_stays_two_ops():
+    out = check_module(lambda: Fn(_attention_returning_probabilities), QKV_ARGS, ["ATTN_SCORE", "ATTN_OUTPUT"],
+                       ["attention_score", "attention_output"])
+    assert "attention_fused" not in applied(out)
 
 
 def test_disable_attention_keeps_sdpa():
@@ -370,9 +386,18 @@ def _eager_attention(s, q, k, v, mask):
 
 
 def test_attention_score_output_merge_heads():
+    out = check_module(lambda: Fn(_eager_attention), (*QKV_ARGS, torch.randn(1, 1, 3, 3)), ["ATTENTION"],
+                       ["attention_score", "attention_output", "attention_fused", "attention_merge_heads"])
+    attention = out.nodes[0]
+    assert attention.attrs == {"scale": 0.5, "causal": False, "merge_heads": True}
+    assert [t.name for t in attention.inputs] == [t.name for t in out.graph_inputs]  # q, k, v, mask
+
+
+def test_attention_score_output_merge_heads_unfused():
     out = check_module(lambda: Fn(_eager_attention), (*QKV_ARGS, torch.randn(1, 1, 3, 3)),
                        ["ATTN_SCORE", "ATTN_OUTPUT"],
-                       ["attention_score", "attention_output", "attention_merge_heads"])
+                       ["attention_score", "attention_output", "attention_merge_heads"],
+                       NormalizeOptions(disabled_rules={"attention_fused"}))
     assert out.nodes[0].attrs["scale"] == 0.5 and len(out.nodes[0].inputs) == 3
     assert out.nodes[1].attrs["merge_heads"] is True
 
@@ -389,9 +414,125 @@ def test_attention_nan_guard_hand_made():
         OpNode("g", "aten.where.self", [nan, zero, p], [g], {}),
         OpNode("o", "aten.matmul.default", [g, v], [o], {}),
     ], constants=[zero], constant_values={"zero": 0.0})
-    out = check_hand_made(ir, {}, [torch.randn(1, 2, 3, 4) for _ in range(3)], ["ATTN_SCORE", "ATTN_OUTPUT"],
-                          ["attention_score", "attention_nan_guard", "attention_output"])
-    assert out.nodes[0].attrs["scale"] == 1.0
+    out = check_hand_made(ir, {}, [torch.randn(1, 2, 3, 4) for _ in range(3)], ["ATTENTION"],
+                          ["attention_score", "attention_nan_guard", "attention_output", "attention_fused"])
+    assert out.nodes[0].attrs["scale"] == 1.0 and out.nodes[0].attrs["merge_heads"] is False
+
+
+# -- the fused decode layer: head-major QKV_PROJ, ROPE_QK, ATTENTION, GATE_UP, residual GEMM, CSE ----------------
+
+def _repeat_kv(t, groups):
+    b, h, n, d = t.shape
+    return t[:, :, None, :, :].expand(b, h, groups, n, d).reshape(b, h * groups, n, d)
+
+
+class RopeAttention(nn.Module):
+    """A Llama attention block without its output projection: q, k, v split into heads, RoPE, GQA."""
+
+    def __init__(self, bias: bool = False, return_key: bool = False):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16, bias), nn.Linear(16, 8, bias), nn.Linear(16, 8, bias)
+        self.return_key = return_key
+
+    def forward(self, x, cos, sin):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 4).transpose(1, 2)
+        k = self.k(x).view(b, n, 2, 4).transpose(1, 2)
+        v = self.v(x).view(b, n, 2, 4).transpose(1, 2)
+        key = k
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), is_causal=True)
+        y = y.transpose(1, 2).reshape(b, n, 16)
+        return (y, key) if self.return_key else y
+
+
+ROPE_ARGS = (torch.randn(2, 3, 16), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_qkv_heads_first_rope_qk_and_fused_attention(bias):
+    out = check_module(lambda: RopeAttention(bias), ROPE_ARGS, ["QKV_PROJ", "ROPE_QK", "ATTENTION"],
+                       ["qkv_proj", "qkv_heads_first", "heads_round_trip", "rope", "rope_qk", "sdpa",
+                        "attention_fused", "attention_merge_heads"])
+    qkv, rope, attention = out.nodes
+    assert qkv.attrs["heads_first"] is True and qkv.attrs["has_bias"] is bias
+    assert [list(t.shape) for t in qkv.outputs] == [[2, 4, 3, 4], [2, 2, 3, 4], [2, 2, 3, 4]]
+    assert [t.name for t in rope.inputs[:2]] == [t.name for t in qkv.outputs[:2]]
+    assert [t.name for t in attention.inputs[:3]] == [*(t.name for t in rope.outputs), qkv.outputs[2].name]
+    assert attention.attrs == {"scale": 0.5, "causal": True, "merge_heads": True}
+
+
+def test_qkv_stays_token_major_when_a_head_split_key_is_an_output():
+    """A returned key (a cache handed back) must keep its permute: head-major outputs would need one back."""
+    out = check_module(lambda: RopeAttention(return_key=True), ROPE_ARGS,
+                       ["QKV_PROJ", *["aten.reshape.default", "aten.permute.default"] * 3, "ROPE_QK", "ATTENTION"],
+                       ["qkv_proj", "rope_qk", "attention_fused"])
+    assert "qkv_heads_first" not in applied(out)
+
+
+def test_qkv_stays_token_major_when_a_projection_is_not_split_into_heads():
+    out = check_module(Qkv, (torch.randn(2, 3, 8),), ["QKV_PROJ", *RESHAPES], ["qkv_proj"])
+    assert "heads_first" not in out.nodes[0].attrs and "qkv_heads_first" not in applied(out)
+
+
+class GatedMlp(nn.Module):
+    def __init__(self, gate_bias: bool = False, up_bias: bool = False, residual_first: bool = True):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(8, 12, gate_bias), nn.Linear(8, 12, up_bias), nn.Linear(12, 8)
+        self.residual_first = residual_first
+
+    def forward(self, x):
+        y = self.down(F.silu(self.gate(x)) * self.up(x))
+        return x + y if self.residual_first else y + x
+
+
+def test_gate_up_and_residual_gemm():
+    out = check_module(GatedMlp, (torch.randn(2, 3, 8),), ["GATE_UP", "GEMM"],
+                       ["silu_gate", "gate_up", "gemm_residual_swapped"])
+    gate_up, down = out.nodes
+    assert gate_up.attrs == {"trans_b": True, "has_bias": False}
+    assert [t.name for t in gate_up.inputs] == ["x", "p_gate_weight", "p_up_weight"]
+    assert down.attrs["has_residual"] is True and down.attrs["has_bias"] is True
+    assert [t.name for t in down.inputs] == ["mul", "p_down_weight", "p_down_bias", "x"]
+
+
+def test_gate_up_with_biases_and_residual_after_the_gemm():
+    out = check_module(lambda: GatedMlp(True, True, residual_first=False), (torch.randn(2, 3, 8),),
+                       ["GATE_UP", "GEMM"], ["gate_up", "gemm_residual"])
+    gate_up = out.nodes[0]
+    assert gate_up.attrs["has_bias"] is True
+    assert [t.name for t in gate_up.inputs] == ["x", "p_gate_weight", "p_up_weight", "p_gate_bias", "p_up_bias"]
+
+
+def test_gate_up_refused_when_only_one_projection_has_a_bias():
+    out = check_module(lambda: GatedMlp(True, False), (torch.randn(2, 3, 8),), ["GEMM", "GEMM", "SILU_GATE", "GEMM"],
+                       ["silu_gate", "gemm_residual_swapped"])
+    assert ("gate_up", "silu_gate", "one projection has a bias and the other not") in rejected(out)
+
+
+def test_residual_gemm_refused_for_a_broadcast_operand():
+    factory = lambda: Fn(lambda s, x, r: s.fc(x) + r, fc=nn.Linear(8, 8))  # noqa: E731
+    out = check_module(factory, (torch.randn(2, 3, 8), torch.randn(8)), ["GEMM", "aten.add.Tensor"], ["linear"])
+    assert any(r[0] == "gemm_residual" and "broadcast" in r[2] for r in rejected(out))
+
+
+def test_residual_gemm_refused_for_an_operand_computed_from_weights_alone():
+    """A program computes it once, at bind time, and holds it as a weight: it is a bias, not a residual."""
+    factory = lambda: Fn(lambda s, x: s.fc(x) + s.pos.exp(), fc=nn.Linear(8, 8),  # noqa: E731
+                         pos=nn.Parameter(torch.randn(2, 3, 8)))
+    out = check_module(factory, (torch.randn(2, 3, 8),), ["GEMM", "aten.exp.default", "aten.add.Tensor"], ["linear"])
+    assert any(r[0] == "gemm_residual" and "weights and constants alone" in r[2] for r in rejected(out))
+
+
+def test_common_subexpression_of_index_arithmetic():
+    def fn(s, x, pos):
+        return x.index_select(1, pos + 1) * x.index_select(1, pos + 1)
+
+    out = check_module(lambda: Fn(fn), (torch.randn(2, 5), torch.tensor([0, 2])),
+                       ["aten.add.Tensor", "aten.index_select.default", "aten.index_select.default",
+                        "aten.mul.Tensor"], ["common_subexpression"])
+    first, second = out.nodes[1:3]
+    assert first.inputs[1].name == second.inputs[1].name == out.nodes[0].outputs[0].name
 
 
 # -- conv, norm, embedding, softmax, activations ---------------------------------------------------------------
@@ -735,11 +876,12 @@ def test_attention_layouts_and_kv_role_on_llama_kv(tmp_path):
     out.save(str(path))
     for graph in (out, torch_ir.load_ir(path)):
         updates = [n for n in graph.nodes if n.op_type == "KV_UPDATE"]
-        scores = [n for n in graph.nodes if n.op_type == "ATTN_SCORE"]
-        assert updates and scores
+        attentions = [n for n in graph.nodes if n.op_type == "ATTENTION"]
+        assert updates and attentions
         for n in updates:
             assert n.inputs[0].role == "kv" and n.inputs[0].quant["bits"] == 4
-        for n in scores:
-            assert n.inputs[0].layout == "[B,H,T,D]" and n.inputs[1].layout == "[B,H,T,D]"
+        for n in attentions:
+            assert [t.layout for t in n.inputs[:3]] == ["[B,H,T,D]"] * 3 and n.outputs[0].layout == "[B,T,H]"
+            assert n.inputs[1].role == "kv" and n.inputs[2].role == "kv"
         kv = [w for w in graph.weights if w.role == "kv"]
         assert kv and all(w.quant["bits"] == 4 for w in kv)

@@ -14,7 +14,7 @@ from torch_ir.frontends.tinygrad import import_tinygrad
 from torch_ir.passes import normalize
 
 from ..helpers import assert_outputs_close
-from .models import CNN, MLP, LlamaBlock, TinyLlama, add_mul, realize_weights, rotary_tables
+from .models import CNN, LLAMA_CONFIG, MLP, LlamaBlock, TinyLlama, add_mul, realize_weights, rotary_tables
 
 RNG = np.random.default_rng(0)
 
@@ -85,7 +85,8 @@ def test_weight_free_import_of_empty_weights():
 def test_cnn_with_batchnorm_pooling_and_head(tmp_path):
     Tensor.training = False  # BatchNorm uses its running statistics
     ir = _check(realize_weights(CNN()), [_tensor(2, 3, 8, 8)], tmp_path)
-    batch_norm = ["reshape", "sub", "reshape", "mul", "reshape", "add", "sqrt", "div", "reshape", "add"]
+    # (x - mean) * weight * rsqrt(var + eps) + bias, as tinygrad's BatchNorm writes it
+    batch_norm = ["reshape", "sub", "reshape", "mul", "reshape", "add", "rsqrt", "mul", "reshape", "add"]
     assert _ops(ir) == ["conv2d", *batch_norm, "relu", "max_pool2d", "conv2d", "relu", "avg_pool2d", "reshape",
                         "linear"]
     pools = [n.attrs for n in ir.nodes if "pool" in n.op_type]
@@ -124,8 +125,9 @@ def test_llama_block_compiles_whole_and_runs_equal_to_tinygrad():
 
 @pytest.mark.slow
 def test_tiny_llama_end_to_end(tmp_path):
-    model = realize_weights(TinyLlama(n_layers=2))
-    tokens = Tensor(RNG.integers(0, 64, (1, 5)).astype(np.int32))
+    """Import only (IR executor, saved and reloaded); test_llama_end_to_end.py compiles and runs it."""
+    model = realize_weights(TinyLlama(**LLAMA_CONFIG))
+    tokens = Tensor(RNG.integers(0, LLAMA_CONFIG["vocab"], (1, 5)).astype(np.int32))
     ir = _check(model, [tokens], tmp_path)
     assert ir.op_histogram()["aten.linear.default"] == 2 * 7 + 1
 
@@ -256,3 +258,67 @@ def test_numpy_data_made_in_forward_becomes_a_weight_with_its_values():
     x = _tensor(2, 3)
     ir = _check(lambda x: x + Tensor(table), [x])
     assert _ops(ir) == ["add"] and [w.shape for w in ir.weights] == [[3]]
+
+
+# -- tinygrad's spellings of an LLM's pieces read as torch.export writes them (seed 001's end to end) ------
+
+NORM_IDIOMS = [
+    ("mean", lambda x: x.mean(axis=1), ["mean"]),
+    ("neg", lambda x: -x, ["neg"]),
+    ("rsqrt", lambda x: (x * x + 1).rsqrt(), ["mul", "add", "rsqrt"]),  # a product not summed stays a mul
+    ("sum_of_squares", lambda x: x.square().sum(-1), ["pow", "sum"]),
+    ("variance", lambda x: (x - x.mean(-1, keepdim=True)).square().mean(-1), ["mean", "sub", "pow", "mean"]),
+]
+
+
+@pytest.mark.parametrize("name, fn, ops", NORM_IDIOMS, ids=[c[0] for c in NORM_IDIOMS])
+def test_norm_idioms(name, fn, ops):
+    ir = _check(fn, [_tensor(2, 3, 4)])
+    assert _ops(ir) == ops
+
+
+def test_rms_norm_normalizes_to_one_op():
+    """tinygrad's RMSNorm: x * rsqrt(mean(x * x) + eps) * w -> pow, mean, add, rsqrt, mul, mul -> RMS_NORM."""
+    from tinygrad.nn import RMSNorm
+
+    norm = realize_weights(RMSNorm(8, eps=1e-5))
+    ir = _check(norm, [_tensor(2, 5, 8)])
+    assert _ops(ir) == ["pow", "mean", "add", "rsqrt", "mul", "mul"]
+    (node,) = normalize(ir).nodes
+    assert node.op_type == "RMS_NORM" and node.attrs["eps"] == pytest.approx(1e-5)
+
+
+def test_attention_keeps_its_head_axes_and_fuses():
+    """q @ kᵀ of (1, H, T, D) heads stays a 4-D matmul of a transposed key (GQA's repeat_interleave
+    before it), so the normalization passes find the projections, the rotations and the attention."""
+    from .models import Attention
+
+    attention = realize_weights(Attention(16, n_heads=4, n_kv_heads=2, rope="half"))
+    cos, sin = rotary_tables(4, 16, halves=True)
+    inputs = [_tensor(1, 5, 16), cos[:5].contiguous().realize(), sin[:5].contiguous().realize()]
+    ir = _check(attention, inputs)
+    matmuls = [n for n in ir.nodes if n.op_type == "aten.matmul.default"]
+    assert [n.outputs[0].shape for n in matmuls] == [[1, 4, 5, 5], [1, 4, 5, 4]]
+    assert _ops(ir).count("linear") == 4 and ir.nodes[-1].inputs[0].shape == [1, 5, 16]  # wo reads merged heads
+    hist = normalize(ir).op_histogram()
+    assert hist["QKV_PROJ"] == 1 and hist.get("ROPE", 0) + 2 * hist.get("ROPE_QK", 0) == 2
+    assert hist.get("ATTENTION", 0) + hist.get("ATTN_SCORE", 0) == 1 and "aten.matmul.default" not in hist
+
+
+def test_kwargs_are_python_values_of_the_call():
+    class Offset:
+        def __init__(self):
+            self.table = Tensor(np.arange(8, dtype=np.float32)).realize()
+
+        def __call__(self, x: Tensor, start_pos: int = 0) -> Tensor:
+            return x + self.table[start_pos:start_pos + x.shape[0]]
+
+    model, x = Offset(), _tensor(3)
+    ir, weights = import_tinygrad(model, [x], kwargs={"start_pos": 2})
+    (sl,) = [n for n in ir.nodes if n.op_type == "aten.slice.Tensor"]
+    assert (sl.attrs["start"], sl.attrs["end"]) == (2, 5) and [t.name for t in ir.graph_inputs] == ["input_0"]
+    (y,) = torch_ir.IRExecutor(ir, {k: torch.from_numpy(v) for k, v in weights.items()}).run(
+        [torch.from_numpy(x.numpy())])
+    np.testing.assert_allclose(y.numpy(), model(x, start_pos=2).numpy())
+    with pytest.raises(ExtractionError, match=r"kwargs \['start_pos'\] are tensors"):
+        import_tinygrad(model, [x], kwargs={"start_pos": Tensor([2])})

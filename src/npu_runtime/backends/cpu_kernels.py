@@ -164,39 +164,157 @@ class Conv2d:
 # --------------------------------------------------------------------------------------------- gemm
 
 
-class Gemm:
-    """``y = act(x @ W (+ bias))`` with ``torch.addmm(out=)`` straight into the arena.
+#: Rows of ``x`` up to which a contraction runs the GEMV kernel (``cpu_gemv``): it reads W once per 4 rows
+#: of x (at the memory bandwidth), so more rows would read W again, where BLAS's blocked GEMM reads it once.
+GEMV_ROWS = 4
+#: Dtypes the contraction kernels run (x, weights and output of one dtype; fp32 accumulation).
+LINEAR_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
-    ``trans_b=True``: W is ``[N, K]`` (nn.Linear), else ``[K, N]``. ``prepare`` lays W out as the
-    transpose of a contiguous ``[N, K]``, which is what BLAS reads fastest.
+
+class _Linear:
+    """``x · Wᵀ (+ bias) (+ residual)`` into ``out``, for the contraction kernels (GEMM, GATE_UP, QKV_PROJ).
+
+    Decode-sized ``x`` (at most ``GEMV_ROWS`` rows, e.g. one token) runs the GEMV kernel of :mod:`.cpu_gemv`:
+    a step reading every weight once is bound by memory bandwidth, and PyTorch's bf16 GEMV moves half the
+    bytes/s of its fp32 one, where the kernel reads bf16 at the same bytes/s. It accumulates in fp32, rounds
+    once, and falls back to PyTorch by itself when it cannot be compiled. Prefill-sized ``x`` runs
+    ``torch.mm``/``addmm(out=)``. ``weight`` is ``[N, K]``; it is kept as the transpose of a contiguous
+    ``[N, K]``, which is what BLAS reads fastest and the GEMV kernel reads.
     """
 
-    @classmethod
-    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        names = dispatch.inputs
-        return not dispatch.params.get("trans_a") and all(n in weight_names for n in names[1:]) \
-            and specs[names[0]].dtype == "float32"
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        from . import cpu_gemv  # here, not at the top: the other kernels do not need it
 
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        self.names = dispatch.inputs
-        self.trans_b = bool(dispatch.params.get("trans_b", True))
-        self.activation = dispatch.params.get("activation")
-        self.weight: Tensor | None = None
-        self.bias: Tensor | None = None
+        self.weight = weight.contiguous().t()
+        self.bias = bias.contiguous() if bias is not None else None
+        self.gemv = cpu_gemv.Gemv(self.weight.t(), self.bias)
+        cpu_gemv.native_available()  # build the kernel now (seconds, once per machine), not in the first run
 
-    def prepare(self, weights: dict[str, Tensor]) -> None:
-        w = weights[self.names[1]]
-        self.weight = (w if self.trans_b else w.t()).contiguous().t()
-        self.bias = weights[self.names[2]].contiguous() if len(self.names) == 3 else None
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        x, out = inputs[0], outputs[0]
-        x2, out2 = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
+    def __call__(self, x2: Tensor, out2: Tensor, residual: Tensor | None = None) -> None:
+        if x2.shape[0] <= GEMV_ROWS and x2.is_contiguous():
+            self.gemv(x2, out=out2, residual=residual)
+            return
         if self.bias is None:
             torch.mm(x2, self.weight, out=out2)
         else:
             torch.addmm(self.bias, x2, self.weight, out=out2)
+        if residual is not None:
+            out2.add_(residual)
+
+
+def _linear_dtypes_ok(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
+    """x, weights, biases, residual and outputs of one dtype the kernels run (the reference refuses mixed ones)."""
+    dtypes = {specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}
+    return len(dtypes) == 1 and dtypes <= LINEAR_DTYPES
+
+
+class Gemm:
+    """``y = act(x @ W (+ bias) (+ residual))`` straight into the arena (see :class:`_Linear`).
+
+    Inputs ``[x, w, bias?, residual?]``: ``has_bias`` and ``has_residual`` say which follow (without
+    ``has_bias``, a third input is the bias). ``trans_b=True``: W is ``[N, K]`` (nn.Linear), else ``[K, N]``.
+    The residual is an activation (the transformer block's residual stream), added before the activation.
+    """
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        names, residual = dispatch.inputs, bool(dispatch.params.get("has_residual"))
+        constant = names[1:-1] if residual else names[1:]  # the weight and the bias, bound before any run
+        return not dispatch.params.get("trans_a") and all(n in weight_names for n in constant) \
+            and _linear_dtypes_ok(dispatch, specs)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        p = dispatch.params
+        self.names = dispatch.inputs
+        self.trans_b = bool(p.get("trans_b", True))
+        self.activation = p.get("activation")
+        self.has_residual = bool(p.get("has_residual"))
+        bias = p.get("has_bias")
+        self.has_bias = bool(bias) if bias is not None else len(self.names) == 3 + self.has_residual
+        self.linear: _Linear | None = None
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        w = weights[self.names[1]]
+        self.linear = _Linear(w if self.trans_b else w.t(), weights[self.names[2]] if self.has_bias else None)
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        x, out = inputs[0], outputs[0]
+        residual = inputs[-1].reshape(-1, out.shape[-1]) if self.has_residual else None
+        out2 = out.view(-1, out.shape[-1])
+        self.linear(x.reshape(-1, x.shape[-1]), out2, residual)
         _apply_activation_(out2, self.activation)
+
+
+class GateUp:
+    """``GATE_UP``: ``silu(x @ W_gateᵀ + b_gate) * (x @ W_upᵀ + b_up)`` as ONE contraction over both weights.
+
+    ``prepare`` concatenates the gate and up weights (and biases) once per weight set; the weights file keeps
+    them as two tensors. ``run`` makes the one contraction into a ``[rows, 2N]`` scratch and writes
+    ``silu(gate) * up`` into the arena.
+    """
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return all(n in weight_names for n in dispatch.inputs[1:]) and _linear_dtypes_ok(dispatch, specs)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.names = dispatch.inputs
+        self.trans_b = bool(dispatch.params.get("trans_b", True))
+        self.has_bias = bool(dispatch.params.get("has_bias", False))
+        self.n = int(specs[dispatch.outputs[0]].shape[-1])
+        self.linear: _Linear | None = None
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        gate, up = (weights[n] if self.trans_b else weights[n].t() for n in self.names[1:3])
+        bias = torch.cat([weights[self.names[3]], weights[self.names[4]]]) if self.has_bias else None
+        self.linear = _Linear(torch.cat([gate, up], dim=0), bias)
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        x, out = inputs[0], outputs[0]
+        x2 = x.reshape(-1, x.shape[-1])
+        both = torch.empty(x2.shape[0], 2 * self.n, dtype=out.dtype)
+        self.linear(x2, both)
+        gate = F.silu(both[:, :self.n], inplace=True)
+        torch.mul(gate, both[:, self.n:], out=out.view(-1, self.n))
+
+
+class QkvProj:
+    """``QKV_PROJ``: the q, k and v projections as ONE contraction over the three weights (concatenated once, at
+    bind time), its result split into the three outputs, head-major when ``heads_first``."""
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return dispatch.params.get("trans_b", True) and not dispatch.params.get("packed") \
+            and all(n in weight_names for n in dispatch.inputs[1:]) and _linear_dtypes_ok(dispatch, specs)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        p = dispatch.params
+        self.names = dispatch.inputs
+        self.splits = [int(n) for n in p["splits"]]
+        flags = p.get("has_bias", False)
+        self.bias_flags = list(flags) if isinstance(flags, list) else [bool(flags)] * 3
+        self.heads_first = bool(p.get("heads_first"))
+        self.head_dim = p.get("head_dim")
+        self.linear: _Linear | None = None
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        ws = [weights[n] for n in self.names[1:4]]
+        given = iter(self.names[4:])
+        biases = [weights[next(given)] if flag else torch.zeros(w.shape[0], dtype=w.dtype)
+                  for flag, w in zip(self.bias_flags, ws)]
+        self.linear = _Linear(torch.cat(ws, dim=0), torch.cat(biases) if any(self.bias_flags) else None)
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        x = inputs[0]
+        x2 = x.reshape(-1, x.shape[-1])
+        both = torch.empty(x2.shape[0], sum(self.splits), dtype=outputs[0].dtype)
+        self.linear(x2, both)
+        for part, out in zip(torch.split(both, self.splits, dim=1), outputs):
+            if self.heads_first:  # [B·T, H·D] -> [B, H, T, D]
+                b, h, t, d = out.shape
+                out.copy_(part.view(b, t, h, d).transpose(1, 2))
+            else:
+                out.view(-1, part.shape[1]).copy_(part)
 
 
 # --------------------------------------------------------------------------------------------- others
@@ -257,6 +375,32 @@ class Relu(Binary):
         self.fn = lambda x, out: torch.clamp_min(x, 0.0, out=out)
 
 
+class KvUpdate:
+    """``KV_UPDATE``: the new keys/values written into the cache at their positions, in place.
+
+    In a program the output is the cache's state slot itself (``npu_compiler.state``), so the step touches
+    only the written rows, never copies the cache; an output that is another tensor (a one-node program,
+    the kernel test table) first gets a copy of the cache.
+    """
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return True
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.dim = int(dispatch.params.get("dim", 2))
+        self.in_place = dispatch.inputs[0] == dispatch.outputs[0]
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        cache, new, index = inputs
+        if not self.in_place:
+            outputs[0].copy_(cache)
+        outputs[0].index_copy_(self.dim, index, new)  # checks every index against the cache's length
+
+
 class Reference:
     """Any kernel of the library: the op's reference implementation, its results copied into the arena."""
 
@@ -271,6 +415,110 @@ class Reference:
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         for out, value in zip(outputs, self.fn(inputs, {})):
             out.copy_(value)
+
+
+class RmsNorm:
+    """``RMS_NORM``: ``x · rsqrt(mean(x², -1) + eps) (· weight)`` in float32, rounded to x's dtype before the
+    weight as the reference (and Llama/Qwen) do, written with ``out=`` ops: a few small ops, no temporaries
+    for float32."""
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return all(specs[n].dtype in LINEAR_DTYPES for n in [*dispatch.inputs, *dispatch.outputs] if n in specs)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.eps = float(dispatch.params.get("eps", 1e-6))
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        x, out = inputs[0], outputs[0]
+        xf = x.float()
+        scale = xf.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        if out.dtype == torch.float32:
+            torch.mul(xf, scale, out=out)
+        else:
+            out.copy_(xf.mul_(scale) if xf is not x else xf * scale)
+        if len(inputs) > 1:
+            out.mul_(inputs[1])
+
+
+class Rope:
+    """``ROPE`` and ``ROPE_QK``: ``x·cos + rotate_half(x)·sin`` of each of the first inputs (q, and k), written
+    half by half into the outputs (``rotate_half`` is never materialized)."""
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        names = [*dispatch.inputs, *dispatch.outputs]
+        return len({specs[n].dtype for n in names if n in specs}) == 1 and \
+            all(specs[n].shape[-1] % 2 == 0 for n in dispatch.outputs)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        pass
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        cos, sin = inputs[-2], inputs[-1]
+        half = cos.shape[-1] // 2
+        for x, out in zip(inputs[:-2], outputs):
+            torch.mul(x, cos, out=out)
+            out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
+            out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+
+
+class Attention:
+    """``ATTENTION``: ``softmax(q·kᵀ·scale + mask)·v`` over a KV cache without copying it.
+
+    Under grouped-query attention each key/value head serves ``g`` query heads: q ``[B, H, T, D]`` is read as
+    ``[B, Hkv, g·T, D]``, so one batched matmul per product reads k and v ``[B, Hkv, S, D]`` where they lie (the
+    reference repeats them ``g`` times first: a copy of the cache per token). A fully masked row gives zeros, as
+    the reference; the merged output is written into the arena's ``[B, T, H·D]`` in one copy.
+    """
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        names = [*dispatch.inputs[:3], *dispatch.outputs]
+        if len({specs[n].dtype for n in names if n in specs}) != 1 or specs[names[0]].dtype not in LINEAR_DTYPES \
+                or len(dispatch.inputs) > 4:
+            return False
+        q, k, v = (specs[n].shape for n in dispatch.inputs[:3])
+        return len(q) == len(k) == len(v) == 4 and k[1] == v[1] and k[1] > 0 and q[1] % k[1] == 0 and \
+            (len(dispatch.inputs) == 3 or specs[dispatch.inputs[3]].dtype in ("bool", specs[names[0]].dtype))
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        params = dispatch.params
+        self.scale = float(params["scale"])
+        self.causal = bool(params.get("causal", False))
+        self.merge_heads = bool(params.get("merge_heads", True))
+        b, h, t, _ = specs[dispatch.inputs[0]].shape
+        hkv, s = specs[dispatch.inputs[1]].shape[1:3]
+        self.dims = (int(b), int(h), int(t), int(hkv), int(s))
+        self.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if self.causal else None
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        (b, h, t, hkv, s), g = self.dims, self.dims[1] // self.dims[3]
+        q, k, v = (x.float() for x in inputs[:3])  # scores and softmax in float32 (no copy for float32)
+        scores = torch.matmul(q.reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2)).view(b, h, t, s)
+        scores.mul_(self.scale)
+        if self.future is not None:
+            scores.masked_fill_(self.future, float("-inf"))
+        if len(inputs) > 3:
+            mask = inputs[3]
+            if mask.dtype == torch.bool:
+                scores.masked_fill_(~mask, float("-inf"))
+            else:
+                scores.add_(mask.float())
+        p = torch.softmax(scores, dim=-1)
+        p.masked_fill_(torch.isnan(p), 0.0)
+        y = torch.matmul(p.view(b, hkv, g * t, s), v).view(b, h, t, v.shape[-1])
+        out = outputs[0]
+        out.copy_(y.transpose(1, 2).reshape(out.shape) if self.merge_heads else y)
 
 
 # --------------------------------------------------------------------------------------------- choice

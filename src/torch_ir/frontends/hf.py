@@ -38,8 +38,11 @@ class StaticCacheLM(nn.Module):
     Works the same on the meta device (for extraction) and with real weights (for reference runs).
     """
 
-    def __init__(self, model: nn.Module, max_cache_len: int, batch_size: int = 1):
+    def __init__(self, model: nn.Module, max_cache_len: int, batch_size: int = 1, logits_to_keep: int = 0):
         super().__init__()
+        # Hugging Face's argument: logits of the last n positions only (0: all). A prefill needs only the last
+        # position's, and the vocabulary projection of the others is most of a short prompt's work.
+        self.logits_to_keep = logits_to_keep
         from transformers import StaticCache
         from transformers.cache_utils import StaticLayer
         from transformers.configuration_utils import get_head_shapes
@@ -69,11 +72,46 @@ class StaticCacheLM(nn.Module):
             # The layer writes at ``cumulative_length + arange(n)`` and then advances it in place;
             # a copy taken from the input keeps that in-place add off the graph's inputs and state.
             layer.cumulative_length = cache_position[0].clone()
-        out = self.model(
-            input_ids=input_ids, position_ids=cache_position.unsqueeze(0), past_key_values=self.cache, use_cache=True
-        )
+        keep = {"logits_to_keep": self.logits_to_keep} if self.logits_to_keep else {}
+        out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0), past_key_values=self.cache,
+                         use_cache=True, **keep)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
+
+
+def extract_lm(model: nn.Module, max_cache_len: int, *, name: str | None = None) -> Any:
+    """The IR of a Hugging Face causal LM with a static KV cache of ``max_cache_len`` positions and a symbolic
+    sequence length ``seq`` (1..max_cache_len): what ``npu_compiler.compile_lm`` turns into prefill and
+    decode programs. It returns the logits of the last position only ([1, 1, vocab]), which is all that
+    generation reads. ``model`` is best built on the meta device (no weights are read)."""
+    from torch.export import Dim
+
+    from . import extract_ir
+
+    if max_cache_len < 2:
+        raise ValueError(f"max_cache_len must be at least 2, got {max_cache_len}")
+    device = next(model.parameters()).device
+    with torch.device(device):
+        lm = StaticCacheLM(model, max_cache_len=max_cache_len, logits_to_keep=1)
+    example = min(8, max_cache_len)  # not 1: export would specialize a length-1 dimension
+    seq = Dim("seq", min=1, max=max_cache_len)
+    kwargs = {"input_ids": torch.ones(1, example, dtype=torch.long, device=device),
+              "cache_position": torch.arange(example, device=device)}
+    ir = extract_ir(lm, (), example_kwargs=kwargs, dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}})
+    ir.model_name = name or type(model).__name__
+    _unwrapped_keys(ir)
+    return ir
+
+
+def _unwrapped_keys(ir: Any) -> None:
+    """State-dict keys as the wrapped model (and its checkpoint) names them: ``model.lm_head.weight`` of the
+    wrapper is ``lm_head.weight``; the cache buffers keep their own names."""
+    def key(k: str) -> str:
+        return k.removeprefix("model.")
+
+    ir.weight_name_mapping = {name: key(k) for name, k in ir.weight_name_mapping.items()}
+    ir.weight_aliases = {key(k): [key(t) for t in tied] for k, tied in ir.weight_aliases.items()}
+    ir.non_persistent_buffers = {key(k): recipe for k, recipe in ir.non_persistent_buffers.items()}
 
 
 def without_dynamic_cache(model: nn.Module, kwargs: Mapping[str, Any], error: Exception) -> dict[str, Any] | None:

@@ -2,9 +2,10 @@
 
 from .core import NPU_IR, ROLES, OpNode, TensorMeta
 from .serialize import IR_VERSION, ir_from_dict, ir_to_dict, load_ir, save_ir
+from .specialize import specialize
 from .validate import IRValidationError, check_document, check_integrity
 
 __all__ = [
     "IR_VERSION", "NPU_IR", "ROLES", "IRValidationError", "OpNode", "TensorMeta",
-    "check_document", "check_integrity", "ir_from_dict", "ir_to_dict", "load_ir", "save_ir",
+    "check_document", "check_integrity", "ir_from_dict", "ir_to_dict", "load_ir", "save_ir", "specialize",
 ]

@@ -98,7 +98,10 @@ def _conv_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Sha
 
 def _qkv_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
     lead = list(inputs[0].shape[:-1])
-    return [lead + [n] for n in attrs["splits"]]
+    if not attrs.get("heads_first"):
+        return [lead + [n] for n in attrs["splits"]]
+    d = attrs["head_dim"]
+    return [[*lead[:-1], n // d, lead[-1], d] for n in attrs["splits"]]
 
 
 def _attn_score_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
@@ -124,16 +127,29 @@ def _embedding_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> lis
 _ACT_DOC = "activation applied to the result: none, relu, relu6, silu, gelu, gelu_tanh"
 
 
-@npu_op("GEMM", inputs="x w bias?", outputs="y", shape=_gemm_shape, layouts={"w": "[N,K]"}, attrs={
-    "trans_a": "x's last two dims are transposed first", "trans_b": "w is [N,K] (nn.Linear) rather than [K,N]",
-    "activation": _ACT_DOC})
-def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, trans_a: bool = False,
-         trans_b: bool = True, activation: str | None = None) -> torch.Tensor:
-    """y = act(x · w(ᵀ) + bias): a linear layer, a matmul by a weight, addmm; batched over x's leading dims."""
+@npu_op("GEMM", inputs="x w bias? residual?", outputs="y", shape=_gemm_shape,
+        layouts={"w": "[N,K]", "residual": "[B,T,H]"}, attrs={
+            "trans_a": "x's last two dims are transposed first", "trans_b": "w is [N,K] (nn.Linear) rather than [K,N]",
+            "activation": _ACT_DOC + " (after the residual add)",
+            "has_bias": "a bias input follows w (when absent: told by the input count, 3 inputs = a bias)",
+            "has_residual": "a residual input of y's shape comes last and is added: y = act(x·w + bias + residual) "
+                            "(a transformer's residual add folded into the GEMM before it)"})
+def gemm(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, trans_a: bool = False, trans_b: bool = True,
+         activation: str | None = None, has_bias: bool | None = None, has_residual: bool = False) -> torch.Tensor:
+    """y = act(x · w(ᵀ) + bias [+ residual]): a linear layer, a matmul by a weight, addmm; batched over x's leading
+    dims; with ``has_residual`` the residual add that follows it in a transformer block."""
+    rest = tuple(t for t in rest if t is not None)  # gemm(x, w, None): no bias
+    residual = rest[-1] if has_residual else None
+    optional = rest[:-1] if has_residual else rest
+    if len(optional) > 1 or (has_bias is not None and bool(has_bias) != bool(optional)):
+        raise ValueError(f"GEMM: has_bias={has_bias}, has_residual={has_residual} but {len(rest)} input(s) after w")
+    bias = optional[0] if optional else None
     a = x.transpose(-1, -2) if trans_a else x
     y = a @ (w.t() if trans_b else w)
     if bias is not None:
         y = y + bias
+    if residual is not None:
+        y = y + residual
     return ACTIVATIONS[activation](y)
 
 
@@ -229,11 +245,15 @@ def softmax(x: torch.Tensor, mask: torch.Tensor | None = None, *, dim: int = -1,
             "has_bias": "biases follow the weights: true/false for all, or one flag per projection [q, k, v] "
                         "(Whisper's k has none)", "trans_b": "weights are [N,K] rather than [K,N]",
             "num_heads": "query heads (null when unknown)", "num_kv_heads": "key/value heads",
-            "head_dim": "width of one head"})
+            "head_dim": "width of one head",
+            "heads_first": "outputs split into heads, head-major: q [B,H,T,D], k and v [B,Hkv,T,D] (the layout "
+                           "attention and the KV cache read) rather than [B,T,width]; needs head_dim"})
 def qkv_proj(x: torch.Tensor, *params: torch.Tensor, splits: list[int], packed: bool = False,
              has_bias: bool | list[bool] = False, trans_b: bool = True, num_heads: int | None = None,
-             num_kv_heads: int | None = None, head_dim: int | None = None) -> tuple[torch.Tensor, ...]:
-    """q, k, v = the three projections of one input, as one op (one weight read of x)."""
+             num_kv_heads: int | None = None, head_dim: int | None = None,
+             heads_first: bool = False) -> tuple[torch.Tensor, ...]:
+    """q, k, v = the three projections of one input, as one op (one weight read of x); with ``heads_first``
+    each is split into heads of ``head_dim`` and written head-major, [B, heads, T, head_dim]."""
     n_w = 1 if packed else 3
     flags = list(has_bias) if isinstance(has_bias, list) else [bool(has_bias)] * n_w
     if len(flags) != n_w:
@@ -241,7 +261,12 @@ def qkv_proj(x: torch.Tensor, *params: torch.Tensor, splits: list[int], packed: 
     given = iter(params[n_w:])
     biases = [next(given) if flag else None for flag in flags]
     outs = [gemm(x, w, b, trans_b=trans_b) for w, b in zip(params[:n_w], biases)]
-    return tuple(torch.split(outs[0], splits, dim=-1)) if packed else tuple(outs)
+    outs = list(torch.split(outs[0], splits, dim=-1)) if packed else outs
+    if heads_first:
+        if not head_dim:
+            raise ValueError("QKV_PROJ: heads_first needs head_dim")
+        outs = [t.unflatten(-1, (t.shape[-1] // head_dim, head_dim)).transpose(-3, -2) for t in outs]
+    return tuple(outs)
 
 
 def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -278,10 +303,51 @@ def attn_output(p: torch.Tensor, v: torch.Tensor, *, merge_heads: bool = True) -
     return y.transpose(1, 2).reshape(b, t, h * d)
 
 
+def _attention_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    q, v = inputs[0].shape, inputs[2].shape
+    b, h, t, d = q[0], q[1], q[2], v[3]
+    if not attrs.get("merge_heads", True):
+        return [[b, h, t, d]]
+    merged = h * d if isinstance(h, int) and isinstance(d, int) else f"({h})*({d})"
+    return [[b, t, merged]]
+
+
+@npu_op("ATTENTION", inputs="q k v mask?", outputs="y", shape=_attention_shape,
+        layouts={"q": "[B,H,T,D]", "k": "[B,H,T,D]", "v": "[B,H,T,D]", "y": "[B,T,H]"}, attrs={
+            "scale": "multiplies q·kᵀ (1/sqrt(D) usually)", "causal": "mask out future positions",
+            "merge_heads": "y is [B,T,H·D] (heads merged) rather than [B,H,T,D]"})
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+              scale: float, causal: bool = False, merge_heads: bool = True) -> torch.Tensor:
+    """y = softmax(q·kᵀ·scale + mask)·v, heads merged: ATTN_SCORE then ATTN_OUTPUT as one kernel (the
+    probabilities never leave it). k and v may have fewer heads than q (grouped-query) and more positions
+    (a KV cache, the mask hiding the unwritten ones)."""
+    p = attn_score(q, k, mask, scale=scale, causal=causal)
+    return attn_output(p, v, merge_heads=merge_heads)
+
+
 @npu_op("SILU_GATE", inputs="a b", outputs="y", shape=_same_as_first, attrs={})
 def silu_gate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """y = silu(a) · b: the gated MLP of Llama/Qwen (gate and up projections)."""
     return F.silu(a) * b
+
+
+def _gate_up_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    return _gemm_shape(inputs, attrs)
+
+
+@npu_op("GATE_UP", inputs="x w_gate w_up b_gate? b_up?", outputs="y", shape=_gate_up_shape,
+        layouts={"x": "[B,T,H]", "y": "[B,T,H]", "w_gate": "[N,K]", "w_up": "[N,K]"}, attrs={
+            "trans_b": "weights are [N,K] (nn.Linear) rather than [K,N]",
+            "has_bias": "b_gate and b_up follow the weights"})
+def gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *biases: torch.Tensor, trans_b: bool = True,
+            has_bias: bool = False) -> torch.Tensor:
+    """y = silu(x·w_gateᵀ + b_gate) · (x·w_upᵀ + b_up): the gate and up projections of a gated MLP (Llama,
+    Qwen) and their SILU_GATE as one kernel, one contraction over both weights (a kernel may concatenate them
+    once, when the weights are bound; they stay two tensors in the weights file)."""
+    if len(biases) != (2 if has_bias else 0):
+        raise ValueError(f"GATE_UP: has_bias={has_bias} but {len(biases)} bias input(s) given")
+    b_gate, b_up = biases if has_bias else (None, None)
+    return silu_gate(gemm(x, w_gate, b_gate, trans_b=trans_b), gemm(x, w_up, b_up, trans_b=trans_b))
 
 
 @npu_op("ROPE", inputs="x cos sin", outputs="y", shape=_same_as_first,
@@ -291,6 +357,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def _rope_qk_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    return [list(inputs[0].shape), list(inputs[1].shape)]
+
+
+@npu_op("ROPE_QK", inputs="q k cos sin", outputs="q_out k_out", shape=_rope_qk_shape,
+        layouts={"q": "[B,H,T,D]", "k": "[B,H,T,D]", "q_out": "[B,H,T,D]", "k_out": "[B,H,T,D]"}, attrs={})
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """ROPE of the query and the key with the same cos and sin, as one kernel (k may have fewer heads)."""
+    return rope(q, cos, sin), rope(k, cos, sin)
 
 
 @npu_op("KV_UPDATE", inputs="cache new index", outputs="y", shape=_same_as_first,

@@ -3,7 +3,9 @@
 What a frontend leaves that computes nothing (``contiguous``, a cast to the dtype a tensor already
 has, a reshape to its own shape, ``x + 0``) becomes an alias of its input; a node whose inputs are
 all constants known by value (``arange``, index arithmetic on shapes) is evaluated once and becomes
-a constant. Dead code goes with ``eliminate_dead_code`` after each stage.
+a constant; an index or mask node that computes what an earlier one computes (each decoder layer's copy
+of the cache positions) becomes an alias of the earlier one's output. Dead code goes with
+``eliminate_dead_code`` after each stage.
 """
 
 from __future__ import annotations
@@ -139,4 +141,69 @@ FOLD_RULES = [
          doc="a node whose inputs are all constants known by value (arange, shape arithmetic) -> a constant"),
 ]
 
-RULES = IDENTITY_RULES + FOLD_RULES
+# -- common subexpressions -------------------------------------------------------------------------------
+
+def _pure(op_type: str) -> bool:
+    """Deterministic and free of side effects: not random, not an in-place variant (``add_``, ``index_copy_``)."""
+    name = op_type.split(".")[1] if op_type.count(".") >= 2 else op_type
+    in_place = name.endswith("_") and not name.endswith("__")
+    return not in_place and not any(word in op_type for word in _NO_FOLD)
+
+
+def _same_input(m: Match, a: TensorMeta, b: TensorMeta) -> bool:
+    """One tensor, or two constants of one value (each layer's ``arange`` of a static length, folded)."""
+    if a.name == b.name:
+        return True
+    value = m.constant(a)
+    return value is not None and (list(a.shape), a.dtype) == (list(b.shape), b.dtype) and value == m.constant(b)
+
+
+def _same_node(m: Match, a: OpNode, b: OpNode) -> bool:
+    return (a.op_type == b.op_type and len(a.inputs) == len(b.inputs)
+            and all(_same_input(m, x, y) for x, y in zip(a.inputs, b.inputs))
+            and a.attrs == b.attrs and len(a.outputs) == len(b.outputs) == 1
+            and list(a.outputs[0].shape) == list(b.outputs[0].shape) and a.outputs[0].dtype == b.outputs[0].dtype)
+
+
+def _earlier_twin(m: Match) -> TensorMeta | None:
+    """The output of an earlier node computing the same index or mask (same op, inputs and attributes), if any.
+
+    Only integer and boolean results (positions, masks, shape arithmetic): float work computed twice is left
+    as it is, since each copy may fuse into a different kernel (``x·sigmoid(x)`` twice becomes two silu) where
+    one shared node, read twice, would fuse into neither. Candidates of a node with inputs are the earlier
+    readers of its least read computed input (``users`` lists them in graph order); those of a node with no input
+    (``arange`` of a symbolic length) the earlier input-free nodes of the IR the rewrite started from, whose
+    order no rewrite changes."""
+    node = m.node()
+    if len(node.outputs) != 1 or not _pure(node.op_type) or node.outputs[0].dtype.startswith(("float", "bfloat")) \
+            or node.outputs[0].dtype.startswith("complex"):
+        return None
+    if node.inputs:
+        computed = [t for t in node.inputs if m.constant(t) is None]
+        if not computed:
+            return None  # constants only: folding's business
+        pivot = min(computed, key=lambda t: len(m.users(t)))
+        for other in m.users(pivot):
+            if other is node:
+                return None
+            if _same_node(m, other, node):
+                return other.outputs[0]
+        return None
+    if m.ctx is None:
+        return None
+    sources = m.ctx.cached(("cse", "input-free"), lambda: [n for n in m.ctx.ir.nodes if not n.inputs])
+    for other in sources:
+        if other is node:
+            return None
+        if m.producer(other.outputs[0]) is other and _same_node(m, other, node):
+            return other.outputs[0]
+    return None
+
+
+CSE_RULES = [
+    Rule("common_subexpression", "cleanup", Op("*", exact_arity=False), _earlier_twin,
+         doc="a deterministic integer or boolean node computing what an earlier node computes (same op, inputs, "
+             "attributes) -> the earlier node's output (each layer's copy of the cache positions: one per model)"),
+]
+
+RULES = IDENTITY_RULES + FOLD_RULES + CSE_RULES

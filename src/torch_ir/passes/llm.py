@@ -1,10 +1,18 @@
-"""Transformer fusions: attention (ATTN_SCORE, ATTN_OUTPUT), QKV_PROJ, RMS_NORM, SILU_GATE, ROPE, KV_UPDATE.
+"""Transformer fusions: attention (ATTN_SCORE, ATTN_OUTPUT, ATTENTION), QKV_PROJ, RMS_NORM, SILU_GATE, ROPE,
+KV_UPDATE, and the fused decode layer (GATE_UP, ROPE_QK, head-major QKV_PROJ, residual GEMM).
 
 Attention arrives in three spellings: ``scaled_dot_product_attention`` (torch.export of SDPA
 models), ``softmax(q @ kᵀ * scale + mask) @ v`` (eager attention: BERT, ViT) and the ONNX
 exporter's ``softmax((q·√s) @ (kᵀ·√s) + mask)`` with a NaN guard. All become
 ``ATTN_SCORE(q, k, mask)`` then ``ATTN_OUTPUT(p, v)``; grouped-query ``repeat_kv`` (unsqueeze,
-expand, reshape) is absorbed, since both ops take k and v with fewer heads than q.
+expand, reshape) is absorbed, since both ops take k and v with fewer heads than q. ATTN_SCORE whose
+probabilities only ATTN_OUTPUT reads then becomes one ``ATTENTION(q, k, v, mask)``.
+
+A decoder layer then takes, per token, RMS_NORM; QKV_PROJ writing q, k and v head-major (the head
+split's permute done by its store, ``heads_first``); ROPE_QK (the rotation of q and k, one kernel);
+KV_UPDATE of the key and the value cache; ATTENTION over the cache; GEMM(o_proj) with the residual add
+folded in (``has_residual``); RMS_NORM; GATE_UP (gate and up projections and SILU_GATE, one contraction
+over both weights); GEMM(down_proj) with its residual add: ten kernels.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ..ir import OpNode, TensorMeta
-from .build import node, out, temp
+from .build import node, out, shape_attr, temp
 from .rewrite import Match, Op, Rule, Var
 
 x, q, k, v, mask, p = Var("x"), Var("q"), Var("k"), Var("v"), Var("mask"), Var("p")
@@ -144,8 +152,8 @@ def _scaled_query(m: Match):
     perm_out = temp(m, src, list(perm.outputs[0].shape), "_qh")
     return [node(m, RESHAPE, [src], dict(split.attrs), [split_out], suffix="_q"),
             node(m, PERMUTE, [split_out], dict(perm.attrs), [perm_out], suffix="_qh"),
-            node(m, "ATTN_SCORE", [perm_out, *score.inputs[1:]], {**score.attrs,
-                                                                   "scale": score.attrs["scale"] * float(c)})]
+            node(m, score.op_type, [perm_out, *score.inputs[1:]], {**score.attrs,
+                                                                    "scale": score.attrs["scale"] * float(c)})]
 
 
 def _sdpa_check(m: Match) -> str | None:
@@ -185,14 +193,24 @@ def _attn_output(m: Match):
 
 
 def _merge_heads(m: Match):
-    """reshape(permute(ATTN_OUTPUT(p, v), [0, 2, 1, 3]), [B, T, H·D]) -> ATTN_OUTPUT(p, v, merge_heads)."""
+    """reshape(permute(ATTN_OUTPUT(p, v), [0, 2, 1, 3]), [B, T, H·D]) -> ATTN_OUTPUT(p, v, merge_heads);
+    the same for ATTENTION."""
     attn, perm = m.node("attn"), m.node("perm")
     if attn.attrs.get("merge_heads") or perm.attrs["dims"] != [0, 2, 1, 3]:
         return None
     b, h, t, d = out(m, "attn").shape
     if list(out(m).shape) != [b, t, h * d if isinstance(h, int) and isinstance(d, int) else None]:
         return None
-    return [node(m, "ATTN_OUTPUT", list(attn.inputs), {"merge_heads": True})]
+    return [node(m, attn.op_type, list(attn.inputs), {**attn.attrs, "merge_heads": True})]
+
+
+def _attention(m: Match):
+    """ATTN_OUTPUT(ATTN_SCORE(q, k, mask), v) -> ATTENTION(q, k, v, mask): the probabilities stay in the kernel."""
+    score = m.node("score")
+    q_, k_, *mask_ = score.inputs
+    return [node(m, "ATTENTION", [q_, k_, m["v"], *mask_], {
+        "scale": score.attrs["scale"], "causal": bool(score.attrs.get("causal", False)),
+        "merge_heads": bool(m.node().attrs.get("merge_heads", True))})]
 
 
 # -- QKV_PROJ ------------------------------------------------------------------------------------------
@@ -372,6 +390,186 @@ def _kv_update(m: Match):
     return [node(m, "KV_UPDATE", [cache, new, index], {"dim": dim % len(cache.shape)})]
 
 
+# -- the fused decode layer: head-major QKV_PROJ, ROPE_QK, GATE_UP, residual GEMM --------------------------
+
+def _fresh(m: Match, base: str, *, nodes_only: bool = False) -> str:
+    """A name no node (or tensor) of the graph has, drawn from the rewrite call's context."""
+    return base if m.ctx is None else m.ctx.fresh(base, nodes_only=nodes_only)
+
+
+def _outside(m: Match) -> set[str]:
+    """Tensors read from outside the node list (graph outputs, buffers' new values): they keep their producer."""
+    if m.ctx is None:
+        return set()
+    ir = m.ctx.ir
+    return m.ctx.cached(("llm", "outside"), lambda: {t.name for t in ir.graph_outputs} | set(ir.mutations.values()))
+
+
+def _head_split(m: Match, t: TensorMeta, width: int, head_dim: int) -> bool:
+    """Whether ``t`` [B, T, width] is read only by reshape(t, [B, T, H, D]), read only by permute [0, 2, 1, 3],
+    none of them read outside the graph (a returned key would need its own permute back)."""
+    users = m.users(t)
+    if len(t.shape) != 3 or len(users) != 1 or users[0].op_type != RESHAPE or width % head_dim:
+        return False
+    split = users[0].outputs[0]
+    if list(split.shape) != [*t.shape[:2], width // head_dim, head_dim]:
+        return False
+    readers = m.users(split)
+    if len(readers) != 1 or readers[0].op_type != PERMUTE or [d % 4 for d in readers[0].attrs["dims"]] != [0, 2, 1, 3]:
+        return False
+    return not {t.name, split.name, readers[0].outputs[0].name} & _outside(m)
+
+
+def _heads_first_check(m: Match) -> str | None:
+    attrs = m.node().attrs
+    d = attrs.get("head_dim")
+    if attrs.get("heads_first") or not isinstance(d, int) or isinstance(d, bool) or d <= 0:
+        return None
+    if all(_head_split(m, t, n, d) for t, n in zip(m.node().outputs, attrs["splits"])):
+        m.data["heads_first"] = True
+    return None  # not (yet) split into heads by reshape + permute: the attention rules may still make it so
+
+
+def _qkv_heads_first(m: Match):
+    """QKV_PROJ whose q, k and v are each split into heads by reshape + permute [0, 2, 1, 3] -> QKV_PROJ writing
+    them head-major. The old outputs are given back as reshape(permute(.)) of the new ones, so their readers
+    stay valid; ``heads_round_trip`` then makes each head split read the head-major output directly."""
+    if "heads_first" not in m.data:
+        return None
+    root = m.node()
+    d, heads, back = root.attrs["head_dim"], [], []
+    for t, width in zip(root.outputs, root.attrs["splits"]):
+        b, tt = t.shape[0], t.shape[1]
+        h = TensorMeta(_fresh(m, f"{t.name}_heads"), [b, width // d, tt, d], t.dtype, role="activation")
+        bthd = TensorMeta(_fresh(m, f"{t.name}_bthd"), [b, tt, width // d, d], t.dtype, role="activation")
+        heads.append(h)
+        back += [OpNode(_fresh(m, f"{t.name}_bthd", nodes_only=True), PERMUTE, [h], [bthd], {"dims": [0, 2, 1, 3]}),
+                 OpNode(_fresh(m, f"{t.name}_flat", nodes_only=True), RESHAPE, [bthd], [t],
+                        {"shape": shape_attr(list(t.shape))})]
+    return [node(m, "QKV_PROJ", list(root.inputs), {**root.attrs, "heads_first": True}, outputs=heads), *back]
+
+
+def _round_trip(m: Match):
+    """permute(reshape(reshape(permute(x, P), S), S'), P⁻¹) -> x, when S' is the first permute's shape."""
+    first, second = m.node("p1").attrs.get("dims"), m.node().attrs.get("dims")
+    rank = len(m["x"].shape)
+    if not isinstance(first, list) or not isinstance(second, list) or len(first) != rank or len(second) != rank:
+        return None
+    if [first[second[i] % rank] % rank for i in range(rank)] != list(range(rank)):
+        return None
+    if list(out(m, "r2").shape) != list(out(m, "p1").shape):
+        return None
+    return m["x"]
+
+
+def _qkv_source(m: Match, t: TensorMeta) -> tuple[OpNode, int] | None:
+    """(QKV_PROJ, output index) that ``t`` is, or is a head split (reshape, permute) of."""
+    for _ in range(3):
+        producer = m.producer(t)
+        if producer is None:
+            return None
+        if producer.op_type == "QKV_PROJ":
+            return producer, [o.name for o in producer.outputs].index(t.name)
+        if producer.op_type not in (RESHAPE, PERMUTE):
+            return None
+        t = producer.inputs[0]
+    return None
+
+
+def _rope_qk(m: Match):
+    """ROPE(q, cos, sin) and ROPE(k, cos, sin) of one QKV_PROJ's q and k -> ROPE_QK(q, k, cos, sin), placed at
+    the first of the two (the other's inputs are defined before it)."""
+    root = m.node()
+    source = _qkv_source(m, m["x"])
+    if source is None or source[1] not in (0, 1):
+        return None
+    readers = m.users(m["cos"])
+    later = readers[[id(n) for n in readers].index(id(root)) + 1:]
+    for other in later:
+        if other.op_type != "ROPE" or len(other.inputs) != 3 or other.inputs[1].name != m["cos"].name \
+                or other.inputs[2].name != m["sin"].name:
+            continue
+        twin = _qkv_source(m, other.inputs[0])
+        if twin is None or twin[0] is not source[0] or twin[1] != 1 - source[1]:
+            continue
+        m.absorb(other)
+        q_rope, k_rope = (root, other) if source[1] == 0 else (other, root)
+        return [node(m, "ROPE_QK", [q_rope.inputs[0], k_rope.inputs[0], m["cos"], m["sin"]],
+                     outputs=[q_rope.outputs[0], k_rope.outputs[0]])]
+    return None
+
+
+def _gate_up_check(m: Match) -> str | None:
+    gate, up = m.node("gate"), m.node("up")
+    if gate is up:
+        return "gate and up are one GEMM"
+    for g in (gate, up):
+        if g.attrs.get("activation") or g.attrs.get("trans_a") or g.attrs.get("has_residual") or len(g.inputs) > 3:
+            return "a GEMM with an activation, a transposed input or a residual"
+        if not all(m.is_param(t) for t in g.inputs[1:]):
+            return "a weight or bias is computed"
+    if gate.attrs.get("trans_b", True) != up.attrs.get("trans_b", True):
+        return "the two weights are laid out differently (trans_b)"
+    if len(gate.inputs) != len(up.inputs):
+        return "one projection has a bias and the other not"
+    if list(out(m, "gate").shape) != list(out(m, "up").shape):
+        return "the two projections differ in width"
+    return None
+
+
+def _gate_up(m: Match):
+    gate, up = m.node("gate"), m.node("up")
+    has_bias = len(gate.inputs) == 3
+    return [node(m, "GATE_UP", [m["x"], gate.inputs[1], up.inputs[1], *gate.inputs[2:], *up.inputs[2:]],
+                 {"trans_b": bool(gate.attrs.get("trans_b", True)), "has_bias": has_bias})]
+
+
+def _residual_check(m: Match) -> str | None:
+    gemm, add = m.node("gemm"), m.node()
+    if gemm.attrs.get("activation") is not None or gemm.attrs.get("has_residual"):
+        return "the GEMM already applies an activation or adds a residual"
+    if add.attrs.get("alpha", 1) != 1:
+        return "add with alpha != 1"
+    residual, y = m["r"], gemm.outputs[0]
+    if residual.name == y.name:
+        return "GEMM(x) + GEMM(x): both operands are the GEMM"
+    if (list(residual.shape), residual.dtype) != (list(y.shape), y.dtype) or list(out(m).shape) != list(y.shape):
+        return "the other operand is broadcast or of another dtype: not a residual"
+    if m.is_param(residual) or not _reads_an_input(m, residual):
+        return "the other operand is computed from weights and constants alone (a bias), not a residual"
+    return None
+
+
+def _reads_an_input(m: Match, t: TensorMeta) -> bool:
+    """Whether ``t`` depends on a graph input: an activation, not something computed from weights alone (which a
+    program computes once, at bind time, and a runtime holds as it holds weights)."""
+    memo: dict[str, bool] = m.ctx.cache.setdefault(("residual", "reads_an_input"), {}) if m.ctx else {}
+    stack = [t]
+    while stack:
+        current = stack[-1]
+        if current.name in memo:
+            stack.pop()
+            continue
+        producer = m.producer(current)
+        if producer is None:
+            memo[current.name] = not m.is_param(current)
+            stack.pop()
+            continue
+        pending = [i for i in producer.inputs if i.name not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        memo[current.name] = any(memo[i.name] for i in producer.inputs)
+        stack.pop()
+    return memo[t.name]
+
+
+def _residual(m: Match):
+    gemm = m.node("gemm")
+    return [node(m, "GEMM", [*gemm.inputs, m["r"]],
+                 {**gemm.attrs, "has_bias": len(gemm.inputs) == 3, "has_residual": True})]
+
+
 a, bb, z = Var("a"), Var("b"), Var("z")
 
 ATTENTION_RULES = [
@@ -383,14 +581,19 @@ ATTENTION_RULES = [
          Op("aten.where.self", Op("aten.isnan.default", p), z, p), _nan_guard,
          doc="where(isnan(p), 0, p) of an ATTN_SCORE -> p (ONNX's guard for fully masked rows)"),
     Rule("attention_scaled_query", "attention",
-         Op("ATTN_SCORE", Op(PERMUTE, Op(RESHAPE, Op(MUL, x, name="scale"), name="split"), name="perm"),
-            exact_arity=False), _scaled_query,
-         doc="ATTN_SCORE(heads(q · c), k) -> ATTN_SCORE(heads(q), k, scale · c) (Whisper's scaled query)"),
+         Op(("ATTN_SCORE", "ATTENTION"), Op(PERMUTE, Op(RESHAPE, Op(MUL, x, name="scale"), name="split"),
+                                            name="perm"), exact_arity=False), _scaled_query,
+         doc="ATTN_SCORE or ATTENTION(heads(q · c), k, ...) -> the same of heads(q), scale · c "
+             "(Whisper's scaled query)"),
     Rule("attention_output", "attention", Op("aten.matmul.default", p, v), _attn_output,
          doc="ATTN_SCORE(...) @ v -> ATTN_OUTPUT(p, v)"),
     Rule("attention_merge_heads", "attention",
-         Op(RESHAPE, Op(PERMUTE, Op("ATTN_OUTPUT", p, v, name="attn"), name="perm")), _merge_heads,
-         doc="reshape(permute(ATTN_OUTPUT, [0,2,1,3]), [B,T,H·D]) -> ATTN_OUTPUT(merge_heads)"),
+         Op(RESHAPE, Op(PERMUTE, Op(("ATTN_OUTPUT", "ATTENTION"), exact_arity=False, name="attn"), name="perm")),
+         _merge_heads, doc="reshape(permute(ATTN_OUTPUT or ATTENTION, [0,2,1,3]), [B,T,H·D]) -> the same op with "
+                           "merge_heads"),
+    Rule("attention_fused", "attention",
+         Op("ATTN_OUTPUT", Op("ATTN_SCORE", q, k, exact_arity=False, name="score"), v), _attention,
+         doc="ATTN_OUTPUT(ATTN_SCORE(q, k, mask), v) -> ATTENTION(q, k, v, mask) (probabilities read nowhere else)"),
 ]
 
 LLM_RULES = [
@@ -409,4 +612,21 @@ LLM_RULES = [
          doc="x·cos + rotate_half(x)·sin -> ROPE(x, cos, sin)"),
     Rule("kv_update", "llm", Op("aten.index_copy.default", x, exact_arity=False), _kv_update,
          doc="index_copy(cache, dim, positions, new) -> KV_UPDATE (the KV-cache write)"),
+    Rule("qkv_heads_first", "llm", Op("QKV_PROJ", x, exact_arity=False), _qkv_heads_first, check=_heads_first_check,
+         doc="QKV_PROJ whose outputs are each split into heads (reshape, permute [0,2,1,3]) -> QKV_PROJ(heads_first)"),
+    Rule("heads_round_trip", "llm",
+         Op(PERMUTE, Op(RESHAPE, Op(RESHAPE, Op(PERMUTE, x, name="p1"), name="r1"), name="r2")), _round_trip,
+         doc="permute(reshape(reshape(permute(x, P)), shape of permute(x, P)), P⁻¹) -> x"),
+    Rule("rope_qk", "llm", Op("ROPE", x, Var("cos"), Var("sin")), _rope_qk,
+         doc="ROPE(q, cos, sin) and ROPE(k, cos, sin) of one QKV_PROJ -> ROPE_QK(q, k, cos, sin)"),
+    Rule("gate_up", "llm", Op("SILU_GATE", Op("GEMM", x, exact_arity=False, name="gate"),
+                              Op("GEMM", x, exact_arity=False, name="up")), _gate_up, check=_gate_up_check,
+         doc="SILU_GATE(GEMM(x, w_gate), GEMM(x, w_up)) -> GATE_UP(x, w_gate, w_up): one contraction, one kernel"),
+    Rule("gemm_residual", "residual", Op("aten.add.Tensor", Op("GEMM", exact_arity=False, name="gemm"), Var("r")),
+         _residual, check=_residual_check,
+         doc="GEMM(x) + r, r an activation (it reads a graph input) of the same shape -> GEMM(x, ..., r, "
+             "has_residual)"),
+    Rule("gemm_residual_swapped", "residual",
+         Op("aten.add.Tensor", Var("r"), Op("GEMM", exact_arity=False, name="gemm")), _residual,
+         check=_residual_check, doc="r + GEMM(x) -> GEMM(x, ..., r, has_residual)"),
 ]

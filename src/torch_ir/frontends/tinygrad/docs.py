@@ -54,8 +54,16 @@ Tested with tinygrad 0.14 (`pip install "tinygrad>=0.14,<0.15"`). tinygrad runs 
   `aten.matmul`, a `Linear` one `aten.linear`, the convolution pattern `aten.conv2d` and pooling
   `aten.max_pool2d` / `aten.avg_pool2d` (both found by tracing which input element each window
   reads, so they do not depend on how tinygrad spells the window), `exp2(x * log2(e))` `aten.exp`,
-  `x * sigmoid(x)` `aten.silu`, the max-subtracted normalized exponential `aten._softmax`, and
-  shape-only chains collapse. `import_tinygrad(..., simplify=False)` keeps the literal translation.
+  `x * sigmoid(x)` `aten.silu`, the max-subtracted normalized exponential `aten._softmax`,
+  `1 / sqrt(x)` `aten.rsqrt`, `sum(x) * (1 / n)` `aten.mean`, a summed `x * x` `aten.pow(x, 2)`,
+  `x * -1` `aten.neg`, and shape-only chains collapse. A batched contraction keeps its leading unit
+  axes (`q @ kᵀ` of `(1, H, T, D)` heads is a 4-D matmul of a transposed key), and a `Linear` keeps
+  the leading axes of its result. So an LLM's pieces read as torch.export writes them, and the
+  normalization passes find RMS_NORM, QKV_PROJ, ROPE and the attention in them (End to end, below).
+  `import_tinygrad(..., simplify=False)` keeps the literal translation.
+- **Arguments.** `kwargs` are Python values of the call, not tensors (tinygrad llama's `start_pos`):
+  `import_tinygrad(model, [tokens], kwargs={"start_pos": 3})` imports the graph they give; they are
+  not inputs of the IR.
 - **Errors.** Every UOp kind that cannot be imported is named at once, with its position in the
   walk and what to do; randomness inside the model's forward (`THREEFRY`: `Tensor.rand`, dropout
   in training mode) is refused: the IR has no random ops from tinygrad.
@@ -74,6 +82,30 @@ The executor takes torch tensors: `{k: torch.from_numpy(v) for k, v in weights.i
 them with `torch-ir import-tinygrad ... --weights model.safetensors`. numpy has no bfloat16:
 tinygrad returns such weights as float32, which the IR (declaring bfloat16) refuses; cast them with
 `torch.from_numpy(v).to(torch.bfloat16)`.
+
+## End to end: a tiny llama
+
+`tests/tinygrad/models.py` has a llama written in plain tinygrad (`TinyLlama`: token embedding, two
+blocks of RMSNorm, rotary embeddings, grouped-query causal attention and a SiLU-gated MLP, a final
+norm and an output head). Imported, compiled strictly (every node has a kernel) and run on the
+runtime, its logits equal tinygrad's own forward, at any length and `start_pos`
+(`tests/tinygrad/test_llama_end_to_end.py`). From the shell, with `tokens.npy` holding int32 token
+ids of shape (1, 5) (`np.save("tokens.npy", np.array([[1, 5, 9, 2, 7]], dtype=np.int32))`):
+
+```sh
+torch-ir import-tinygrad tests.tinygrad.models:tiny_llama_factory --input-names tokens \\
+    -o llama.json --weights llama.safetensors
+torch-ir compile llama.json -o llama.npubin
+torch-ir run llama.npubin --weights llama.safetensors --input tokens=tokens.npy -o logits.npz
+```
+
+The program's kernels are the LLM's: RMS_NORM (two per block and the final one), QKV_PROJ, ROPE for
+q and k, the attention (its causal mask is the additive one tinygrad builds), the gated MLP and GEMMs
+with the residual added; besides them only the embedding (tinygrad's one-hot select: `ne`, `where`,
+`sum`), the mask's fill and the permutes of heads. tinygrad's own llama (`extra/models/llama.py`)
+rotates channel *pairs* (a complex multiply) where the NPU's ROPE rotates halves (HF's
+`rotate_half`): with `TinyLlama(rope="pairs")` the rotation stays slices, muls and a cat of pairs,
+and QKV_PROJ is not found (the projections are split by the pairs' 5-D view, not into heads).
 
 ## Limits
 

@@ -1,10 +1,12 @@
 """The ``idiom`` and ``stack`` rule families: tinygrad's spellings of common ops -> the ATen op.
 
 tinygrad has few primitives, so ``x.exp()`` arrives as ``exp2(x * log2(e))``, ``sigmoid`` as
-``1 / (1 + exp2(x * -log2(e)))``, ``x / y`` as ``x * (1 / y)``, ``x - y`` as ``x + y * -1``,
-``relu`` as ``where(0 < x, x, 0)`` and ``cat`` as a STACK on a new leading axis, permuted and
-reshaped. Each rule undoes one spelling; they chain (``x * sigmoid(x)`` then becomes ``silu``).
-Rules that test a constant's value read the IR's ``constant_values``.
+``1 / (1 + exp2(x * -log2(e)))``, ``x / y`` as ``x * (1 / y)``, ``-x`` as ``x * -1``, ``x - y``
+as ``x + y * -1``, ``rsqrt`` as ``1 / sqrt(x)``, ``mean`` as ``sum(x) * (1 / n)``, ``square`` as
+``x * x``, ``relu`` as ``where(0 < x, x, 0)`` and ``cat`` as a STACK on a new leading axis, permuted
+and reshaped. Each rule undoes one spelling; they chain (``x * sigmoid(x)`` then becomes ``silu``,
+and RMSNorm's ``x * rsqrt(mean(x * x) + eps)`` reads as torch.export writes it, so the normalization
+passes find RMS_NORM in it). Rules that test a constant's value read the IR's ``constant_values``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def idiom_rules(values: Mapping[str, Any]) -> list[Rule]:
     def unary(op_type: str, const: float, bind: str = "c"):
         return lambda m: _node(m, op_type, [m["x"]]) if is_const(m[bind], const) else None
 
+    def is_float(t: TensorMeta) -> bool:
+        return t.dtype.startswith(("float", "bfloat"))
+
     def where_true(m: Match) -> TensorMeta | None:
         return m["x"] if values.get(m["c"].name) is True and m["x"].shape == m.node().outputs[0].shape else None
 
@@ -44,9 +49,37 @@ def idiom_rules(values: Mapping[str, Any]) -> list[Rule]:
             else None
 
     def sub(m: Match) -> list[OpNode] | None:
-        if not is_const(m["c"], -1.0) or m.node().outputs[0].dtype == "bool":
+        if m.node().outputs[0].dtype == "bool":
             return None
         return _node(m, "aten.sub.Tensor", [m["x"], m["y"]])
+
+    def neg(m: Match) -> list[OpNode] | None:
+        x, out = m["x"], m.node().outputs[0]
+        if not is_const(m["c"], -1.0) or out.dtype == "bool" or x.dtype != out.dtype or x.shape != out.shape:
+            return None
+        return _node(m, "aten.neg.default", [x])
+
+    def mean(m: Match) -> list[OpNode] | None:
+        """sum(x, dims) * (1 / n), n the number of elements summed -> mean(x, dims)."""
+        red, x = m.node("sum"), m["x"]
+        dims = red.attrs.get("dim")
+        if "dtype" in red.attrs or not isinstance(dims, list) or not dims or not is_float(m.node().outputs[0]):
+            return None
+        if len(m.users(red.outputs[0])) != 1:
+            return None  # the sum is read elsewhere too: keep it, rather than computing it twice
+        if not is_const(m["c"], float(math.prod(x.shape[d] for d in dims))):
+            return None
+        return _node(m, "aten.mean.dim", [x], {"dim": list(dims), "keepdim": bool(red.attrs.get("keepdim"))})
+
+    def square_summed(m: Match) -> list[OpNode] | None:
+        """x * x read only by sums or means -> pow(x, 2): the squares of a variance or an RMS norm.
+
+        Found once the reduction reads the product directly (after ``reduce_axes``, in a later sweep)."""
+        out = m.node().outputs[0]
+        if not is_float(out) or out.shape != m["x"].shape or not m.users(out) or \
+                any(u.op_type not in ("aten.sum.dim_IntList", "aten.mean.dim") for u in m.users(out)):
+            return None
+        return _node(m, "aten.pow.Tensor_Scalar", [m["x"]], {"exponent": 2})
 
     return [
         Rule("relu", "idiom", Op("aten.where.self", Op("aten.lt.Tensor", Var("zero"), x), x, Var("zero")),
@@ -61,7 +94,15 @@ def idiom_rules(values: Mapping[str, Any]) -> list[Rule]:
              doc="1 / (1 + exp2(x * -log2(e))) -> sigmoid(x)"),
         Rule("silu", "idiom", Op("aten.mul.Tensor", x, Op("aten.sigmoid.default", x)),
              lambda m: _node(m, "aten.silu.default", [m["x"]]), doc="x * sigmoid(x) -> silu(x)"),
-        Rule("sub", "idiom", Op("aten.add.Tensor", x, Op("aten.mul.Tensor", y, c)), sub, doc="x + y * -1 -> x - y"),
+        Rule("neg", "idiom", Op("aten.mul.Tensor", x, c), neg, doc="x * -1 -> neg(x)"),
+        Rule("sub", "idiom", Op("aten.add.Tensor", x, Op("aten.neg.default", y)), sub, doc="x + neg(y) -> x - y"),
+        Rule("rsqrt", "idiom", Op("aten.reciprocal.default", Op("aten.sqrt.default", x)),
+             lambda m: _node(m, "aten.rsqrt.default", [m["x"]]), doc="1 / sqrt(x) -> rsqrt(x) (tinygrad's rsqrt)"),
+        Rule("mean", "idiom", Op("aten.mul.Tensor", Op("aten.sum.dim_IntList", x, name="sum"),
+                                 Op("aten.reciprocal.default", c)), mean,
+             doc="sum(x, dims) * (1 / n), n the elements summed -> mean(x, dims)", shared_interior=True),
+        Rule("square_summed", "idiom", Op("aten.mul.Tensor", x, x), square_summed,
+             doc="x * x read only by sums or means -> pow(x, 2) (squares summed, as torch.export writes them)"),
         Rule("div", "idiom", Op("aten.mul.Tensor", x, Op("aten.reciprocal.default", y)),
              lambda m: _node(m, "aten.div.Tensor", [m["x"], m["y"]]) if m["x"].dtype.startswith(("float", "bfloat"))
              else None, doc="x * (1 / y) -> x / y"),

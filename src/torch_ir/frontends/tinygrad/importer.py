@@ -13,7 +13,7 @@ are the values the model itself computes with from then on.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,8 @@ _TERMINALS = (Ops.BUFFER, Ops.PARAM, Ops.CONST)
 
 
 def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: Sequence[str] | None = None,
-                    model_name: str | None = None, simplify: bool = True) -> tuple[NPU_IR, dict[str, np.ndarray]]:
+                    model_name: str | None = None, simplify: bool = True,
+                    kwargs: Mapping[str, Any] | None = None) -> tuple[NPU_IR, dict[str, np.ndarray]]:
     """Import a tinygrad model: ``(ir, weights)``, weights as numpy arrays by state-dict key.
 
     Example::
@@ -51,7 +52,9 @@ def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: S
     first, in place on the model, with tinygrad's own RNG, and returned with its data like the
     already realized ones; ``Tensor.empty`` weights are declared in the IR but have no data (a
     weight-free import). Randomness inside the model's forward is refused.
-    ``simplify=False`` keeps the literal UOp-by-UOp translation.
+    ``simplify=False`` keeps the literal UOp-by-UOp translation. ``kwargs`` are keyword arguments of
+    the call that are Python values, not tensors (tinygrad llama's ``start_pos``): the graph is the one
+    they give, and they are not inputs of the IR.
     """
     name = model_name or getattr(model, "__name__", None) or type(model).__name__
     inputs = [_as_input(x) for x in example_inputs]
@@ -61,8 +64,13 @@ def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: S
     if len({x.uop for x in inputs}) != len(inputs):
         raise ExtractionError(f"model {name!r}: the same tensor is passed as two example inputs; "
                               "the graph could not tell them apart: pass distinct tensors")
+    call_kwargs = dict(kwargs or {})
+    tensors = sorted(k for k, v in call_kwargs.items() if isinstance(v, Tensor))
+    if tensors:
+        raise ExtractionError(f"model {name!r}: kwargs {tensors} are tensors; kwargs hold Python values that "
+                              "shape the graph: pass tensors as example_inputs")
     realize_state(model, name)  # before the call, so the forward's graph reads the weights' buffers
-    out = model(*inputs)
+    out = model(*inputs, **call_kwargs)
     outputs = list(out) if isinstance(out, (tuple, list)) else [out]
     bad = [type(o).__name__ for o in outputs if not isinstance(o, Tensor)]
     if bad:

@@ -1,8 +1,9 @@
 """Pooling rules: a reduce over a window view of x -> ``aten.max_pool2d`` / ``aten.avg_pool2d``.
 
 tinygrad pools with the same window view as its convolution, then REDUCE(MAX), or REDUCE(ADD)
-times 1/window. As for ``conv2d`` (``conv.py``), the view chain is traced on indices and accepted
-only when every window reads exactly what ``unfold`` with some kernel, stride and dilation reads.
+times 1/window (a mean over the window, once the ``mean`` idiom has read it). As for ``conv2d``
+(``conv.py``), the view chain is traced on indices and accepted only when every window reads
+exactly what ``unfold`` with some kernel, stride and dilation reads.
 Unpadded pools only: tinygrad pads a max pool with -inf through a mask the trace cannot see.
 """
 
@@ -90,10 +91,19 @@ def _avg_pool(m: Match) -> list[OpNode] | None:
     return _pool_node(m, "aten.avg_pool2d.default", w, {"kernel_size": w["kernel_size"], "stride": w["stride"]})
 
 
+def _avg_pool_mean(m: Match) -> list[OpNode] | None:
+    w = _window(m)  # a mean divides by the elements it reduces: the window, since the pool is unpadded
+    if w is None or w["dilation"] != [1, 1]:
+        return None
+    return _pool_node(m, "aten.avg_pool2d.default", w, {"kernel_size": w["kernel_size"], "stride": w["stride"]})
+
+
 def pool_rules() -> list[Rule]:
     return [
         Rule("max_pool2d", "pool", Op("aten.amax.default", Var("v"), name="red"), _max_pool,
              doc="amax over a window view of x -> max_pool2d(x), by index tracing"),
         Rule("avg_pool2d", "pool", Op("aten.div.Tensor", Op("aten.sum.dim_IntList", Var("v"), name="red"), Var("c")),
              _avg_pool, doc="sum over a window view of x / window size -> avg_pool2d(x), by index tracing"),
+        Rule("avg_pool2d_mean", "pool", Op("aten.mean.dim", Var("v"), name="red"), _avg_pool_mean,
+             doc="mean over a window view of x -> avg_pool2d(x), by index tracing"),
     ]

@@ -201,6 +201,7 @@ def _contract(m: Match) -> list[OpNode] | None:
     if not ks or not (ms or ns):
         return None  # an elementwise product summed (x*x).sum(): no free axis on either side
     size = lambda axes: math.prod(full[d] for d in axes)  # noqa: E731
+    batch = _with_unit_batch_axes(batch, kept, full)
     bs = [full[d] for d in batch]
     steps: list[OpNode] = []
     lhs = _layout(m.ctx, a, sa, batch + ms + ks, bs + [size(ms), size(ks)], steps)
@@ -215,6 +216,23 @@ def _contract(m: Match) -> list[OpNode] | None:
     return _finish(root, steps)  # the last step (at least the matmul) defines the root's output
 
 
+def _with_unit_batch_axes(batch: list[int], kept: list[int], full: Sequence[int]) -> list[int]:
+    """The batch axes, with the unit axes among the leading kept ones when there is a batch at all.
+
+    ``q @ kᵀ`` of (1, H, T, D) tensors has batch (H) and a unit axis before it: the matmul stays
+    4-D, (1, H, T, D) @ (1, H, D, T), as the model wrote it (and as the attention patterns of the
+    normalization passes read it), rather than a flattened (H, T, D) @ (H, D, T) between reshapes.
+    """
+    if not batch:
+        return batch  # x @ w of a Linear: a 2-D weight, whatever unit axes x has
+    lead = []
+    for d in kept:
+        if d not in batch and full[d] != 1:
+            break
+        lead.append(d)
+    return lead if set(batch) <= set(lead) else batch
+
+
 def reduced_first(m: Match) -> list[int]:
     """Axes of the product ``m.node("mul")``: the ones the sum reduces first, then the kept ones in order."""
     full = m.node("mul").outputs[0].shape
@@ -225,10 +243,14 @@ def reduced_first(m: Match) -> list[int]:
 
 def _layout(ctx: RewriteContext, x: TensorMeta, padded: list[int], axes: list[int], shape: list[int],
             steps: list[OpNode]) -> TensorMeta:
-    """Bring ``x`` (left-padded to ``padded``) into ``axes`` order, flattened to ``shape``."""
-    x = _view(ctx, x, padded, RESHAPE, steps)
-    rest = [d for d in range(len(padded)) if d not in axes]  # size-1 axes of this operand
-    x = _view(ctx, x, axes + rest, PERMUTE, steps)
+    """Bring ``x`` (left-padded to ``padded``) into ``axes`` order, flattened to ``shape``.
+
+    The axes not in ``axes`` have size 1 in ``x``: the first reshape drops them, so the permute
+    (``kᵀ``) moves only the axes the operand has.
+    """
+    kept = sorted(axes)
+    x = _view(ctx, x, [padded[d] for d in kept], RESHAPE, steps)
+    x = _view(ctx, x, [kept.index(d) for d in axes], PERMUTE, steps)
     return _view(ctx, x, shape, RESHAPE, steps)
 
 
@@ -275,18 +297,27 @@ def linear_rules() -> list[Rule]:
         return [OpNode(m.node().name, LINEAR, [*lin.inputs, m["bias"]], list(m.node().outputs), {})]
 
     def keep_leading(m: Match) -> list[OpNode] | None:
+        """The linear keeps the leading axes of its result; x is viewed as [*those axes, K] first when
+        the reshape into it also merged trailing axes (heads merged into the hidden dim, ``[B, T, H, D]``)."""
         lin, root, x = m.node("lin"), m.node(), m["x"]
-        n = lin.outputs[0].shape[-1]
-        if not x.shape or x.shape[-1] != lin.inputs[0].shape[-1] or list(root.outputs[0].shape) != [*x.shape[:-1], n]:
+        n, k = lin.outputs[0].shape[-1], lin.inputs[0].shape[-1]
+        out = list(root.outputs[0].shape)
+        if not out or out[-1] != n:
             return None
-        return [OpNode(root.name, LINEAR, [x, *lin.inputs[1:]], list(root.outputs), dict(lin.attrs))]
+        if x.shape and x.shape[-1] == k and out == [*x.shape[:-1], n]:
+            return [OpNode(root.name, LINEAR, [x, *lin.inputs[1:]], list(root.outputs), dict(lin.attrs))]
+        if len(out) < 2 or not isinstance(k, int) or math.prod(out[:-1]) * k != math.prod(x.shape):
+            return None
+        view = _node(m.ctx, RESHAPE, x, [*out[:-1], k], {"shape": [*out[:-1], k]})
+        return [view, OpNode(root.name, LINEAR, [view.outputs[0], *lin.inputs[1:]], list(root.outputs),
+                             dict(lin.attrs))]
 
     return [
         Rule("matmul_transposed_weight", "linear", Op(MATMUL, x, Op(PERMUTE, w, attrs=_is_transpose)), to_linear,
              doc="matmul(x, w.T) -> linear(x, w)", shared_interior=True),
         Rule("linear_leading_axes", "linear",
              Op(RESHAPE, Op(LINEAR, Op(RESHAPE, x), w, exact_arity=False, name="lin")), keep_leading,
-             doc="reshape(linear(reshape(x), w)) -> linear(x, w) when the reshapes only flatten leading axes",
+             doc="reshape(linear(reshape(x), w)) -> linear(x, w) keeping the result's leading axes",
              shared_interior=True),
         Rule("linear_bias", "linear", Op(ADD, Op(LINEAR, x, w, name="lin"), bias), with_bias,
              doc="linear(x, w) + b -> linear(x, w, b)"),

@@ -1,0 +1,261 @@
+"""``compile_lm``: one LLM IR with a KV cache -> a prefill program and a decode program sharing weights and state.
+
+The IR comes from ``torch_ir.frontends.hf.extract_lm`` (or any export of ``StaticCacheLM``): inputs
+``input_ids [1, seq]`` and ``cache_position [seq]``, the KV cache as buffers written by ``KV_UPDATE``, the
+sequence length ``seq`` symbolic. It is specialized twice (``torch_ir.ir.specialize``):
+
+* **prefill**, ``seq = chunk``: a fixed-size chunk of prompt tokens at a position offset. A prompt of any
+  length up to the cache runs as chunks (``npu_runtime.Generator`` does the chunking: the last partial
+  chunk overlaps the one before it, or, for a prompt shorter than a chunk, is padded; see its docstring);
+* **decode**, ``seq = 1``: one token.
+
+Both programs name each cache slot by the buffer's state-dict key, so one ``npu_runtime.State`` serves
+both, and both read the same weights. Positions, the rotary tables and the causal mask are computed in
+the programs from ``cache_position``: nothing is done on the host per token but copying two inputs in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from npu_program.program import CompiledProgram
+from torch_ir.ir import NPU_IR, specialize
+
+from .compiler import CompileError, CompileOptions, compile, load_source
+from .library import Target
+
+#: The two inputs of an LLM program.
+LM_INPUTS = ("input_ids", "cache_position")
+#: Default prefill chunk: long enough for a GEMM to beat a GEMV, short enough to pad cheaply.
+DEFAULT_CHUNK = 16
+
+
+@dataclass
+class LMPrograms:
+    """A compiled LLM: the prefill program (``chunk`` tokens), the decode program (one token) and what the
+    generator needs to drive them."""
+
+    prefill: CompiledProgram
+    decode: CompiledProgram
+    chunk: int
+    max_cache_len: int
+    num_layers: int
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """``prefill.npubin``, ``decode.npubin`` and ``lm.json`` (chunk, cache length) in ``directory``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.prefill.save(out / "prefill.npubin")
+        self.decode.save(out / "decode.npubin")
+        (out / "lm.json").write_text(json.dumps(
+            {"chunk": self.chunk, "max_cache_len": self.max_cache_len, "num_layers": self.num_layers}))
+        return out
+
+    def dispatch_table(self) -> str:
+        """Seed 004's per-phase table: dispatches per run, per token and per layer (bind-time work excluded)."""
+        rows = [("prefill", self.prefill, self.chunk), ("decode", self.decode, 1)]
+        lines = [f"{'phase':<8} {'tokens/run':>10} {'dispatches/run':>14} {'per token':>10} {'per layer':>10}"]
+        for phase, program, tokens in rows:
+            n = run_dispatches(program)
+            lines.append(f"{phase:<8} {tokens:>10} {n:>14} {n / tokens:>10.1f} {n / self.num_layers:>10.1f}")
+        return "\n".join(lines)
+
+
+#: What "unfused" switches off: the transformer fusions, attention and residual folding, and the compiler's own
+#: kernel fusion (seed 004's "unfused"); kept are the cache write, without which there is no program, and
+#: SDPA's plain rewrite into ATTN_SCORE + ATTN_OUTPUT, which the CPU target has kernels for.
+UNFUSED_FAMILIES = ("llm", "attention", "residual")
+KEPT_RULES = ("kv_update", "sdpa")
+
+
+def unfused_options() -> CompileOptions:
+    """Compile options of the unfused baseline of the dispatch table (see ``UNFUSED_FAMILIES``)."""
+    from torch_ir.passes import NormalizeOptions
+    from torch_ir.passes.normalize import ALL_RULES
+
+    off = {r.name for r in ALL_RULES if r.family in UNFUSED_FAMILIES and r.name not in KEPT_RULES}
+    return CompileOptions(fuse=False, normalize_options=NormalizeOptions(disabled_rules=off))
+
+
+def fusion_table(unfused: LMPrograms, fused: LMPrograms) -> str:
+    """Seed 004's table: dispatches per run, per token and per layer of each phase, unfused and fused."""
+    lines = [f"{'phase':<8} {'tokens':>6} | {'unfused/run':>11} {'/token':>7} {'/layer':>7} | "
+             f"{'fused/run':>9} {'/token':>7} {'/layer':>7}"]
+    for phase, tokens in (("prefill", fused.chunk), ("decode", 1)):
+        cells = []
+        for programs in (unfused, fused):
+            n = run_dispatches(getattr(programs, phase))
+            cells.append((n, n / tokens, n / programs.num_layers))
+        (a, at, al), (b, bt, bl) = cells
+        lines.append(f"{phase:<8} {tokens:>6} | {a:>11} {at:>7.1f} {al:>7.1f} | {b:>9} {bt:>7.1f} {bl:>7.1f}")
+    return "\n".join(lines)
+
+
+def is_lm(ir: NPU_IR) -> bool:
+    """Whether ``ir`` is an LLM with a KV cache that ``compile_lm`` compiles (inputs ``input_ids`` and
+    ``cache_position`` with a symbolic length, buffers written in place)."""
+    return sorted(t.name for t in ir.graph_inputs) == sorted(LM_INPUTS) and bool(ir.mutations) \
+        and any(not t.is_static for t in ir.graph_inputs)
+
+
+def run_dispatches(program: CompiledProgram) -> int:
+    """Dispatches of one run (those done once at bind time excluded)."""
+    return sum(1 for d in program.dispatches if not d.at_bind)
+
+
+def compile_lm(ir_or_path: NPU_IR | dict | str | os.PathLike, *, chunk: int = DEFAULT_CHUNK,
+               target: str | Target = "cpu", options: CompileOptions | None = None,
+               fallback: str | None = None) -> LMPrograms:
+    """Compile an LLM IR with a KV cache into prefill and decode programs (see the module docstring).
+
+    ``chunk`` is the prefill program's token count (at most the cache length). Raises ``CompileError``
+    when the IR is not such an LLM: other inputs, no symbolic sequence length, no cache.
+    """
+    ir = load_source(ir_or_path)
+    seq = sequence_symbol(ir)
+    max_cache_len = _cache_len(ir, seq)
+    if not 1 <= chunk <= max_cache_len:
+        raise CompileError(f"IR {ir.model_name!r}: prefill chunk {chunk} must be between 1 and the cache length "
+                           f"{max_cache_len}")
+    prefill = compile(specialize(ir, {seq: chunk}), target=target, options=options, fallback=fallback)
+    decode = compile(specialize(ir, {seq: 1}), target=target, options=options, fallback=fallback)
+    for program, phase in ((prefill, "prefill"), (decode, "decode")):
+        program.metadata["llm"] = {"phase": phase, "tokens": chunk if phase == "prefill" else 1,
+                                   "max_cache_len": max_cache_len}
+    return LMPrograms(prefill, decode, chunk, max_cache_len, num_layers=len(prefill.state_specs) // 2)
+
+
+def sequence_symbol(ir: NPU_IR) -> str:
+    """The symbol of the sequence length: ``input_ids``' last dimension, which ``cache_position`` shares."""
+    inputs = {t.name: t for t in ir.graph_inputs}
+    if sorted(inputs) != sorted(LM_INPUTS):
+        raise CompileError(f"IR {ir.model_name!r} takes inputs {sorted(inputs)}; an LLM program takes "
+                           f"{list(LM_INPUTS)}: extract it with torch_ir.frontends.hf.extract_lm (or export "
+                           "StaticCacheLM)")
+    ids, positions = inputs["input_ids"], inputs["cache_position"]
+    if len(ids.shape) != 2 or not isinstance(ids.shape[1], str) or positions.shape != [ids.shape[1]]:
+        raise CompileError(f"IR {ir.model_name!r}: input_ids is {ids.shape} and cache_position {positions.shape}; "
+                           "an LLM IR has input_ids [1, seq] and cache_position [seq] with a symbolic seq "
+                           "(export with dynamic_shapes, as extract_lm does)")
+    if ids.shape[1] not in ir.symbols:
+        raise CompileError(f"IR {ir.model_name!r}: the sequence length {ids.shape[1]!r} is an expression, not a "
+                           "symbol; export with one torch.export.Dim for it")
+    return ids.shape[1]
+
+
+def _cache_len(ir: NPU_IR, seq: str) -> int:
+    written = {w.name: w for w in ir.weights if w.name in ir.mutations}
+    if not written:
+        raise CompileError(f"IR {ir.model_name!r} has no KV cache (no buffer is written in place); extract the LLM "
+                           "with torch_ir.frontends.hf.extract_lm, or compile it as an ordinary program")
+    lengths = {w.shape[2] for w in written.values() if len(w.shape) == 4}
+    if len(lengths) != 1:
+        raise CompileError(f"IR {ir.model_name!r}: the KV cache buffers are not all [batch, heads, length, "
+                           f"head_dim] of one length: {[w.shape for w in written.values()]}")
+    return int(lengths.pop())
+
+
+def program_summary(programs: LMPrograms) -> dict[str, Any]:
+    """A JSON-able summary: phases, dispatch counts, cache and weight bytes."""
+    return {"chunk": programs.chunk, "max_cache_len": programs.max_cache_len, "num_layers": programs.num_layers,
+            "prefill_dispatches": run_dispatches(programs.prefill),
+            "decode_dispatches": run_dispatches(programs.decode),
+            "weight_bytes": programs.decode.weight_bytes, "state_bytes": programs.decode.state_bytes}
+
+
+
+
+
+# -- from a checkpoint directory or a zoo name ----------------------------------------------------------
+
+@dataclass
+class LoadedLM:
+    """An LLM ready to generate with: its programs, its weights (state-dict keys), its tokenizer if any."""
+
+    name: str
+    programs: LMPrograms
+    weights: dict[str, Any]
+    # Something with ``encode(text) -> ids`` and ``decode(ids) -> text`` (a checkpoint), or None (a zoo model).
+    tokenizer: Any | None
+    eos_token_ids: set[int]
+    dtype: str
+
+
+def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cache_len: int = 256,
+            chunk: int = DEFAULT_CHUNK, target: str | Target = "cpu",
+            progress: Any = None) -> LoadedLM:
+    """Build, extract and compile an LLM from a Hugging Face checkpoint directory (``config.json`` plus
+    safetensors weights, as downloaded) or a zoo name (random seeded weights, no tokenizer).
+
+    The model is built on the meta device and only the weights are read; ``dtype`` (``float32``,
+    ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
+    in. ``progress(label)`` is called before each stage.
+    """
+    import torch
+
+    from torch_ir.frontends.hf import extract_lm
+    from torch_ir.frontends.hf_checkpoint import is_checkpoint_dir, load_checkpoint
+
+    step = progress or (lambda label: None)
+    torch_dtype = _torch_dtype(dtype)
+    step("load")
+    if is_checkpoint_dir(source):
+        checkpoint = load_checkpoint(source)
+        torch_dtype = torch_dtype or checkpoint.dtype
+        meta = checkpoint.build_on_meta(torch_dtype)
+        name, tokenizer, eos = Path(source).name or str(source), checkpoint, checkpoint.eos_token_ids
+        weights: Any = lambda: checkpoint.state_dict(torch_dtype)  # noqa: E731 - read after compiling
+    else:
+        meta, real = _zoo_lm(str(source))
+        torch_dtype = torch_dtype or torch.float32
+        meta, real = meta.to(torch_dtype), real.to(torch_dtype)
+        name, tokenizer = str(source), None
+        eos = {int(meta.config.eos_token_id)} if isinstance(meta.config.eos_token_id, int) else set()
+        from torch_ir.weights import module_state
+
+        weights = lambda: module_state(real)  # noqa: E731
+    step("extract")
+    ir = extract_lm(meta, max_cache_len, name=name)
+    step("compile")
+    programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target)
+    step("weights")
+    return LoadedLM(name, programs, weights(), tokenizer, eos, str(torch_dtype).removeprefix("torch."))
+
+
+def _torch_dtype(name: str | None) -> Any:
+    import torch
+
+    if name is None:
+        return None
+    allowed = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in allowed:
+        raise CompileError(f"dtype {name!r}: an LLM is compiled in one of {', '.join(allowed)}")
+    return allowed[name]
+
+
+def _zoo_lm(name: str) -> tuple[Any, Any]:
+    """(meta, real) causal LM of a zoo entry (a ``StaticCacheLM`` entry is unwrapped)."""
+    from torch_ir.frontends.hf import StaticCacheLM
+    from torch_ir.zoo import build_pair, get_model, list_models
+
+    try:
+        entry = get_model(name)
+    except KeyError:
+        llms = [*list_models("llm"), *list_models("kv_cache")]
+        raise CompileError(f"{name!r} is neither a checkpoint directory (no config.json there) nor a zoo model; "
+                           f"zoo LLMs: {', '.join(llms)}") from None
+    meta, real = build_pair(entry)
+    if isinstance(meta, StaticCacheLM):
+        meta, real = meta.model, real.model
+    if not hasattr(meta, "generate") or not hasattr(meta, "config"):
+        raise CompileError(f"zoo model {name!r} is not a causal LM ({type(meta).__name__}); generate needs one "
+                           "such as 'llama' or 'qwen2'")
+    return meta, real
+
+
+__all__ = ["DEFAULT_CHUNK", "LMPrograms", "LoadedLM", "compile_lm", "fusion_table", "is_lm", "load_lm",
+           "program_summary", "run_dispatches", "sequence_symbol", "unfused_options"]

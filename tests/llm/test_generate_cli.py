@@ -1,0 +1,63 @@
+"""``torch-ir generate`` on a checkpoint directory as a user has it after a download, and on a zoo name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_ir.cli import main
+
+from .checkpoints import make_checkpoint
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2", shards=2)
+
+
+def test_generate_text_from_a_checkpoint_equals_transformers(checkpoint, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompt = "The quick brown fox"
+    assert main(["generate", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "12",
+                 "--max-cache-len", "64"]) == 0
+    out = capsys.readouterr()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, attn_implementation="sdpa").eval()
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    expected = tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True)
+    assert out.out.strip() == expected.strip()
+    for field in ("prefill", "ms/token", "tokens/s", "dispatches/token", "per layer"):
+        assert field in out.err
+
+
+def test_generate_ids_from_a_zoo_model(capsys):
+    assert main(["generate", "qwen2", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--max-cache-len",
+                 "32"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt ids: 5,6,7" in out
+    assert len(out.split("new ids: ")[1].strip().split(",")) == 4
+
+
+def test_text_prompt_needs_a_tokenizer(capsys):
+    assert main(["generate", "qwen2", "--prompt", "hello", "--max-new-tokens", "2", "--max-cache-len", "16"]) == 2
+    assert "has no tokenizer: give --prompt-ids" in capsys.readouterr().err
+
+
+def test_prompt_longer_than_the_cache_is_refused(checkpoint, capsys):
+    ids = ",".join(["5"] * 20)
+    assert main(["generate", str(checkpoint), "--prompt-ids", ids, "--max-new-tokens", "4", "--max-cache-len",
+                 "16", "--chunk", "8"]) == 2
+    assert "needs a KV cache of 23 positions" in capsys.readouterr().err
+
+
+def test_a_missing_shard_is_named(tmp_path, capsys):
+    directory = make_checkpoint(tmp_path / "broken", "llama", shards=2)
+    shard = sorted(directory.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    assert main(["generate", str(directory), "--prompt-ids", "5", "--max-new-tokens", "2"]) == 2
+    assert shard.name in capsys.readouterr().err
