@@ -11,13 +11,15 @@
 from .backends import Backend, CPUBackend, get_backend
 from .device import Device, NPUBuffer, RuntimeInputError
 from .executor import DispatchError, Executor
+from .generate import Generation, Generator
 from .profile import Profile
 from .state import State
 from .validate import ValidationError
 from .weights import Weights, load_weights
 
 __all__ = [
-    "Backend", "CPUBackend", "DAGExecutor", "Device", "DispatchError", "Executor", "NPUBuffer", "Profile",
+    "Backend", "CPUBackend", "DAGExecutor", "Device", "DispatchError", "Executor", "Generation", "Generator",
+    "NPUBuffer", "Profile",
     "RuntimeInputError", "State", "ValidationError", "Weights", "get_backend", "load_weights",
 ]
 

@@ -138,13 +138,15 @@ def test_bad_requests_are_refused_with_the_fix(fp32):
         gen.generate([], 3)
 
 
-def test_bf16_weights_half_the_bytes_and_tokens_within_tolerance():
-    """bf16 end to end: the weights in the model's dtype, the logits of each step within bf16 tolerance of
-    the bf16 model (the report: the first step whose token differs, if any)."""
-    real, programs, gen = build("qwen2", torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_weights_half_the_bytes_and_logits_within_tolerance(dtype):
+    """bf16 and fp16 end to end: the weights in the model's dtype, the logits of each step within that dtype's
+    tolerance of the model run in it (bench/llm reports the first step whose token differs, if any)."""
+    real, programs, gen = build("qwen2", dtype)
     fp32_bytes = sum(p.numel() * 4 for p in real.parameters())
     assert programs.decode.weight_bytes <= fp32_bytes // 2 + 1024
-    assert {w.dtype for w in programs.decode.weight_specs} == {"bfloat16"}  # inv_freq (fp32) is embedded
+    name = str(dtype).removeprefix("torch.")
+    assert {w.dtype for w in programs.decode.weight_specs} == {name}  # inv_freq (fp32) is embedded
     prompt = prompt_of(11)
     result = gen.generate(prompt, 16, keep_logits=True)
     with torch.no_grad():

@@ -61,3 +61,13 @@ def test_a_missing_shard_is_named(tmp_path, capsys):
     shard.unlink()
     assert main(["generate", str(directory), "--prompt-ids", "5", "--max-new-tokens", "2"]) == 2
     assert shard.name in capsys.readouterr().err
+
+
+def test_compile_of_an_llm_ir_writes_both_programs_and_the_dispatch_table(tmp_path, capsys):
+    ir = tmp_path / "llama_kv.json"
+    assert main(["extract", "llama_kv", "-o", str(ir)]) == 0
+    out = tmp_path / "llama_lm"
+    assert main(["compile", str(ir), "-o", str(out), "--chunk", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "prefill.npubin").exists() and (out / "decode.npubin").exists()
+    assert "unfused/run" in printed and "fused/run" in printed and "decode" in printed
