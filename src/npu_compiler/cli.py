@@ -9,6 +9,8 @@ from pathlib import Path
 
 from torch_ir.naming import default_output
 
+from .llm import DEFAULT_CHUNK
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     source_help = "an IR JSON file, a zoo name or package.module:factory (extracted now, on meta)"
@@ -23,8 +25,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fallback", choices=("cpu",), default=None,
                    help="run the nodes the target has no kernel for on the host CPU inside the program (host "
                         "dispatches) instead of refusing the model; the summary shows the placement")
-    p.add_argument("--chunk", type=int, default=16,
-                   help="for an LLM with a KV cache: the prefill program's length in tokens (default: 16)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
+                   help=f"an LLM with a KV cache: the prefill program's length in tokens (default: {DEFAULT_CHUNK})")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")

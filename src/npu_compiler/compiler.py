@@ -105,7 +105,7 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     host = check_compilable(ir, target, fallback=fallback)
     if options.public_output_names:
         ir = with_public_output_names(ir)  # renames tensors, not nodes: ``host`` still names the nodes
-    slots = state_slots(ir)
+    slots = state_slots(ir)  # raises for a buffer write a program cannot carry as state
     lowered = lower(ir, target, host, slots)
     memory = plan(lowered, ir, options, options.alignment or target.alignment)
     return _program(ir, target, lowered, memory, options, fallback, slots)
@@ -138,7 +138,6 @@ def check_compilable(ir: NPU_IR, target: Target, *, fallback: str | None = None)
             f"IR {ir.model_name!r} writes its inputs in place ({', '.join(written_inputs)}); compiled programs "
             "do not write back into their inputs. Run it with torch_ir.IRExecutor, or return the new value "
             "from forward() instead of updating the input.")
-    state_slots(ir)  # raises for a buffer write a program cannot carry as state
     unsupported = [(n, reason) for n in ir.nodes if (reason := unsupported_reason(n, target))]
     refused = {n.name: why for n, _ in unsupported if (why := host_refusal(n))}
     host = {n.name: reason for n, reason in unsupported if n.name not in refused}

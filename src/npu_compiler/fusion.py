@@ -13,6 +13,7 @@ memory decision, made by lowering (``lower.write_in_place``), not here.
 from __future__ import annotations
 
 from torch_ir.ir import NPU_IR, OpNode
+from torch_ir.passes.build import residual_problem
 from torch_ir.passes.rewrite import Match, Op, Rule, Var, rewrite
 
 r = Var("residual")
@@ -24,16 +25,7 @@ def _check(m: Match) -> str | None:
     conv, add = m.node("conv"), m.node("add")
     if conv.attrs.get("activation") is not None:
         return "the CONV already applies an activation before the add"
-    if add.attrs.get("alpha", 1) != 1:
-        return "add with alpha != 1"
-    residual, y = m["residual"], conv.outputs[0]
-    if residual.name == y.name:
-        return "conv(x) + conv(x): both operands are the convolution"
-    if (list(residual.shape), residual.dtype) != (list(y.shape), y.dtype):
-        return "the residual is broadcast or of another dtype: not a plain residual"
-    if m.is_param(residual):
-        return "the residual is a weight or constant, not an activation"
-    return None
+    return residual_problem(m, conv.outputs[0], add, m["residual"], "CONV")
 
 
 def _fused(m: Match) -> list[OpNode]:

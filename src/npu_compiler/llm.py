@@ -159,14 +159,6 @@ def _cache_len(ir: NPU_IR, seq: str) -> int:
     return int(lengths.pop())
 
 
-def program_summary(programs: LMPrograms) -> dict[str, Any]:
-    """A JSON-able summary: phases, dispatch counts, cache and weight bytes."""
-    return {"chunk": programs.chunk, "max_cache_len": programs.max_cache_len, "num_layers": programs.num_layers,
-            "prefill_dispatches": run_dispatches(programs.prefill),
-            "decode_dispatches": run_dispatches(programs.decode),
-            "weight_bytes": programs.decode.weight_bytes, "state_bytes": programs.decode.state_bytes}
-
-
 
 
 
@@ -258,4 +250,4 @@ def _zoo_lm(name: str) -> tuple[Any, Any]:
 
 
 __all__ = ["DEFAULT_CHUNK", "LMPrograms", "LoadedLM", "compile_lm", "fusion_table", "is_lm", "load_lm",
-           "program_summary", "run_dispatches", "sequence_symbol", "unfused_options"]
+           "run_dispatches", "sequence_symbol", "unfused_options"]

@@ -57,9 +57,10 @@ def _check_early(args: argparse.Namespace) -> None:
         raise RuntimeInputError(f"{args.source!r} is a zoo model, which has no tokenizer: give --prompt-ids, or a "
                                 "checkpoint directory with tokenizer.json")
     if args.prompt_ids is not None:
-        need = len(_prompt_ids(args.prompt_ids)) + args.max_new_tokens - 1
+        given = len(_prompt_ids(args.prompt_ids))
+        need = given + args.max_new_tokens - 1
         if need > args.max_cache_len:
-            raise RuntimeInputError(f"a prompt of {len(_prompt_ids(args.prompt_ids))} tokens plus "
+            raise RuntimeInputError(f"a prompt of {given} tokens plus "
                                     f"{args.max_new_tokens} new tokens needs a KV cache of {need} positions; "
                                     f"--max-cache-len is {args.max_cache_len}: raise it or ask for fewer tokens")
 

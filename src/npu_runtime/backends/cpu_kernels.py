@@ -424,7 +424,7 @@ class RmsNorm:
 
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        return all(specs[n].dtype in LINEAR_DTYPES for n in [*dispatch.inputs, *dispatch.outputs] if n in specs)
+        return _linear_dtypes_ok(dispatch, specs)  # x, weight and y of one float dtype
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         self.eps = float(dispatch.params.get("eps", 1e-6))
@@ -434,12 +434,12 @@ class RmsNorm:
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x, out = inputs[0], outputs[0]
-        xf = x.float()
+        xf = x.float()  # x itself for float32, else a float32 copy that may be scaled in place
         scale = xf.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        if out.dtype == torch.float32:
-            torch.mul(xf, scale, out=out)
+        if xf is x:
+            torch.mul(x, scale, out=out)
         else:
-            out.copy_(xf.mul_(scale) if xf is not x else xf * scale)
+            out.copy_(xf.mul_(scale))
         if len(inputs) > 1:
             out.mul_(inputs[1])
 

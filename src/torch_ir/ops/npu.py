@@ -109,13 +109,18 @@ def _attn_score_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> li
     return [list(q[:-1]) + [k[-2]]]
 
 
-def _attn_output_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
-    p, v = inputs[0].shape, inputs[1].shape
-    b, h, t, d = p[0], p[1], p[2], v[3]
+def _heads_out_shape(rows: Sequence[Any], v: Sequence[Any], attrs: dict[str, Any]) -> list[Shape]:
+    """[B, H, T, D] of an attention's output (B, H, T from ``rows``, D from ``v``), or [B, T, H·D] with
+    ``merge_heads`` (the default)."""
+    b, h, t, d = rows[0], rows[1], rows[2], v[3]
     if not attrs.get("merge_heads", True):
         return [[b, h, t, d]]
     merged = h * d if isinstance(h, int) and isinstance(d, int) else f"({h})*({d})"
     return [[b, t, merged]]
+
+
+def _attn_output_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    return _heads_out_shape(inputs[0].shape, inputs[1].shape, attrs)  # p [B,H,T,S], v
 
 
 def _embedding_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
@@ -304,12 +309,7 @@ def attn_output(p: torch.Tensor, v: torch.Tensor, *, merge_heads: bool = True) -
 
 
 def _attention_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
-    q, v = inputs[0].shape, inputs[2].shape
-    b, h, t, d = q[0], q[1], q[2], v[3]
-    if not attrs.get("merge_heads", True):
-        return [[b, h, t, d]]
-    merged = h * d if isinstance(h, int) and isinstance(d, int) else f"({h})*({d})"
-    return [[b, t, merged]]
+    return _heads_out_shape(inputs[0].shape, inputs[2].shape, attrs)  # q [B,H,T,D], v
 
 
 @npu_op("ATTENTION", inputs="q k v mask?", outputs="y", shape=_attention_shape,

@@ -104,3 +104,18 @@ def producer_op(m: Match, t: TensorMeta) -> str | None:
 
 #: The view ops (reshape, view, squeeze, ...), as the kernel table declares them.
 VIEWS = tuple(sorted(kernels_where(view=True)))
+
+
+def residual_problem(m: Match, y: TensorMeta, add: OpNode, residual: TensorMeta, what: str) -> str | None:
+    """Why ``add(y, residual)`` is not a plain residual add that the op making ``y`` (a ``what``) can take in,
+    or None: an add without ``alpha``, of another tensor of ``y``'s shape and dtype that is not a weight.
+    The CONV_ADD fusion (``npu_compiler.fusion``) and the GEMM residual rule share it."""
+    if add.attrs.get("alpha", 1) != 1:
+        return "add with alpha != 1"
+    if residual.name == y.name:
+        return f"{what}(x) + {what}(x): both operands are the {what}"
+    if (list(residual.shape), residual.dtype) != (list(y.shape), y.dtype):
+        return "the residual is broadcast or of another dtype: not a plain residual"
+    if m.is_param(residual):
+        return "the residual is a weight or constant, not an activation"
+    return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ..ir import OpNode, TensorMeta
-from .build import node, out, shape_attr, temp
+from .build import node, out, residual_problem, shape_attr, temp
 from .rewrite import Match, Op, Rule, Var
 
 x, q, k, v, mask, p = Var("x"), Var("q"), Var("k"), Var("v"), Var("mask"), Var("p")
@@ -528,15 +528,14 @@ def _residual_check(m: Match) -> str | None:
     gemm, add = m.node("gemm"), m.node()
     if gemm.attrs.get("activation") is not None or gemm.attrs.get("has_residual"):
         return "the GEMM already applies an activation or adds a residual"
-    if add.attrs.get("alpha", 1) != 1:
-        return "add with alpha != 1"
     residual, y = m["r"], gemm.outputs[0]
-    if residual.name == y.name:
-        return "GEMM(x) + GEMM(x): both operands are the GEMM"
-    if (list(residual.shape), residual.dtype) != (list(y.shape), y.dtype) or list(out(m).shape) != list(y.shape):
-        return "the other operand is broadcast or of another dtype: not a residual"
-    if m.is_param(residual) or not _reads_an_input(m, residual):
-        return "the other operand is computed from weights and constants alone (a bias), not a residual"
+    problem = residual_problem(m, y, add, residual, "GEMM")
+    if problem is not None:
+        return problem
+    if list(out(m).shape) != list(y.shape):
+        return "the add broadcasts the GEMM's output: not a residual"
+    if not _reads_an_input(m, residual):
+        return "the residual is computed from weights and constants alone (a bias), not an activation"
     return None
 
 
