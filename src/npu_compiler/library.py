@@ -70,6 +70,12 @@ register_target(Target(
     doc="the CPU backend of npu_runtime: oneDNN convolutions and BLAS GEMMs through PyTorch's CPU kernels",
 ))
 
+register_target(Target(
+    "webgpu", channels_last=True, alignment=256,
+    doc="the WebGPU backend of npu_runtime: WGSL compute shaders generated from the kernel records, on Metal, "
+        "Vulkan, D3D12 or Mesa (256-byte alignment: WebGPU's storage-buffer offset rule)",
+))
+
 
 # -- the support check ------------------------------------------------------------------------------
 

@@ -73,13 +73,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     _check_early(args)
     started = time.perf_counter()
+    device = Device(args.backend)  # before minutes of compiling: a backend that cannot start says so now
     lm = load_lm(args.source, dtype=args.dtype, max_cache_len=args.max_cache_len, chunk=args.chunk,
+                 target=device.backend.target,
                  progress=lambda label: print(f"[{label}]", file=sys.stderr, flush=True))
     if args.prompt is not None:
         prompt = lm.tokenizer.encode(args.prompt)
     else:
         prompt = _prompt_ids(args.prompt_ids)
-    device = Device(args.backend)
     programs = lm.programs
     generator = Generator(programs.prefill, programs.decode, load_weights(lm.weights, programs.prefill, device),
                           device)

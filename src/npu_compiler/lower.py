@@ -87,11 +87,19 @@ def _activations(ir: NPU_IR) -> list[TensorMeta]:
 
 
 def _params(node: OpNode) -> dict[str, Any]:
-    """The node's attributes, plus ``has_bias`` where the kernel takes it and the IR tells it by input count."""
+    """The node's attributes, plus ``has_bias`` where the kernel takes it and the IR tells it by input count:
+    more inputs than the kernel's others (weights, folded batch norm, residual) account for."""
     params = dict(node.attrs)
     if "has_bias" in KERNELS[node.op_type].params and "has_bias" not in params:
-        params["has_bias"] = len(node.inputs) == 3
+        others = 2 if params.get("packed") else _WITHOUT_BIAS.get(node.op_type, 2)
+        others += 4 * (params.get("bn_eps") is not None) + bool(params.get("has_residual"))
+        params["has_bias"] = len(node.inputs) > others
     return params
+
+
+# inputs of a kernel that takes has_bias, without its bias, batch norm and residual (QKV_PROJ: three weights,
+# or one when packed)
+_WITHOUT_BIAS = {"GEMM": 2, "CONV": 2, "CONV_ADD": 3, "GATE_UP": 3, "QKV_PROJ": 4}
 
 
 # -- layouts ---------------------------------------------------------------------------------------

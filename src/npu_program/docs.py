@@ -46,7 +46,10 @@ def kernels_markdown() -> str:
         "Every kernel the compiler can emit is one record: its kind, the dtypes it runs, its layout "
         "behaviour, its parameters, its cost formula and its implementation per backend (`reference` runs "
         "the op's reference implementation from the `torch_ir` op registry; a class name is a fast kernel "
-        "that runs the dispatches it accepts, the reference the others).",
+        "that runs the dispatches it accepts, the reference the others). In the `webgpu` column the name is "
+        "the function that generates the kernel's WGSL (`npu_runtime.backends.webgpu`); `elementwise` builds "
+        "it from the WGSL expression the record carries; — means the target lacks it (a strict compile "
+        "refuses it, `fallback=\"cpu\"` or `partition` runs it on the CPU).",
         "",
         f"{len(KERNELS)} records; dtypes \"all\" = "
         "bfloat16, bool, float16, float32, int32, int64, int8, uint8; \"floats\" = bfloat16, float16, float32.",

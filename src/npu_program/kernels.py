@@ -197,6 +197,10 @@ class KernelDef:
     #: Backend name -> implementation: REFERENCE, or "module:Class" of a fast kernel whose ``accepts``
     #: classmethod says whether it runs a given dispatch (else the reference runs it).
     impls: dict[str, str] = field(default_factory=lambda: {"cpu": REFERENCE})
+    #: The WGSL of an elementwise kernel: an expression of its inputs ``x0``, ``x1``, ... and parameters
+    #: ``{name}`` (``{name=default}``), which the WebGPU backend's elementwise generator broadcasts over the
+    #: output (``npu_runtime.backends.webgpu.elementwise``). Other kernels name their WGSL generator in ``impls``.
+    wgsl: str | None = None
     #: Why no program may contain it yet (the compiler refuses it with this reason); None when it may.
     deferred: str | None = None
     #: Why the op runs on the host CPU, never as a kernel of a target (data-dependent work an NPU has no unit
@@ -240,6 +244,15 @@ def get_kernel(name: str) -> KernelDef:
         raise KeyError(f"no kernel named {name!r}; the kernel table (docs/kernels.md) lists them") from None
 
 
+_GPU = "npu_runtime.backends.webgpu"
+_EW = f"{_GPU}.elementwise:elementwise"
+
+
+def gpu(module: str, function: str) -> str:
+    """The WebGPU implementation of a kernel: the generator ``function`` of its WGSL in ``webgpu/<module>.py``."""
+    return f"{_GPU}.{module}:{function}"
+
+
 _ACT = f"null or one of {', '.join(ACTIVATIONS)}: applied to the result"
 _CPU = "npu_runtime.backends.cpu_kernels"
 _HALF = ("float32", "bfloat16")
@@ -253,7 +266,7 @@ kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=
                "has_residual": "a residual activation of y's shape is the last input, added before the activation "
                                "(inputs [x, w, bias?, residual]; has_bias is then always given)",
                "activation": _ACT},
-       impls={"cpu": f"{_CPU}:Gemm"},
+       impls={"cpu": f"{_CPU}:Gemm", "webgpu": gpu("contraction", "gemm")},
        test=(t("2,5,16", "8,16", "8", params={"trans_b": True, "activation": "gelu"}, weights=(1, 2), dtypes=_HALF),
              t("2,5,16", "8,16", "8", "2,5,8", params={"trans_b": True, "has_bias": True, "has_residual": True},
                weights=(1, 2)),
@@ -264,7 +277,7 @@ kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch 
        params={"stride": "per spatial dim", "padding": "per spatial dim", "dilation": "per spatial dim",
                "groups": "channel groups", "has_bias": "a bias input follows w",
                "bn_eps": "batch norm folded when not null; its four inputs follow", "activation": _ACT},
-       impls={"cpu": f"{_CPU}:Conv2d"},
+       impls={"cpu": f"{_CPU}:Conv2d", "webgpu": gpu("contraction", "conv")},
        test=t("1,3,9,9", "4,3,3,3", "4", "4", "4", "4", "4:positive", weights=(1, 2, 3, 4, 5, 6),
               params={**_CONV_PARAMS, "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}, atol=1e-4))
 kernel("CONV_ADD", "fused", "act(CONV(x) + residual): a convolution with the residual add of a ResNet block",
@@ -272,17 +285,19 @@ kernel("CONV_ADD", "fused", "act(CONV(x) + residual): a convolution with the res
        params={"stride": "as CONV", "padding": "as CONV", "dilation": "as CONV", "groups": "as CONV",
                "has_bias": "as CONV", "bn_eps": "as CONV", "activation": _ACT,
                "inplace_residual": "the output is written over the residual (it dies here)"},
-       impls={"cpu": f"{_CPU}:Conv2d"},
+       impls={"cpu": f"{_CPU}:Conv2d", "webgpu": gpu("contraction", "conv")},
        test=t("1,4,6,6", "4,4,3,3", "4", "1,4,6,6", weights=(1, 2),
               params={**_CONV_PARAMS, "has_bias": True, "bn_eps": None, "activation": "relu"}, atol=1e-4))
 kernel("LAYER_NORM", "normalization", "layer norm over the trailing dims", layout="keeps", dtypes=FLOATS,
        params={"normalized_shape": "trailing dims", "eps": "epsilon"},
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "layer_norm")},
        test=t("2,5,8", "8", "8", params={"normalized_shape": [8], "eps": 1e-5}, weights=(1, 2), dtypes=_HALF))
 kernel("RMS_NORM", "normalization", "RMS norm over the last dim", layout="keeps", dtypes=FLOATS,
-       params={"eps": "epsilon"}, impls={"cpu": f"{_CPU}:RmsNorm"},
+       params={"eps": "epsilon"}, impls={"cpu": f"{_CPU}:RmsNorm", "webgpu": gpu("transformer", "rms_norm")},
        test=t("2,5,8", "8", params={"eps": 1e-6}, weights=(1,), dtypes=_HALF))
 kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout="keeps",
        params={"dim": "axis", "scale": "scale applied first"},
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "softmax")},
        test=t("2,3,7", params={"dim": -1, "scale": 0.5}, dtypes=_HALF))
 kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as one GEMM", flops=qkv_flops,
        params={"splits": "output widths", "has_bias": "biases follow the weights (one flag, or [q, k, v])",
@@ -291,7 +306,7 @@ kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as on
                "head_dim": "per head",
                "heads_first": "outputs head-major [B, heads, T, head_dim] (the head split and transpose done by "
                               "the kernel's store) rather than [B, T, width]"},
-       impls={"cpu": f"{_CPU}:QkvProj"},
+       impls={"cpu": f"{_CPU}:QkvProj", "webgpu": gpu("contraction", "qkv_proj")},
        test=(t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3), dtypes=_HALF,
                params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
                        "num_heads": 2, "num_kv_heads": 1, "head_dim": 4}),
@@ -309,14 +324,17 @@ kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as on
                        "num_heads": 2, "num_kv_heads": 2, "head_dim": 4, "heads_first": True})))
 kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops,
        params={"scale": "applied to q · kᵀ", "causal": "mask the future"},
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "attn_score")},
        test=t("1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True}))
 kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, dtypes=FLOATS,
        params={"merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "attn_output")},
        test=t("1,2,5,5:positive", "1,2,5,4", params={"merge_heads": True}))
 kernel("ATTENTION", "attention", "softmax(q · kᵀ · scale + mask) · v, heads merged: ATTN_SCORE and ATTN_OUTPUT "
        "in one kernel (grouped-query k and v, a KV cache longer than q)", flops=attention_flops,
        params={"scale": "applied to q · kᵀ", "causal": "mask the future",
-               "merge_heads": "[B, T, H·D] rather than [B, H, T, D]"}, impls={"cpu": f"{_CPU}:Attention"},
+               "merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
+       impls={"cpu": f"{_CPU}:Attention", "webgpu": gpu("transformer", "attention")},
        test=(t("1,4,5,4", "1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True, "merge_heads": True},
                dtypes=_HALF),
              t("1,4,1,4", "1,2,7,4", "1,2,7,4", "1,1,1,7:bool",
@@ -325,30 +343,37 @@ kernel("ATTENTION", "attention", "softmax(q · kᵀ · scale + mask) · v, heads
                                                                   "merge_heads": False}),
              t("1,4,2,4", "1,1,6,4", "1,1,6,4", "1,1,2,6:bool", params={"scale": 0.5, "causal": True,
                                                                        "merge_heads": True})))
-kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS, test=t("2,6", "2,6", dtypes=_HALF))
+kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS,
+       impls={"cpu": REFERENCE, "webgpu": _EW}, wgsl="silu_(x0) * x1", test=t("2,6", "2,6", dtypes=_HALF))
 kernel("GATE_UP", "fused", "silu(x · w_gateᵀ + b_gate) * (x · w_upᵀ + b_up): a gated MLP's gate and up projections "
        "and SILU_GATE, one contraction over both weights (concatenated once, at bind time)", flops=gate_up_flops,
        dtypes=FLOATS, params={"trans_b": "as GEMM", "has_bias": "b_gate and b_up follow the weights"},
-       impls={"cpu": f"{_CPU}:GateUp"},
+       impls={"cpu": f"{_CPU}:GateUp", "webgpu": gpu("contraction", "gate_up")},
        test=(t("2,5,16", "12,16", "12,16", params={"trans_b": True, "has_bias": False}, weights=(1, 2),
                atol=1e-4, dtypes=_HALF),
              t("1,1,16", "12,16", "12,16", "12", "12", params={"trans_b": True, "has_bias": True},
                weights=(1, 2, 3, 4), atol=1e-4),
              t("1,3,16", "16,12", "16,12", params={"trans_b": False, "has_bias": False}, weights=(1, 2), atol=1e-4)))
-kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope"},
+kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS,
+       impls={"cpu": f"{_CPU}:Rope", "webgpu": gpu("transformer", "rope")},
        test=t("1,2,5,4", "5,4", "5,4", dtypes=_HALF))
 kernel("ROPE_QK", "elementwise", "rotary position embedding of q and k (same cos and sin) in one kernel",
-       dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope"}, test=t("1,4,5,4", "1,2,5,4", "1,1,5,4", "1,1,5,4", dtypes=_HALF))
-kernel("EMBEDDING", "movement", "rows of a table by index", test=t("10,4", "2,3:int64:index:10", weights=(0,)))
+       dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope", "webgpu": gpu("transformer", "rope")},
+       test=t("1,4,5,4", "1,2,5,4", "1,1,5,4", "1,1,5,4", dtypes=_HALF))
+kernel("EMBEDDING", "movement", "rows of a table by index",
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "embedding")},
+       test=t("10,4", "2,3:int64:index:10", weights=(0,)))
 kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch norm statistics", layout="keeps",
        dtypes=FLOATS, params={"eps": "epsilon"},
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "batch_norm")},
        test=t("2,4,5,5", "4", "4", "4", "4:positive", params={"eps": 1e-5}, weights=(1, 2, 3, 4), dtypes=_HALF))
 kernel("LRN", "normalization", "local response normalization across channels", layout="keeps", dtypes=FLOATS,
        params={"size": "channels in the window", "alpha": "scale", "beta": "exponent", "k": "added first"},
+       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "lrn")},
        test=t("1,6,4,4", params={"size": 3, "alpha": 1e-2, "beta": 0.75, "k": 1.0}, dtypes=_HALF))
 kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at positions, in place: its output is "
        "the cache's state slot (see npu_compiler.state)", params={"dim": "axis"}, flops=no_flops,
-       impls={"cpu": f"{_CPU}:KvUpdate"},
+       impls={"cpu": f"{_CPU}:KvUpdate", "webgpu": gpu("transformer", "kv_update")},
        test=t("1,2,8,4", "1,2,3,4", "3:int64:positions:8", params={"dim": 2}, dtypes=_HALF))
 
 # -- ATen ops an NPU runs as they are: one line each, with its test record -------------------------------------
@@ -358,83 +383,132 @@ _FAST = {"aten.add.Tensor": "Binary", "aten.mul.Tensor": "Binary", "aten.sub.Ten
          "aten.relu.default": "Relu", "aten.max_pool2d.default": "MaxPool2d"}
 
 
-def aten(name: str, kind: str, test: KernelTest, doc: str = _ELEMENTWISE, **fields: Any) -> None:
+def aten(name: str, kind: str, test: KernelTest | tuple[KernelTest, ...], doc: str = _ELEMENTWISE, *,
+         wgsl: str | None = None, webgpu: str | None = None, **fields: Any) -> None:
+    """An ATen op's kernel: its CPU implementation (a fast one where ``_FAST`` names it, else the reference)
+    and its WebGPU one (``wgsl``, an elementwise expression, or ``webgpu``, a generator)."""
     op = f"aten.{name}"
     impls = {"cpu": f"{_CPU}:{_FAST[op]}"} if op in _FAST else {"cpu": REFERENCE}
-    kernel(op, kind, doc, impls=impls, test=test, **fields)
+    if wgsl is not None or webgpu is not None:
+        impls["webgpu"] = _EW if wgsl is not None else webgpu
+    kernel(op, kind, doc, impls=impls, test=test, wgsl=wgsl, **fields)
 
 
 _X, _XY, _POS = t("2,3,4,5", dtypes=_HALF), t("2,3,4,5", "2,3,4,5", dtypes=_HALF), t("2,3,4:positive")
 _BOOL2, _CMP = t("3,4:bool", "3,4:bool"), t("3,4", "3,4")
 _INT2 = t("3,4:int32", "3,4:int32")
-for _name, _test in [
-    ("add.Tensor", t("2,3,4,5", "4,5", dtypes=_HALF)), ("add.Scalar", t("2,3", params={"other": 1.5})),
-    ("sub.Tensor", _XY), ("sub.Scalar", t("2,3", params={"other": 1.5})),
-    ("rsub.Scalar", t("2,3", params={"other": 2.0})), ("mul.Tensor", _XY),
-    ("mul.Scalar", t("2,3", params={"other": 3})),
-    ("div.Tensor", t("2,3", "2,3:positive")), ("div.Scalar", t("2,3", params={"other": 4.0})),
-    ("relu.default", _X), ("gelu.default", t("2,3,4", params={"approximate": "tanh"})), ("silu.default", _X),
-    ("sigmoid.default", _X), ("tanh.default", _X), ("exp.default", t("2,3")), ("log.default", _POS),
-    ("neg.default", _X), ("sqrt.default", _POS), ("rsqrt.default", _POS), ("abs.default", _X), ("erf.default", _X),
-    ("reciprocal.default", _POS), ("sin.default", _X), ("cos.default", _X),
-    ("clamp.default", t("2,3,4", params={"min": -0.5, "max": 0.5})),
-    ("hardtanh.default", t("2,3,4", params={"min_val": 0.0, "max_val": 6.0})), ("hardswish.default", _X),
-    ("hardsigmoid.default", _X), ("leaky_relu.default", t("2,3,4", params={"negative_slope": 0.1})),
-    ("pow.Tensor_Scalar", t("2,3:positive", params={"exponent": 2})),
+for _name, _test, _wgsl in [
+    ("add.Tensor", t("2,3,4,5", "4,5", dtypes=_HALF), "x0 + {alpha=1} * x1"),
+    ("add.Scalar", t("2,3", params={"other": 1.5}), "x0 + {other} * {alpha=1}"),
+    ("sub.Tensor", _XY, "x0 - {alpha=1} * x1"),
+    ("sub.Scalar", t("2,3", params={"other": 1.5}), "x0 - {other} * {alpha=1}"),
+    ("rsub.Scalar", t("2,3", params={"other": 2.0}), "{other} - x0 * {alpha=1}"),
+    ("mul.Tensor", _XY, "x0 * x1"),
+    ("mul.Scalar", t("2,3", params={"other": 3}), "x0 * {other}"),
+    ("div.Tensor", t("2,3", "2,3:positive"), "x0 / x1"),
+    ("div.Scalar", t("2,3", params={"other": 4.0}), "x0 / {other}"),
+    ("relu.default", _X, "select(x0, 0, x0 < 0)"),
+    ("gelu.default", t("2,3,4", params={"approximate": "tanh"}), "gelu_{approximate=none}_(x0)"),
+    ("silu.default", _X, "silu_(x0)"),
+    ("sigmoid.default", _X, "sigmoid_(x0)"),
+    ("tanh.default", _X, "tanh_(x0)"),
+    ("exp.default", t("2,3"), "exp(x0)"),
+    ("log.default", _POS, "log(x0)"),
+    ("neg.default", _X, "-x0"),
+    ("sqrt.default", _POS, "sqrt(x0)"),
+    ("rsqrt.default", _POS, "inverseSqrt(x0)"),
+    ("abs.default", _X, "abs(x0)"),
+    ("erf.default", _X, "erf_(x0)"),
+    ("reciprocal.default", _POS, "1.0 / x0"),
+    ("sin.default", _X, "sin(x0)"),
+    ("cos.default", _X, "cos(x0)"),
+    ("clamp.default", t("2,3,4", params={"min": -0.5, "max": 0.5}), "min(max(x0, {min=-inf}), {max=inf})"),
+    ("hardtanh.default", t("2,3,4", params={"min_val": 0.0, "max_val": 6.0}),
+     "min(max(x0, {min_val=-1.0}), {max_val=1.0})"),
+    ("hardswish.default", _X, "x0 * clamp(x0 + 3.0, 0.0, 6.0) / 6.0"),
+    ("hardsigmoid.default", _X, "clamp(x0 / 6.0 + 0.5, 0.0, 1.0)"),
+    ("leaky_relu.default", t("2,3,4", params={"negative_slope": 0.1}),
+     "select(x0, x0 * {negative_slope=0.01}, x0 < 0)"),
+    ("pow.Tensor_Scalar", t("2,3:positive", params={"exponent": 2}), "pow_(x0, {exponent})"),
 ]:
-    aten(_name, "elementwise", _test, layout="keeps")
-for _name, _test in [
-    ("pow.Tensor_Tensor", t("2,3:positive", "2,3")), ("maximum.default", _CMP), ("minimum.default", _CMP),
-    ("where.self", t("3,4:bool", "3,4", "3,4")), ("where.ScalarOther", t("3,4:bool", "3,4", params={"other": 0.0})),
-    ("where.ScalarSelf", t("3,4:bool", "3,4", params={"self": 1.0})),
-    ("masked_fill.Scalar", t("3,4", "3,4:bool", params={"value": -1e4})),
-    ("eq.Tensor", _CMP), ("eq.Scalar", t("3,4", params={"other": 0.0})), ("ne.Tensor", _CMP),
-    ("ne.Scalar", t("3,4", params={"other": 0.0})), ("lt.Tensor", _CMP), ("lt.Scalar", t("3,4", params={"other": 0.0})),
-    ("le.Tensor", _CMP), ("le.Scalar", t("3,4", params={"other": 0.0})), ("gt.Tensor", _CMP),
-    ("gt.Scalar", t("3,4", params={"other": 0.0})), ("ge.Tensor", _CMP), ("ge.Scalar", t("3,4", params={"other": 0.0})),
-    ("__and__.Tensor", _BOOL2), ("__or__.Tensor", _BOOL2), ("bitwise_and.Tensor", _INT2),
-    ("bitwise_or.Tensor", _INT2), ("bitwise_not.default", t("3,4:bool")), ("logical_and.default", _BOOL2),
-    ("logical_or.default", _BOOL2), ("logical_not.default", t("3,4:bool")),
-    ("_to_copy.default", t("3,4", params={"dtype": {"dtype": "float16"}})),
+    aten(_name, "elementwise", _test, layout="keeps", wgsl=_wgsl)
+for _name, _test, _wgsl in [
+    ("pow.Tensor_Tensor", t("2,3:positive", "2,3"), "pow_(x0, x1)"),
+    ("maximum.default", _CMP, "max(x0, x1)"),
+    ("minimum.default", _CMP, "min(x0, x1)"),
+    ("where.self", t("3,4:bool", "3,4", "3,4"), "select(x2, x1, x0 != 0)"),
+    ("where.ScalarOther", t("3,4:bool", "3,4", params={"other": 0.0}), "select(x2, x1, x0 != 0)"),
+    ("where.ScalarSelf", t("3,4:bool", "3,4", params={"self": 1.0}), "select(x2, x1, x0 != 0)"),
+    ("masked_fill.Scalar", t("3,4", "3,4:bool", params={"value": -1e4}), "select(x0, {value}, x1 != 0)"),
+    ("eq.Tensor", _CMP, "x0 == x1"),
+    ("eq.Scalar", t("3,4", params={"other": 0.0}), "x0 == {other}"),
+    ("ne.Tensor", _CMP, "x0 != x1"),
+    ("ne.Scalar", t("3,4", params={"other": 0.0}), "x0 != {other}"),
+    ("lt.Tensor", _CMP, "x0 < x1"),
+    ("lt.Scalar", t("3,4", params={"other": 0.0}), "x0 < {other}"),
+    ("le.Tensor", _CMP, "x0 <= x1"),
+    ("le.Scalar", t("3,4", params={"other": 0.0}), "x0 <= {other}"),
+    ("gt.Tensor", _CMP, "x0 > x1"),
+    ("gt.Scalar", t("3,4", params={"other": 0.0}), "x0 > {other}"),
+    ("ge.Tensor", _CMP, "x0 >= x1"),
+    ("ge.Scalar", t("3,4", params={"other": 0.0}), "x0 >= {other}"),
+    ("__and__.Tensor", _BOOL2, "x0 & x1"),
+    ("__or__.Tensor", _BOOL2, "x0 | x1"),
+    ("bitwise_and.Tensor", _INT2, "x0 & x1"),
+    ("bitwise_or.Tensor", _INT2, "x0 | x1"),
+    ("bitwise_not.default", t("3,4:bool"), "select(~x0, select(1, 0, x0 != 0), {out_bool})"),
+    ("logical_and.default", _BOOL2, "x0 != 0 && x1 != 0"),
+    ("logical_or.default", _BOOL2, "x0 != 0 || x1 != 0"),
+    ("logical_not.default", t("3,4:bool"), "x0 == 0"),
+    ("_to_copy.default", t("3,4", params={"dtype": {"dtype": "float16"}}), "x0"),
 ]:
-    aten(_name, "elementwise", _test)
-for _name, _test in [
-    ("mean.dim", t("2,3,4,5", params={"dim": [2, 3], "keepdim": True})),
-    ("sum.dim_IntList", t("2,3,4", params={"dim": [1]})),
-    ("amax.default", t("2,3,4", params={"dim": [-1]})), ("amin.default", t("2,3,4", params={"dim": [-1]})),
-    ("argmax.default", t("2,7", params={"dim": -1})),
+    aten(_name, "elementwise", _test, wgsl=_wgsl)
+for _name, _test, _gpu in [
+    ("mean.dim", t("2,3,4,5", params={"dim": [2, 3], "keepdim": True}), "reduce"),
+    ("sum.dim_IntList", t("2,3,4", params={"dim": [1]}), "reduce"),
+    ("amax.default", t("2,3,4", params={"dim": [-1]}), "reduce"),
+    ("amin.default", t("2,3,4", params={"dim": [-1]}), "reduce"),
+    ("argmax.default", t("2,7", params={"dim": -1}), "arg_reduce"),
 ]:
-    aten(_name, "reduction", _test, doc="reduction, as the ATen op", flops=reduce_flops)
+    aten(_name, "reduction", _test, doc="reduction, as the ATen op", flops=reduce_flops, webgpu=gpu("reduction", _gpu))
 aten("max_pool2d.default", "pooling", t("1,3,8,8", params={"kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1]}),
-     doc="max pooling", layout="spatial", dtypes=FLOATS, flops=reduce_flops)
+     doc="max pooling", layout="spatial", dtypes=FLOATS, flops=reduce_flops, webgpu=gpu("reduction", "pool2d"))
 aten("avg_pool2d.default", "pooling", t("1,3,8,8", params={"kernel_size": [2, 2], "stride": [2, 2]}),
-     doc="average pooling", layout="spatial", dtypes=FLOATS, flops=reduce_flops)
+     doc="average pooling", layout="spatial", dtypes=FLOATS, flops=reduce_flops, webgpu=gpu("reduction", "pool2d"))
 aten("adaptive_avg_pool2d.default", "pooling", t("1,3,8,8", params={"output_size": [1, 1]}),
-     doc="average pooling to a size", layout="spatial", dtypes=FLOATS, flops=reduce_flops)
-for _name, _test in [
-    ("reshape.default", t("2,3,4", params={"shape": [6, 4]})), ("view.default", t("2,3,4", params={"size": [2, 12]})),
-    ("_unsafe_view.default", t("2,3,4", params={"size": [24]})), ("unsqueeze.default", t("2,3", params={"dim": 1})),
-    ("squeeze.dim", t("2,1,3", params={"dim": 1})), ("squeeze.dims", t("2,1,3,1", params={"dim": [1, 3]})),
-    ("squeeze.default", t("2,1,3")), ("flatten.using_ints", t("2,3,4,5", params={"start_dim": 1})),
-    ("unflatten.int", t("2,12", params={"dim": 1, "sizes": [3, 4]})),
+     doc="average pooling to a size", layout="spatial", dtypes=FLOATS, flops=reduce_flops,
+     webgpu=gpu("reduction", "adaptive_avg_pool2d"))
+for _name, _test, _gpu in [
+    ("reshape.default", t("2,3,4", params={"shape": [6, 4]}), "reshape"),
+    ("view.default", t("2,3,4", params={"size": [2, 12]}), "reshape"),
+    ("_unsafe_view.default", t("2,3,4", params={"size": [24]}), "reshape"),
+    ("unsqueeze.default", t("2,3", params={"dim": 1}), "reshape"),
+    ("squeeze.dim", t("2,1,3", params={"dim": 1}), "reshape"),
+    ("squeeze.dims", t("2,1,3,1", params={"dim": [1, 3]}), "reshape"),
+    ("squeeze.default", t("2,1,3"), "reshape"),
+    ("flatten.using_ints", t("2,3,4,5", params={"start_dim": 1}), "reshape"),
+    ("unflatten.int", t("2,12", params={"dim": 1, "sizes": [3, 4]}), "reshape"),
 ]:
-    aten(_name, "movement", _test, doc="a view: no dispatch when its input is contiguous", view=True, flops=no_flops)
-for _name, _test in [
-    ("permute.default", t("2,3,4", params={"dims": [2, 0, 1]})),
-    ("expand.default", t("1,3,1", params={"size": [2, 3, 4]})),
-    ("slice.Tensor", t("4,6", params={"dim": 1, "start": 1, "end": 5, "step": 2})),
-    ("select.int", t("4,6", params={"dim": 0, "index": 2})),
-    ("cat.default", t("2,3", "2,3", params={"tensors": [0, 1], "dim": 1})),
-    ("index.Tensor", t("5,4", "3:int64:index:5", params={"indices": [1]})),
-    ("gather.default", t("3,4", "3,2:int64:index:4", params={"dim": 1})),
-    ("index_select.default", t("5,4", "3:int64:index:5", params={"dim": 0})),
-    ("repeat.default", t("2,3", params={"repeats": [2, 1]})), ("clone.default", t("2,3")),
-    ("contiguous.default", t("2,3")),
+    aten(_name, "movement", _test, doc="a view: no dispatch when its input is contiguous", view=True, flops=no_flops,
+         webgpu=gpu("movement", _gpu))
+for _name, _test, _gpu in [
+    ("permute.default", t("2,3,4", params={"dims": [2, 0, 1]}), "permute"),
+    ("expand.default", t("1,3,1", params={"size": [2, 3, 4]}), "expand"),
+    ("slice.Tensor", t("4,6", params={"dim": 1, "start": 1, "end": 5, "step": 2}), "slice"),
+    ("select.int", t("4,6", params={"dim": 0, "index": 2}), "select"),
+    ("cat.default", t("2,3", "2,3", params={"tensors": [0, 1], "dim": 1}), "cat"),
+    ("index.Tensor", t("5,4", "3:int64:index:5", params={"indices": [1]}), "index"),
+    ("gather.default", t("3,4", "3,2:int64:index:4", params={"dim": 1}), "gather"),
+    ("index_select.default", t("5,4", "3:int64:index:5", params={"dim": 0}), "index_select"),
+    ("repeat.default", t("2,3", params={"repeats": [2, 1]}), "repeat"),
+    ("clone.default", t("2,3"), "reshape"),
+    ("contiguous.default", t("2,3"), "reshape"),
 ]:
-    aten(_name, "movement", _test, doc="data movement, as the ATen op", flops=no_flops)
+    aten(_name, "movement", _test, doc="data movement, as the ATen op", flops=no_flops, webgpu=gpu("movement", _gpu))
 for _name, _test in [("matmul.default", t("2,3,4", "4,5", atol=1e-4)), ("bmm.default", t("2,3,4", "2,4,5", atol=1e-4)),
                      ("mm.default", t("3,4", "4,5", atol=1e-4))]:
-    aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops)
+    aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops,
+         webgpu=gpu("contraction", "matmul"))
 
 # -- the kernel library's coverage of real models: padding, splitting, resampling, sorting --------------------------
 
@@ -443,36 +517,44 @@ aten("pad.default", "movement",
      (t("1,2,5,6", params={**_PAD, "mode": "constant", "value": 0.5}),
       t("1,2,5,6", params={**_PAD, "mode": "reflect"}), t("1,2,5,6", params={**_PAD, "mode": "replicate"}),
       t("1,2,5,6", params={**_PAD, "mode": "circular"})),
-     doc="padding: constant (constant_pad_nd), reflect, replicate or circular", flops=no_flops)
+     doc="padding: constant (constant_pad_nd), reflect, replicate or circular", flops=no_flops,
+     webgpu=gpu("movement", "pad"))
 aten("split_with_sizes.default", "movement", t("2,7,3", params={"split_sizes": [2, 4, 1], "dim": 1}),
-     doc="split into pieces along a dim (split and chunk read so)", flops=no_flops)
+     doc="split into pieces along a dim (split and chunk read so)", flops=no_flops, webgpu=gpu("movement", "split"))
 aten("unbind.int", "movement", t("3,2,4", params={"dim": 0}),
-     doc="every index along a dim as its own tensor (a fused QKV split into q, k and v)", flops=no_flops)
+     doc="every index along a dim as its own tensor (a fused QKV split into q, k and v)", flops=no_flops,
+     webgpu=gpu("movement", "unbind"))
 aten("roll.default", "movement", t("2,5,6", params={"shifts": [1, -2], "dims": [1, 2]}),
-     doc="a circular shift along dims", flops=no_flops)
-aten("flip.default", "movement", t("2,5,6", params={"dims": [1, 2]}), doc="reverse along dims", flops=no_flops)
+     doc="a circular shift along dims", flops=no_flops, webgpu=gpu("movement", "roll"))
+aten("flip.default", "movement", t("2,5,6", params={"dims": [1, 2]}), doc="reverse along dims", flops=no_flops,
+     webgpu=gpu("movement", "flip"))
 aten("full.default", "movement", t(params={"size": [3, 5], "fill_value": 1.5, "dtype": {"dtype": "float32"}}),
      doc="a tensor of one value (zeros_like, ones_like, full_like, fill and scalar_tensor read so; a small one "
-         "is folded into a constant, a large one is filled once at bind time)", flops=no_flops)
+         "is folded into a constant, a large one is filled once at bind time)", flops=no_flops,
+         webgpu=gpu("movement", "full"))
 _UP = {"output_size": None, "scale_factors": [2.0, 1.5]}
 aten("upsample_nearest2d.vec", "resampling", t("1,3,4,6", params=_UP), doc="nearest-neighbour resize",
-     layout="spatial", dtypes=FLOATS)
+     layout="spatial", dtypes=FLOATS, webgpu=gpu("reduction", "upsample"))
 aten("upsample_bilinear2d.vec", "resampling",
      (t("1,3,4,6", params={**_UP, "align_corners": False}), t("1,3,4,6", params={**_UP, "align_corners": True})),
-     doc="bilinear resize, align_corners either way", layout="spatial", dtypes=FLOATS)
+     doc="bilinear resize, align_corners either way", layout="spatial", dtypes=FLOATS,
+     webgpu=gpu("reduction", "upsample"))
 aten("upsample_bicubic2d.vec", "resampling",
      (t("1,3,4,6", params={**_UP, "align_corners": False}, atol=1e-4),
       t("1,3,4,6", params={**_UP, "align_corners": True}, atol=1e-4)),
      doc="bicubic resize, align_corners either way", layout="spatial", dtypes=FLOATS)
 aten("group_norm.default", "normalization",
      t("2,6,4,4", "6", "6", params={"num_groups": 3, "eps": 1e-5}, weights=(1, 2), atol=1e-4),
-     doc="group norm: statistics over channel groups", dtypes=FLOATS)
-aten("softplus.default", "elementwise", t("2,3,4", params={"beta": 1.0, "threshold": 20.0}), layout="keeps")
-aten("floor_divide.default", "elementwise", t("3,4", "3,4:positive"), layout="keeps")
+     doc="group norm: statistics over channel groups", dtypes=FLOATS, webgpu=gpu("transformer", "group_norm"))
+aten("softplus.default", "elementwise", t("2,3,4", params={"beta": 1.0, "threshold": 20.0}), layout="keeps",
+     wgsl="select(log(1.0 + exp(x0 * {beta=1.0})) / {beta=1.0}, x0, x0 * {beta=1.0} > {threshold=20.0})")
+aten("floor_divide.default", "elementwise", t("3,4", "3,4:positive"), layout="keeps",
+     wgsl="floor(f32(x0) / f32(x1))")
 for _name in ("max.dim", "min.dim"):
     aten(_name, "reduction", t("2,5,3", params={"dim": 1, "keepdim": False}),
-         doc="values and indices of the extreme along a dim", flops=reduce_flops)
-aten("sum.default", "reduction", t("2,3,4"), doc="sum of every element", flops=reduce_flops)
+         doc="values and indices of the extreme along a dim", flops=reduce_flops, webgpu=gpu("reduction", "arg_reduce"))
+aten("sum.default", "reduction", t("2,3,4"), doc="sum of every element", flops=reduce_flops,
+     webgpu=gpu("reduction", "reduce"))
 aten("adaptive_avg_pool1d.default", "pooling", t("2,3,12", params={"output_size": [4]}),
      doc="average pooling of a sequence to a length", dtypes=FLOATS, flops=reduce_flops)
 aten("_weight_norm.default", "normalization", t("6,4", "6,1:positive", params={"dim": 0}, weights=(0, 1)),
@@ -484,7 +566,8 @@ for _name in ("topk.default", "sort.default"):
          doc="the sorting unit: values and indices along the last axis", flops=reduce_flops)
 
 aten("cumsum.default", "reduction", t("2,7", params={"dim": 1}, atol=1e-4),
-     doc="running sum along a dim, of a static length (RoBERTa's and OPT's position ids from the attention mask)")
+     doc="running sum along a dim, of a static length (RoBERTa's and OPT's position ids from the attention mask)",
+     webgpu=gpu("reduction", "cumsum"))
 aten("batch_norm.default", "normalization",
      t("1,4,6", params={"weight": None, "bias": None, "running_mean": None, "running_var": None, "training": True,
                         "momentum": 0.0, "eps": 1e-5, "cudnn_enabled": False}, atol=1e-4),
@@ -492,27 +575,31 @@ aten("batch_norm.default", "normalization",
          "standardization); in inference form it becomes BATCH_NORM or folds into a CONV", dtypes=FLOATS)
 aten("linalg_vector_norm.default", "reduction", t("2,3,5", params={"ord": 2, "dim": [-1], "keepdim": True}),
      doc="a p-norm along dims (ConvNeXt-V2's global response norm, SwinV2's cosine attention)", dtypes=FLOATS,
-     flops=reduce_flops)
+     flops=reduce_flops, webgpu=gpu("reduction", "reduce"))
 aten("cosine_similarity.default", "reduction", t("2,5,3", "2,5,3", params={"dim": 1, "eps": 1e-8}),
      doc="cosine similarity along a dim", dtypes=FLOATS, flops=reduce_flops)
-aten("clamp_min.default", "elementwise", t("2,3,4", params={"min": 0.1}), layout="keeps")
+aten("clamp_min.default", "elementwise", t("2,3,4", params={"min": 0.1}), layout="keeps", wgsl="max(x0, {min})")
 aten("einsum.default", "contraction",
      t("2,3,4", "2,4,5", params={"equation": "bij,bjk->bik", "tensors": [0, 1]}, atol=1e-4),
      doc="a contraction written as an equation (CvT)", flops=einsum_flops)
 aten("baddbmm.default", "contraction", t("2,3,5", "2,3,4", "2,4,5", params={"beta": 0.5, "alpha": 2.0}, atol=1e-4),
-     doc="beta · self + alpha · batch1 @ batch2 (BLOOM's ALiBi scores, WavLM)", flops=baddbmm_flops)
+     doc="beta · self + alpha · batch1 @ batch2 (BLOOM's ALiBi scores, WavLM)", flops=baddbmm_flops,
+     webgpu=gpu("contraction", "baddbmm"))
 aten("conv_transpose2d.input", "contraction",
      t("1,4,5,5", "4,3,3,3", "3", params={"stride": [2, 2], "padding": [1, 1], "output_padding": [1, 1],
                                          "groups": 1, "dilation": [1, 1]}, weights=(1, 2), atol=1e-4),
      doc="transposed 2-D convolution (U-Net and DPT upsampling)", layout="spatial", dtypes=FLOATS,
      flops=conv_transpose_flops)
 aten("repeat_interleave.self_int", "movement", t("2,3,4", params={"repeats": 2, "dim": 1}),
-     doc="each slice repeated along a dim (GPT-J's rotary tables)", flops=no_flops)
-aten("copy.default", "movement", t("2,3,4", "3,4"), doc="src broadcast into self's shape and dtype", flops=no_flops)
+     doc="each slice repeated along a dim (GPT-J's rotary tables)", flops=no_flops,
+     webgpu=gpu("movement", "repeat_interleave"))
+aten("copy.default", "movement", t("2,3,4", "3,4"), doc="src broadcast into self's shape and dtype", flops=no_flops,
+     webgpu=gpu("movement", "copy"))
 aten("slice_scatter.default", "movement", t("4,6", "4,2", params={"dim": 1, "start": 1, "end": 5, "step": 2}),
-     doc="self with a strided slice replaced by src (static positions)", flops=no_flops)
+     doc="self with a strided slice replaced by src (static positions)", flops=no_flops,
+     webgpu=gpu("movement", "slice_scatter"))
 aten("select_scatter.default", "movement", t("4,6", "6", params={"dim": 0, "index": 2}),
-     doc="self with one index along a dim replaced by src", flops=no_flops)
+     doc="self with one index along a dim replaced by src", flops=no_flops, webgpu=gpu("movement", "select_scatter"))
 aten("im2col.default", "movement", t("1,2,6,6", params={"kernel_size": [2, 2], "dilation": [1, 1], "padding": [0, 0],
                                                         "stride": [2, 2]}),
      doc="sliding windows as columns (unfold; MobileViT-V2)", flops=no_flops)

@@ -1,7 +1,7 @@
 """npu_runtime: run compiled programs (``Executor``) and partitioned graphs (``DAGExecutor``) on a backend.
 
     from npu_runtime import Device, Executor, NPUBuffer, load_weights
-    device = Device()                                       # the CPU backend
+    device = Device()                                       # the CPU backend; Device("webgpu"): WGSL on a GPU
     executor = Executor(program, device)
     weights = load_weights("model.safetensors", program, device)
     buf = NPUBuffer.from_numpy(x, device, spec=program.input_specs[0])
@@ -9,6 +9,7 @@
 """
 
 from .backends import Backend, CPUBackend, get_backend
+from .backends.webgpu import MetalBackend, NoAdapterError, WebGPUBackend
 from .device import Device, NPUBuffer, RuntimeInputError
 from .executor import DispatchError, Executor
 from .generate import Generation, Generator
@@ -19,8 +20,8 @@ from .weights import Weights, load_weights
 
 __all__ = [
     "Backend", "CPUBackend", "DAGExecutor", "Device", "DispatchError", "Executor", "Generation", "Generator",
-    "NPUBuffer", "Profile",
-    "RuntimeInputError", "State", "ValidationError", "Weights", "get_backend", "load_weights",
+    "MetalBackend", "NPUBuffer", "NoAdapterError", "Profile", "RuntimeInputError", "State", "ValidationError",
+    "WebGPUBackend", "Weights", "get_backend", "load_weights",
 ]
 
 

@@ -16,6 +16,8 @@ from .device import RuntimeInputError
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from .backends import BACKENDS
+
     for name, help_text, func in (
         ("run", "run a compiled program (.npubin) with its weights and print the outputs", cmd_run),
         ("profile", "time every dispatch of a compiled program: per kernel kind and the slowest", cmd_profile),
@@ -26,6 +28,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                        help="an input array (repeatable); inputs not given are random, seeded by --seed")
         p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        p.add_argument("--backend", choices=sorted(BACKENDS), default="cpu",
+                       help="runtime backend (default: cpu); the program must be compiled for its target "
+                            "(torch-ir compile --target webgpu)")
         p.set_defaults(func=func)
         if name == "run":
             p.add_argument("-o", "--output", help="write the outputs to this .npz file")
@@ -43,7 +48,7 @@ def _setup(args: argparse.Namespace):
     from . import Device, Executor, load_weights
 
     program = CompiledProgram.load(args.program)
-    device = Device()
+    device = Device(args.backend)
     executor = Executor(program, device, validate=getattr(args, "validate", False))
     weights = load_weights(args.weights, program, device)
     return program, executor, weights, _inputs(program, args.input, args.seed)

@@ -11,6 +11,7 @@ between partitions go through host memory (on a real NPU that is the DMA between
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,11 +61,10 @@ class DAGExecutor:
     """Runs every partition of ``plan`` in order on ``backend`` (a backend, a ``Device`` or a name)."""
 
     def __init__(self, plan: PartitionPlan, backend: Backend | Device | str | None = None) -> None:
-        self.plan = plan
         self.device = as_device(backend if backend is not None else "cpu")
         if self.device.backend.target != plan.target:
-            raise RuntimeInputError(f"the plan was made for target {plan.target!r}; the {self.device.name} backend "
-                                    f"runs {self.device.backend.target!r}: partition with target=... to match")
+            plan = _replace(plan, self.device.backend.target)
+        self.plan = plan
         self.stages = [_Stage(part, self.device) for part in plan.partitions]
         self.loaded = False
 
@@ -100,6 +100,21 @@ class DAGExecutor:
         for stage in self.stages:
             stage.run(env)
         return {t.name: _numpy(env[t.name]) for t in self.plan.ir.graph_outputs}
+
+
+def _replace(plan: PartitionPlan, target: str) -> PartitionPlan:
+    """``plan`` placed again for ``target``: a plan made with ``partition(ir, is_op_supported)`` (the default
+    target, cpu) given to another backend (seed 004's ``DAGExecutor(plan, MetalBackend())``) runs on that
+    backend's kernels, what it lacks on the CPU. Nodes the first plan kept off the NPU stay off it."""
+    from npu_compiler import is_op_supported
+    from npu_compiler import partition as place
+
+    refused = {p.node for p in plan.placements if p.device != NPU}
+    kept_off = {n.op_type for n in plan.ir.nodes if n.name in refused}
+    warnings.warn(f"the partition plan of {plan.ir.model_name!r} was made for target {plan.target!r}; placed again "
+                  f"for {target!r} (partition(..., target={target!r}) avoids this)", stacklevel=3)
+    return place(plan.ir, lambda op: is_op_supported(op, target) and op not in kept_off, target=target,
+                 normalize=False, public_output_names=False)
 
 
 def _tensor(value: Any) -> torch.Tensor:

@@ -60,7 +60,8 @@ class Executor:
             raise RuntimeInputError(
                 f"program {program.model_name!r} was compiled for target {program.target!r}; the {backend.name} "
                 f"backend runs target {backend.target!r}: compile with npu_compiler.compile(..., "
-                f"target={backend.target!r})")
+                f"target={backend.target!r}), or run it on a backend of its target (Device({program.target!r}), "
+                f"torch-ir run --backend {program.target})")
         # a loaded program is untrusted data: re-check it (against this backend's kernels) before allocating
         kernels = getattr(backend, "kernels", None)
         check_program(program, kernels=kernels if kernels is not None else kernels_for(backend.target))

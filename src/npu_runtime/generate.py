@@ -48,6 +48,8 @@ class Generation:
     # Wall time of each decode step (the first new token comes from prefill, so one fewer than tokens).
     decode_s: list[float] = field(default_factory=list)
     prefill_runs: int = 0
+    # dispatches of one prefill run and of one decode step (what each phase costs a GPU backend in launches)
+    prefill_dispatches: int = 0
     decode_dispatches: int = 0
     stopped_by_eos: bool = False
     # Logits that chose each new token (float32, [vocab]); kept only with ``keep_logits=True``.
@@ -64,7 +66,8 @@ class Generation:
 
     def summary(self) -> str:
         lines = [f"prompt: {len(self.prompt)} tokens, prefill {self.prefill_s * 1e3:.1f} ms "
-                 f"({self.prefill_runs} prefill run{'s' if self.prefill_runs != 1 else ''})",
+                 f"({self.prefill_runs} prefill run{'s' if self.prefill_runs != 1 else ''} of "
+                 f"{self.prefill_dispatches} dispatches)",
                  f"generated: {len(self.tokens)} tokens" + (" (stopped at end of sequence)" if self.stopped_by_eos
                                                             else "")]
         if self.decode_s:
@@ -90,6 +93,7 @@ class Generator:
         self.decode_exec = Executor(decode, self.device)
         self.prefill_exec.bind(weights, self.state)
         self.decode_exec.bind(self.prefill_exec.bound, self.state)
+        self.prefill_dispatches = sum(1 for d in prefill.dispatches if not d.at_bind)
         self.decode_dispatches = sum(1 for d in decode.dispatches if not d.at_bind)
 
     def reset(self) -> None:
@@ -110,7 +114,7 @@ class Generator:
         start = time.perf_counter()
         logits, runs = self._prefill(prompt)
         result = Generation(list(prompt), [], time.perf_counter() - start, prefill_runs=runs,
-                            decode_dispatches=self.decode_dispatches)
+                            prefill_dispatches=self.prefill_dispatches, decode_dispatches=self.decode_dispatches)
         position = len(prompt)
         while True:
             token = pick(logits, temperature, top_k, rng)

@@ -11,6 +11,7 @@ import npu_compiler
 from npu_compiler import CompileOptions
 from npu_program.kernels import KERNELS, KernelTest, all_kernels
 from npu_runtime import Device, Executor, NPUBuffer, load_weights
+from npu_runtime.backends.webgpu import adapter_problem
 from npu_runtime.device import new_tensor
 from torch_ir import IRExecutor
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
@@ -61,6 +62,8 @@ def one_node_ir(name: str, test: KernelTest, values: list[torch.Tensor]) -> NPU_
 @pytest.mark.parametrize(("name", "index", "dtype", "backend"), CASES,
                          ids=[f"{n}-{i}-{d}-{b}" if i else f"{n}-{d}-{b}" for n, i, d, b in CASES])
 def test_kernel_against_its_reference(name, index, dtype, backend):
+    if backend == "webgpu" and (problem := adapter_problem()) is not None:
+        pytest.skip(f"no WebGPU adapter: {problem}")
     test = KERNELS[name].tests[index]
     values = make_inputs(test, dtype)
     ir = one_node_ir(name, test, values)
