@@ -66,6 +66,7 @@ class WebGPUBackend:
         self._timer: _Timer | None = None
         self._fence: Any = None
         self._pipeline: Any = None  # the pipeline set last in the open pass
+        self._handle: Any = None  # the open pass's native handle (None: no pass open)
         self._native = _Native.load()
         self._recorded = 0
         #: Command buffers submitted that held dispatches (one per run: tests and profiles read it).
@@ -161,23 +162,20 @@ class WebGPUBackend:
 
     # -- the run boundary ---------------------------------------------------------------------------
 
-    def record(self, pipeline: Any, bind_group: Any, workgroups: tuple[int, int, int]) -> None:
-        """Record one dispatch into the open run (a run opens on the first dispatch after ``begin_run``)."""
-        if self._encoder is None:
-            self._encoder = self.device.create_command_encoder()
-        if self._timer is not None:  # profiling: a pass per dispatch, its start and end timestamped
-            self._pass = self._encoder.begin_compute_pass(timestamp_writes=self._timer.writes(self.tag))
-            self._pipeline = None
-        elif self._pass is None:
-            self._pass = self._encoder.begin_compute_pass()
-            self._pipeline = None
+    def record(self, pipeline: Any, bind_group: Any, workgroups: tuple[int, int, int],
+               handles: tuple[Any, Any] | None = None) -> None:
+        """Record one dispatch into the open run (a run opens on the first dispatch after ``begin_run``).
+        ``handles``: the pipeline's and the bind group's native handles, when the caller keeps them."""
+        handle = self._handle
+        if handle is None or self._timer is not None:
+            handle = self._open_pass()
         self._recorded += 1
         native = self._native
-        if native is not None:  # the three C calls themselves: a third of the wrappers' time per dispatch
-            handle = self._pass._internal
+        if native is not None:  # the three C calls themselves: wgpu-py's wrappers cost twice as much
+            pipeline_handle, group_handle = handles or (native.handle(pipeline), native.handle(bind_group))
             if pipeline is not self._pipeline:
-                native.set_pipeline(handle, pipeline._internal)
-            native.set_bind_group(handle, 0, bind_group._internal, 0, native.null)
+                native.set_pipeline(handle, pipeline_handle)
+            native.set_bind_group(handle, 0, group_handle, 0, native.null)
             native.dispatch(handle, *workgroups)
         else:
             if pipeline is not self._pipeline:
@@ -187,7 +185,19 @@ class WebGPUBackend:
         self._pipeline = pipeline
         if self._timer is not None:
             self._pass.end()
-            self._pass = None
+            self._pass = self._handle = None
+
+    def _open_pass(self) -> Any:
+        """Open a compute pass (with a timestamp pair around it when profiling); its native handle."""
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+        if self._timer is not None:
+            self._pass = self._encoder.begin_compute_pass(timestamp_writes=self._timer.writes(self.tag))
+        else:
+            self._pass = self._encoder.begin_compute_pass()
+        self._pipeline = None
+        self._handle = self._native.handle(self._pass) if self._native is not None else self._pass
+        return self._handle
 
     @property
     def can_timestamp(self) -> bool:
@@ -217,7 +227,7 @@ class WebGPUBackend:
         """Submit what was recorded (nothing happens when nothing was)."""
         if self._pass is not None:
             self._pass.end()
-            self._pass = None
+            self._pass = self._handle = None
         if self._encoder is not None:
             encoder, self._encoder = self._encoder, None
             if self._timer is not None:
@@ -248,6 +258,11 @@ class _Native:
         self.set_bind_group = api.lib.wgpuComputePassEncoderSetBindGroup
         self.dispatch = api.lib.wgpuComputePassEncoderDispatchWorkgroups
         self.null = api.ffi.NULL
+
+    @staticmethod
+    def handle(obj: Any) -> Any:
+        """The wgpu-native handle of a wgpu-py object."""
+        return obj._internal
 
     @classmethod
     def load(cls) -> _Native | None:
@@ -312,7 +327,7 @@ class ShaderKernel:
         self.scratch = [[backend.allocate(n) for n in s.scratch] for s in shaders]
         self._groups: dict[tuple[int, ...], list[Any]] = {}
         # what ``run`` records, for the argument lists it was last given (the executor passes the same ones)
-        self._bound: tuple[Any, Any, list[tuple[Any, Any, tuple[int, int, int]]]] = (None, None, [])
+        self._bound: tuple[Any, Any, list[tuple[Any, ...]]] = (None, None, [])
 
     def _pipeline(self, shader: Shader) -> Any:
         device = self.backend.device
@@ -369,12 +384,14 @@ class ShaderKernel:
         last_inputs, last_outputs, commands = self._bound
         if inputs is not last_inputs or outputs is not last_outputs:
             groups = self.bind_groups(inputs, outputs)
-            commands = [(pipeline, group, shader.workgroups)
+            native = self.backend._native
+            commands = [(pipeline, group, shader.workgroups,
+                         (native.handle(pipeline), native.handle(group)) if native is not None else None)
                         for (pipeline, _), group, shader in zip(self.pipelines, groups, self.shaders)]
             self._bound = (inputs, outputs, commands)
         record = self.backend.record
-        for pipeline, group, workgroups in commands:
-            record(pipeline, group, workgroups)
+        for command in commands:
+            record(*command)
 
 
 # -- host <-> storage bytes ---------------------------------------------------------------------------------

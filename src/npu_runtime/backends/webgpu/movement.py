@@ -512,7 +512,10 @@ def pad(call: Call) -> Shader:
         elif mode == "replicate":
             lines.append(f"let q{d} = {p};")
         elif mode == "circular":
-            lines.append(f"let q{d} = (({p} % {max(size, 1)}) + {max(size, 1)}) % {max(size, 1)};")
+            # shifted non-negative first: % of a negative i32 is not the same on every backend (GLSL leaves it
+            # undefined), of a u32 it is
+            n = max(size, 1)
+            lines.append(f"let q{d} = i32(u32({p} + {n * (b // n + 1)}) % {n}u);")
         else:
             lines.append(f"let q{d} = {p};")
             inside.append(f"({p} >= 0 && {p} < {size})")

@@ -579,6 +579,10 @@ def embedding(call: Call) -> Shader:
     if rows == 0:
         raise UnsupportedCall("EMBEDDING of an empty table")
     split, idx = _storage_order(out)
-    row = f"u32(((ld_in1({offset(ids, idx[:-1])}) % {rows}) + {rows}) % {rows})"
-    body = f"{split}\n  {move(call, 0, offset(table, [row, idx[-1]]), 'i', 0)}"
+    # id mod rows in unsigned arithmetic only (% of a negative i32 differs between backends: GLSL leaves it
+    # undefined): a negative id's u32 is id + 2^32, so subtract 2^32 mod rows back
+    wrap = (rows - (1 << 32) % rows) % rows
+    row = (f"select(u32(id) % {rows}u, (u32(id) % {rows}u + {wrap}u) % {rows}u, id < 0)")
+    body = (f"{split}\n  let id = ld_in1({offset(ids, idx[:-1])});\n"
+            f"  {move(call, 0, offset(table, [row, idx[-1]]), 'i', 0)}")
     return per_element(call, numel(out), body)
