@@ -140,7 +140,7 @@ _SUBWORD = {
 HELPERS = """
 fn bf16_bits(v: f32) -> u32 {
   let u = bitcast<u32>(v);
-  if (v != v) { return 0x7fc0u; }
+  if ((u & 0x7fffffffu) > 0x7f800000u) { return 0x7fc0u; }  // NaN, by its bits: a compiler may fold v != v
   return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
 }
 // erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7): WGSL has no erf

@@ -1,0 +1,495 @@
+"""The NPU cost model: cycles, DRAM traffic and utilization of every dispatch of a compiled program.
+
+``cost_program(program, hw)`` walks the dispatches once, in pure Python arithmetic on tensor shapes (no torch),
+and returns a :class:`CostReport`. It is an analytical first-order model in the spirit of SCALE-Sim (array
+mapping) and Arm Vela's performance estimate (per-layer cycles, DRAM traffic, bound); every assumption is here:
+
+Work and dtype
+  * MACs are counted from the mapping below (exact multiply-accumulates of the contractions); FLOPs come from
+    the kernel table's formula (``npu_program.kernels``), which also counts epilogues and softmax.
+  * The dtype of a dispatch is ``cost_program``'s ``dtype`` argument when given (every floating tensor is then
+    resized to it: ``dtype="int8"`` costs a float program as if quantized), else its first output's dtype.
+    float32/float16/bfloat16/int8/uint8 map to the rates fp32/fp16/bf16/int8. A dtype whose rate is 0 (or that
+    has none, e.g. int64) is costed at the slowest supported rate and the row is flagged.
+
+Contractions on the MAC array (rows R x cols C PEs, rate m MACs per PE per cycle)
+  * GEMM: M = output rows (all leading dims), N = output features, K = reduction dim. CONV and CONV_ADD are
+    implicit GEMMs: M = N_batch * H_out * W_out, N = C_out / groups, K = C_in / groups * kh * kw, one GEMM per
+    group. QKV_PROJ is one GEMM with N = the sum of the q, k and v widths; GATE_UP one with N = 2 * ffn width;
+    matmul/mm/bmm/baddbmm batched GEMMs (a 2-D right operand is shared, so the batch folds into M);
+    ATTN_SCORE is q·kᵀ (M = T, N = S, K = D per batch-head), ATTN_OUTPUT p·v (M = T, N = D, K = S);
+    ATTENTION is both, and its score matrix stays on chip (flash-attention style: no DRAM traffic for it).
+  * Dataflow: output-stationary pins an M x N tile on R x C, K streams: folds = ceil(M/R) * ceil(N/C),
+    stream = K. Weight-stationary pins a K x N tile: folds = ceil(K/R) * ceil(N/C), stream = M.
+    Input-stationary pins a K x M tile: folds = ceil(K/R) * ceil(M/C), stream = N.
+  * array cycles = ceil(batch * folds * (stream + R + C - 2) / m): each fold streams its operand through the
+    array plus the systolic fill and drain skew of R + C - 2 cycles; folds do not overlap.
+  * utilization = MACs / (array cycles * R * C * m).
+  * Epilogues (bias, folded batch norm, activation, residual add, the silu gate) are fused into the array's
+    output path at no cycles. The softmax of ATTN_SCORE/ATTENTION runs on the vector unit after the array
+    (added to its cycles). Contractions without a mapping (einsum, conv_transpose2d) are costed at the array's
+    peak rate (utilization 1) and flagged.
+  * Partial sums never spill: the K loop is innermost and the accumulators hold every live partial sum.
+
+Vector unit (every other NPU kernel): cycles = ceil(elements / (lanes * ops_per_cycle[class])), with elements
+  = output elements (elementwise, resampling, movement), or input elements (normalization, reduction, pooling);
+  SOFTMAX uses the softmax class; sorting (topk, sort) is n * ceil(log2 n) reduction-class operations per row.
+  Vector rates do not depend on the dtype.
+
+Memory and tiling
+  * Every dispatch reads its inputs from DRAM and writes its outputs to DRAM (no on-chip residency of
+    activations between dispatches: pessimistic for large-SRAM parts, as a layer-by-layer schedule is).
+  * A contraction's operands are the weight role W (its weight-slot inputs, or its second operand when it has
+    none: the k/v of attention, the right operand of matmul), the activation role A (its first activation
+    input) and the rest (biases, batch-norm statistics, residuals: read once). If W and A both fit in SRAM
+    (split: W in the weight buffer and A in the activation buffer; shared: W + A in the one buffer) each is
+    read once ("resident"). Otherwise the cheaper of two loop orders is chosen: keep weights (W read once in
+    blocks of the weight buffer, A re-read once per block: ceil(W / Sw) times) or keep activations (A read
+    once in blocks, W re-read ceil(A / Sa) times). A shared SRAM gives each role half of itself for blocking.
+  * SRAM bytes of a dispatch = its on-chip working set: min(W, Sw) + min(A, Sa) + min(output accumulators at
+    4 bytes per element, Sacc) (shared: capped at the one size); a vector kernel's is min(inputs + outputs, Sa).
+  * memory cycles = ceil(DRAM bytes / (bandwidth / clock)) + DRAM latency in cycles (once per dispatch).
+  * total = max(compute, memory) when DMA overlaps compute, else compute + memory; bound = "compute" when
+    compute >= memory, else "memory".
+
+Program
+  * Host dispatches (``Dispatch.host`` set) run on the CPU: listed apart (``CostReport.host``) with no NPU cycles.
+  * Bind-time dispatches (``Dispatch.at_bind``) run once when the weights are bound: costed but listed apart
+    (``CostReport.bind``), not in the per-inference totals.
+  * Dispatches run one after another (no overlap between dispatches); latency = total cycles / clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from npu_program.dtypes import nbytes as dtype_nbytes
+from npu_program.kernels import KERNELS, get_kernel
+from npu_program.program import CompiledProgram, Dispatch, TensorSpec
+from torch_ir.errors import TorchIRError
+
+from .hardware import MAC_DTYPES, Hardware
+
+#: IR dtype name -> MAC rate class of ``Hardware.macs_per_cycle``.
+RATE_CLASS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "int8"}
+#: MAC rate class -> the IR dtype whose size a ``dtype`` override gives floating tensors.
+CLASS_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+ACC_BYTES = 4  # int32 / fp32 accumulators
+
+#: Kernel kind -> vector op class (SOFTMAX is special-cased to "softmax").
+VECTOR_CLASS = {"elementwise": "elementwise", "normalization": "normalization", "reduction": "reduction",
+                "pooling": "reduction", "resampling": "elementwise", "sorting": "reduction",
+                "movement": "movement", "fused": "elementwise", "attention": "softmax"}
+#: Kinds whose vector work is counted over the first input's elements (else over the outputs').
+INPUT_COUNTED = frozenset({"normalization", "reduction", "pooling"})
+
+#: Columns of ``CostReport.to_csv_rows`` (after Arm Vela's per-layer performance report).
+CSV_COLUMNS = ("name", "kernel", "macs", "cycles", "network_pct", "util_pct", "dram_bytes", "sram_bytes", "bound")
+
+
+class CostModelError(TorchIRError, ValueError):
+    """A cost-model argument or program cannot be costed; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class DispatchCost:
+    """The cost of one NPU dispatch (see the module docstring for how each number is modelled)."""
+
+    index: int
+    name: str
+    kernel: str
+    kind: str
+    layer: str
+    dtype: str  # MAC rate class used: int8, fp16, bf16 or fp32
+    macs: int
+    flops: int
+    mapping: str  # e.g. "gemm 1x(M=8 N=8 K=16) output_stationary" or "vector elementwise"
+    folds: int
+    array_cycles: int
+    vector_cycles: int
+    compute_cycles: int
+    memory_cycles: int
+    cycles: int
+    utilization: float
+    tiling: str  # resident | keep weights | keep activations | stream (vector kernels)
+    weight_reads: int
+    activation_reads: int
+    dram_bytes_read: int
+    dram_bytes_written: int
+    sram_bytes: int
+    bound: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def dram_bytes(self) -> int:
+        return self.dram_bytes_read + self.dram_bytes_written
+
+
+@dataclass(frozen=True)
+class HostDispatch:
+    """A dispatch that runs on the host CPU: no NPU cycles."""
+
+    index: int
+    name: str
+    kernel: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Dispatches of one module path, summed."""
+
+    layer: str
+    dispatches: int
+    macs: int
+    cycles: int
+    dram_bytes: int
+    sram_bytes: int
+
+
+@dataclass
+class CostReport:
+    """Per-dispatch costs of one program on one NPU, with totals."""
+
+    hardware: Hardware
+    model_name: str
+    rows: list[DispatchCost]
+    host: list[HostDispatch] = field(default_factory=list)
+    bind: list[DispatchCost] = field(default_factory=list)
+
+    @property
+    def total_cycles(self) -> int:
+        return sum(r.cycles for r in self.rows)
+
+    @property
+    def compute_cycles(self) -> int:
+        return sum(r.compute_cycles for r in self.rows)
+
+    @property
+    def memory_cycles(self) -> int:
+        return sum(r.memory_cycles for r in self.rows)
+
+    @property
+    def macs(self) -> int:
+        return sum(r.macs for r in self.rows)
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.rows)
+
+    @property
+    def latency_ms(self) -> float:
+        return self.total_cycles / (self.hardware.clock_mhz * 1e3)
+
+    @property
+    def fps(self) -> float:
+        return 1000.0 / self.latency_ms if self.latency_ms > 0 else math.inf
+
+    @property
+    def utilization(self) -> float:
+        """MACs done over MACs the array could have done in the program's total cycles (at each row's rate)."""
+        hw = self.hardware
+        peak = sum(r.cycles * hw.pes * _rate(hw, r.dtype)[0] for r in self.rows)
+        return self.macs / peak if peak else 0.0
+
+    @property
+    def dram_bytes(self) -> int:
+        return sum(r.dram_bytes for r in self.rows)
+
+    @property
+    def peak_sram_bytes(self) -> int:
+        return max((r.sram_bytes for r in self.rows), default=0)
+
+    def by_layer(self, depth: int | None = None) -> dict[str, LayerCost]:
+        """Dispatches grouped by module path (``DispatchCost.layer``), in program order; ``depth`` keeps only the
+        first ``depth`` dotted components (``depth=3``: ``encoder.stages.0``)."""
+        groups: dict[str, list[DispatchCost]] = {}
+        for r in self.rows:
+            key = ".".join(r.layer.split(".")[:depth]) if depth else r.layer
+            groups.setdefault(key, []).append(r)
+        return {k: LayerCost(k, len(rs), sum(r.macs for r in rs), sum(r.cycles for r in rs),
+                             sum(r.dram_bytes for r in rs), max(r.sram_bytes for r in rs)) for k, rs in groups.items()}
+
+    def to_csv_rows(self) -> list[dict[str, Any]]:
+        """One dict per NPU dispatch with the ``CSV_COLUMNS`` (for ``csv.DictWriter``)."""
+        total = self.total_cycles or 1
+        return [{"name": r.name, "kernel": r.kernel, "macs": r.macs, "cycles": r.cycles,
+                 "network_pct": round(100 * r.cycles / total, 2), "util_pct": round(100 * r.utilization, 2),
+                 "dram_bytes": r.dram_bytes, "sram_bytes": r.sram_bytes, "bound": r.bound} for r in self.rows]
+
+    def summary(self, top: int = 5) -> str:
+        """A few readable lines: totals, the bound mix, the heaviest dispatches, host and bind-time work."""
+        hw = self.hardware
+        lines = [
+            f"{self.model_name} on {hw.name} ({hw.rows}x{hw.cols} {hw.dataflow}, {hw.clock_mhz:g} MHz, "
+            f"{hw.dram_bandwidth_gbps:g} GB/s)",
+            f"dispatches: {len(self.rows)} on the NPU, {len(self.host)} on the host, {len(self.bind)} at bind time",
+            f"cycles: {self.total_cycles:,} ({self.latency_ms:.3f} ms, {self.fps:.1f} fps)  "
+            f"compute {self.compute_cycles:,}  memory {self.memory_cycles:,}",
+            f"MACs: {self.macs:,}  utilization {self.utilization:.1%}  DRAM {self.dram_bytes:,} bytes  "
+            f"peak SRAM {self.peak_sram_bytes:,} bytes",
+            f"bound: {sum(r.bound == 'compute' for r in self.rows)} compute, "
+            f"{sum(r.bound == 'memory' for r in self.rows)} memory",
+        ]
+        heavy = sorted(self.rows, key=lambda r: -r.cycles)[:top]
+        if heavy:
+            lines.append("heaviest dispatches:")
+            total = self.total_cycles or 1
+            lines += [f"  {r.name} ({r.kernel}): {r.cycles:,} cycles ({r.cycles / total:.1%}), {r.bound}-bound, "
+                      f"util {r.utilization:.0%}" for r in heavy]
+        flags = sorted({f for r in self.rows for f in r.flags})
+        lines += [f"note: {f}" for f in flags]
+        lines += [f"host: {h.name} ({h.kernel}): {h.reason}" for h in self.host]
+        return "\n".join(lines)
+
+
+# -- the model ----------------------------------------------------------------------------------------------------
+
+def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = None) -> CostReport:
+    """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32) or an IR
+    dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype."""
+    override = _override(dtype)
+    specs: dict[str, TensorSpec] = dict(program.tensors)
+    for spec in [*program.input_specs, *program.output_specs, *program.weight_specs]:
+        specs.setdefault(spec.name, spec)
+    for state in program.state_specs:
+        specs.setdefault(state.name, state.tensor_spec())
+    weights = {s.name for s in program.weight_specs}
+    keys = program.weight_keys
+    report = CostReport(hw, program.model_name, [])
+    for index, d in enumerate(program.dispatches):
+        if d.host is not None:
+            report.host.append(HostDispatch(index, d.node, d.kernel, d.host))
+            continue
+        ins = [_spec(specs, n, d) for n in d.inputs]
+        outs = [_spec(specs, n, d) for n in d.outputs]
+        row = _cost_dispatch(index, d, ins, outs, hw, override, weights, _layer(d, weights, keys))
+        (report.bind if d.at_bind else report.rows).append(row)
+    return report
+
+
+def _override(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    if dtype in MAC_DTYPES:
+        return dtype
+    if dtype in RATE_CLASS:
+        return RATE_CLASS[dtype]
+    raise CostModelError(f"dtype {dtype!r} cannot be costed; fix: give one of {', '.join(MAC_DTYPES)} "
+                         f"(or float32, float16, bfloat16, int8), or None for each dispatch's own dtype")
+
+
+def _spec(specs: dict[str, TensorSpec], name: str, d: Dispatch) -> TensorSpec:
+    try:
+        return specs[name]
+    except KeyError:
+        raise CostModelError(f"dispatch {d.node!r} ({d.kernel}) names tensor {name!r}, which the program does not "
+                             f"declare; fix: recompile the program") from None
+
+
+def _layer(d: Dispatch, weights: set[str], keys: dict[str, str]) -> str:
+    """The module path: a param that names one, a dotted node name, the module of its first weight's key, or
+    else the node name."""
+    for p in ("module_path", "module", "scope", "layer"):
+        value = d.params.get(p)
+        if isinstance(value, str) and value:
+            return value
+    if "." in d.node:
+        return d.node
+    for name in d.inputs:
+        if name in weights:
+            key = keys.get(name, name)
+            return key.rsplit(".", 1)[0] if "." in key else key
+    return d.node
+
+
+def _rate(hw: Hardware, cls: str | None) -> tuple[float, str | None]:
+    """(MACs per PE per cycle, a flag when the dtype is unsupported and the slowest supported rate is used)."""
+    rate = hw.macs_per_cycle.get(cls, 0.0) if cls else 0.0
+    if rate > 0:
+        return rate, None
+    slowest = min(r for r in hw.macs_per_cycle.values() if r > 0)
+    return slowest, f"{cls or 'this dtype'} is unsupported by {hw.name}: costed at the slowest supported rate"
+
+
+def _numel(t: TensorSpec) -> int:
+    return math.prod(int(d) for d in t.shape)
+
+
+def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], hw: Hardware,
+                   override: str | None, weights: set[str], layer: str) -> DispatchCost:
+    record = KERNELS.get(d.kernel) or get_kernel(d.kernel)
+    kind = record.kind
+    first = outs[0] if outs else (ins[0] if ins else None)
+    cls = override or (RATE_CLASS.get(first.dtype) if first is not None else None)
+    size_dtype = CLASS_DTYPE[override] if override else None
+
+    def size(t: TensorSpec) -> int:
+        if size_dtype is not None and t.dtype in FLOAT_DTYPES:
+            return dtype_nbytes(_numel(t), size_dtype)
+        return t.nbytes
+
+    flags: list[str] = []
+    try:
+        flops = record.flops(ins, outs, d.params)
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        flops = sum(_numel(t) for t in outs)
+    gemms, softmax, w_idx, a_idx = _mapping(d, ins, outs, weights)
+    written = sum(size(t) for t in outs)
+    if gemms is not None or kind == "contraction":
+        rate, flag = _rate(hw, cls)
+        if flag:
+            flags.append(flag)
+        if gemms is None:  # a contraction without a mapping: the array's peak rate
+            macs = flops // 2
+            folds = 0
+            array_cycles = math.ceil(macs / (hw.pes * rate)) if macs else 0
+            mapping = "unmapped contraction at peak rate"
+            flags.append(f"{d.kernel} has no array mapping: costed at the array's peak rate")
+        else:
+            macs = sum(b * m * n * k for b, m, n, k in gemms)
+            folds = sum(b * _folds(hw, m, n, k)[0] for b, m, n, k in gemms)
+            array_cycles = math.ceil(sum(b * f * (s + hw.rows + hw.cols - 2)
+                                         for b, m, n, k in gemms for f, s in [_folds(hw, m, n, k)]) / rate)
+            mapping = "gemm " + " + ".join(f"{b}x(M={m} N={n} K={k})" for b, m, n, k in gemms) + f" {hw.dataflow}"
+        util = macs / (array_cycles * hw.pes * rate) if array_cycles else 0.0
+        vector_cycles = _vector_cycles(hw, "softmax", softmax)
+        w_bytes = sum(size(ins[i]) for i in w_idx)
+        a_bytes = sum(size(ins[i]) for i in a_idx)
+        other = sum(size(t) for i, t in enumerate(ins) if i not in w_idx and i not in a_idx)
+        acc = sum(b * m * n for b, m, n, k in gemms or []) * ACC_BYTES or written
+        tiling, w_reads, a_reads, sram = _tile(hw, w_bytes, a_bytes, acc)
+        read = w_bytes * w_reads + a_bytes * a_reads + other
+    else:
+        cls = cls if cls in MAC_DTYPES else "int8"
+        macs, folds, array_cycles, util = 0, 0, 0, 0.0
+        vclass = "softmax" if d.kernel == "SOFTMAX" else VECTOR_CLASS.get(kind, "elementwise")
+        counted = ins[:1] if kind in INPUT_COUNTED and ins else outs
+        elements = sum(_numel(t) for t in counted)
+        if kind == "sorting" and ins and ins[0].shape:
+            n = int(ins[0].shape[-1])
+            elements = _numel(ins[0]) * max(1, math.ceil(math.log2(n))) if n > 1 else _numel(ins[0])
+        vector_cycles = _vector_cycles(hw, vclass, elements)
+        mapping = f"vector {vclass}"
+        read = sum(size(t) for t in ins)
+        tiling, w_reads, a_reads = "stream", 0, 1
+        sram = min(read + written, hw.sram_activations_bytes)
+    compute = array_cycles + vector_cycles
+    dram = read + written
+    memory = math.ceil(dram / hw.dram_bytes_per_cycle) + hw.dram_latency_cycles if dram else 0
+    total = max(compute, memory) if hw.dma_overlaps_compute else compute + memory
+    return DispatchCost(
+        index=index, name=d.node, kernel=d.kernel, kind=kind, layer=layer, dtype=cls or "int8", macs=macs,
+        flops=flops, mapping=mapping, folds=folds, array_cycles=array_cycles, vector_cycles=vector_cycles,
+        compute_cycles=compute, memory_cycles=memory, cycles=total, utilization=util, tiling=tiling,
+        weight_reads=w_reads, activation_reads=a_reads, dram_bytes_read=read, dram_bytes_written=written,
+        sram_bytes=sram, bound="compute" if compute >= memory else "memory", flags=tuple(flags))
+
+
+def _folds(hw: Hardware, m: int, n: int, k: int) -> tuple[int, int]:
+    """(folds, stream length) of one M x N x K GEMM under the dataflow."""
+    r, c = hw.rows, hw.cols
+    if hw.dataflow == "output_stationary":
+        return -(-m // r) * -(-n // c), k
+    if hw.dataflow == "weight_stationary":
+        return -(-k // r) * -(-n // c), m
+    return -(-k // r) * -(-m // c), n  # input_stationary
+
+
+def _vector_cycles(hw: Hardware, vclass: str, elements: int) -> int:
+    if not elements:
+        return 0
+    return math.ceil(elements / (hw.vector_lanes * hw.vector_ops_per_cycle[vclass]))
+
+
+def _tile(hw: Hardware, w: int, a: int, acc: int) -> tuple[str, int, int, int]:
+    """(tiling, weight reads, activation reads, SRAM working set) of a contraction (see the module docstring)."""
+    if hw.sram_shared:
+        size = hw.sram_weights_bytes
+        fits = w + a <= size
+        sw = sa = max(1, size // 2)
+        sram = min(w + a + acc, size)
+    else:
+        sw, sa = hw.sram_weights_bytes, hw.sram_activations_bytes
+        fits = w <= sw and a <= sa
+        sram = min(w, sw) + min(a, sa) + min(acc, hw.sram_accumulators_bytes)
+    if fits:
+        return "resident", 1, 1, sram
+    w_blocks, a_blocks = max(1, -(-w // sw)), max(1, -(-a // sa))
+    if w + a * w_blocks <= a + w * a_blocks:
+        return "keep weights", 1, w_blocks, sram
+    return "keep activations", a_blocks, 1, sram
+
+
+def _dims(t: TensorSpec) -> list[int]:
+    return [int(x) for x in t.shape]
+
+
+def _mapping(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], weights: set[str]
+             ) -> tuple[list[tuple[int, int, int, int]] | None, int, list[int], list[int]]:
+    """(GEMMs as (batch, M, N, K), softmax elements, weight-role input indices, activation-role input indices)
+    of a contraction; (None, 0, roles) for a kernel the array does not run as GEMMs."""
+    k_name = d.kernel
+    w_idx = [i for i, n in enumerate(d.inputs) if n in weights]
+    act = [i for i in range(len(ins)) if i not in w_idx]
+    try:
+        if k_name == "GEMM":
+            x, w, y = _dims(ins[0]), _dims(ins[1]), _dims(outs[0])
+            k = x[-2] if d.params.get("trans_a") else x[-1]
+            n = y[-1]
+            batch = max(1, math.prod(w) // (k * n)) if len(w) > 2 else 1
+            gemms = [(batch, math.prod(y) // (n * batch), n, k)]
+            roles = [1], [0]
+        elif k_name in ("CONV", "CONV_ADD"):
+            w, y = _dims(ins[1]), _dims(outs[0])
+            groups = int(d.params.get("groups", 1) or 1)
+            c_out = w[0]
+            gemms = [(groups, math.prod(y) // c_out, c_out // groups, w[1] * math.prod(w[2:]))]
+            roles = [1], [0]
+        elif k_name == "QKV_PROJ":
+            k = _dims(ins[0])[-1]
+            m = _numel(ins[0]) // k
+            gemms = [(1, m, sum(_numel(t) for t in outs) // m, k)]
+            roles = (w_idx or [1]), [0]
+        elif k_name == "GATE_UP":
+            k, f = _dims(ins[0])[-1], _dims(outs[0])[-1]
+            gemms = [(1, _numel(outs[0]) // f, 2 * f, k)]
+            roles = (w_idx or [1, 2]), [0]
+        elif k_name in ("aten.matmul.default", "aten.mm.default", "aten.bmm.default", "aten.baddbmm.default"):
+            ia, ib = (1, 2) if k_name == "aten.baddbmm.default" else (0, 1)
+            a, b, y = _dims(ins[ia]), _dims(ins[ib]), _dims(outs[0])
+            k, n = a[-1], (b[-1] if len(b) > 1 else 1)
+            if len(b) <= 2:
+                gemms = [(1, max(1, math.prod(y) // n), n, k)]
+            else:
+                m = a[-2] if len(a) > 1 else 1
+                gemms = [(max(1, math.prod(y) // (m * n)), m, n, k)]
+            roles = [ib], [ia]
+        elif k_name == "ATTN_SCORE":
+            q, kk = _dims(ins[0]), _dims(ins[1])
+            t, dh, s = q[-2], q[-1], kk[-2]
+            batch = _numel(ins[0]) // (t * dh)
+            return [(batch, t, s, dh)], batch * t * s, [1], [0]
+        elif k_name == "ATTN_OUTPUT":
+            p, v = _dims(ins[0]), _dims(ins[1])
+            t, s = p[-2], p[-1]
+            return [(_numel(ins[0]) // (t * s), t, v[-1], s)], 0, [1], [0]
+        elif k_name == "ATTENTION":
+            q, kk, v = _dims(ins[0]), _dims(ins[1]), _dims(ins[2])
+            t, dh, s, dv = q[-2], q[-1], kk[-2], v[-1]
+            batch = _numel(ins[0]) // (t * dh)
+            return [(batch, t, s, dh), (batch, t, dv, s)], batch * t * s, [1, 2], [0]
+        else:
+            return None, 0, (w_idx or act[1:2]), act[:1]
+    except (IndexError, ZeroDivisionError):
+        return None, 0, (w_idx or act[1:2]), act[:1]
+    w_role, a_role = roles
+    return gemms, 0, w_role, a_role
+
+
+__all__ = ["CSV_COLUMNS", "CostModelError", "CostReport", "DispatchCost", "HostDispatch", "LayerCost",
+           "cost_program"]
