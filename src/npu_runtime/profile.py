@@ -148,7 +148,8 @@ def profile_executor(executor: Executor, inputs: Mapping[str, Any], weights: Any
     return Profile(
         model_name=program.model_name, runs=runs,
         dispatches=[DispatchTime(i, d.kernel, d.node, statistics.median(ts) / 1e3, d.host is not None,
-                                 statistics.median(encode[i]) / 1e3 if encode else None, gpu.get(i))
+                                 statistics.median(encode[i]) / 1e3 if encode and d.host is None else None,
+                                 gpu.get(i))
                     for i, (d, ts) in enumerate(zip(program.dispatches, per_dispatch))],
         run_ms=statistics.median(totals) / 1e6,
         host_us_per_dispatch=loop_us / max(len(executor.steps), 1),

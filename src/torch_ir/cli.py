@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compiler_parsers(sub)
     add_runtime_parsers(sub)
+    from npu_compiler.costmodel.cli import add_parser as add_cost_parser
+
+    add_cost_parser(sub)
     from .frontends.tinygrad.cli import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)

@@ -325,7 +325,6 @@ class ShaderKernel:
         self.shaders = shaders
         self.pipelines = [self._pipeline(s) for s in shaders]
         self.scratch = [[backend.allocate(n) for n in s.scratch] for s in shaders]
-        self._groups: dict[tuple[int, ...], list[Any]] = {}
         # what ``run`` records, for the argument lists it was last given (the executor passes the same ones)
         self._bound: tuple[Any, Any, list[tuple[Any, ...]]] = (None, None, [])
 
@@ -357,16 +356,8 @@ class ShaderKernel:
     def prepare(self, weights: dict[str, Any]) -> None:
         pass
 
-    def bind_groups(self, inputs: list[GPUTensor], outputs: list[GPUTensor]) -> list[Any]:
-        key = tuple(id(t) for t in (*inputs, *outputs))
-        groups = self._groups.get(key)
-        if groups is None:
-            groups = [self._bind_group(i, [*inputs, *outputs, *scratch])
-                      for i, scratch in enumerate(self.scratch)]
-            self._groups = {key: groups}  # the executor's tensors are fixed: keep only the latest set
-        return groups
-
     def _bind_group(self, index: int, tensors: list[GPUTensor]) -> Any:
+        """The bind group of shader ``index`` over ``tensors`` (inputs, outputs, then its scratch buffers)."""
         entries = []
         for i, t in enumerate(tensors):
             size = _round4(t.nbytes)  # the backend checked every size against the binding limit
@@ -374,16 +365,12 @@ class ShaderKernel:
                 entries.append({"binding": i, "resource": {"buffer": t.buffer, "offset": 0, "size": 4}})
                 continue
             entries.append({"binding": i, "resource": {"buffer": t.buffer, "offset": t.offset, "size": size}})
-        group_layout = self._pipelines_layout(index)
-        return self.backend.device.create_bind_group(layout=group_layout, entries=entries)
-
-    def _pipelines_layout(self, index: int) -> Any:
-        return self.pipelines[index][1]
+        return self.backend.device.create_bind_group(layout=self.pipelines[index][1], entries=entries)
 
     def run(self, inputs: list[GPUTensor], outputs: list[GPUTensor]) -> None:
         last_inputs, last_outputs, commands = self._bound
-        if inputs is not last_inputs or outputs is not last_outputs:
-            groups = self.bind_groups(inputs, outputs)
+        if inputs is not last_inputs or outputs is not last_outputs:  # a new binding: make its bind groups
+            groups = [self._bind_group(i, [*inputs, *outputs, *scratch]) for i, scratch in enumerate(self.scratch)]
             native = self.backend._native
             commands = [(pipeline, group, shader.workgroups,
                          (native.handle(pipeline), native.handle(group)) if native is not None else None)

@@ -1,0 +1,73 @@
+"""``torch-ir cost``: cost a compiled program (or a model, compiled first) on an NPU description and print the
+summary; ``-o DIR`` also writes ``cost.csv``, ``roofline.svg`` and ``report.html`` there.
+
+Bad input (an unknown preset, a broken hardware file, an unreadable program, an unwritable output directory) is
+raised as a ``TorchIRError`` subclass; ``torch_ir.cli.main`` prints it as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .hardware import presets
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add the ``cost`` subcommand to ``sub``."""
+    p = sub.add_parser("cost", help="estimate cycles, latency, DRAM traffic and utilization of a program on an NPU")
+    p.add_argument("source", help="a .npubin program, or an IR JSON file, a zoo name or package.module:factory "
+                                  "(compiled first, with host fallback for unsupported nodes)")
+    p.add_argument("--hw", required=True,
+                   help=f"hardware: a preset name ({', '.join(presets())}) or a .toml/.json hardware file")
+    p.add_argument("--dtype", default=None,
+                   help="cost every floating tensor as this dtype (int8, fp16, bf16, fp32 or float16, ...); "
+                        "default: each dispatch's own dtype")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="directory to write cost.csv, roofline.svg and report.html into (must exist)")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="heaviest dispatches to list (default: 5)")
+    p.set_defaults(func=cmd_cost)
+
+
+def _program(source: str):
+    """The program of ``source``: a .npubin file read as it is, anything else loaded and compiled."""
+    from npu_program.program import CompiledProgram
+
+    if source.endswith(".npubin"):
+        return CompiledProgram.load(source)
+    from npu_compiler import compile as compile_ir
+    from npu_compiler.cli import _load
+
+    return compile_ir(_load(source), fallback="cpu")
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """Run ``torch-ir cost``."""
+    from torch_ir.fileio import check_output_path, check_writable_dir, write_error
+
+    from . import CostModelError, cost_program, load_hardware
+    from .model import _override
+    from .report import REPORT_FILES, write_reports
+
+    if args.top < 0:
+        raise CostModelError(f"--top {args.top}: must be 0 or more; fix: give a count of dispatches to list")
+    if args.output:  # made, or refused when it cannot be written, before costing, not after
+        try:
+            Path(args.output).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise write_error(Path(args.output), err, "cost report directory") from None
+        check_writable_dir(args.output, "cost report directory")
+        for name in REPORT_FILES:
+            check_output_path(Path(args.output) / name, f"cost report {name}")
+    _override(args.dtype)  # a bad --dtype is refused before compiling
+    hw = load_hardware(args.hw)
+    program = _program(args.source)
+    report = cost_program(program, hw, dtype=args.dtype)
+    print(report.summary(top=args.top))
+    if args.output:
+        for path in write_reports(report, hw, args.output):
+            print(f"wrote {path}")
+    return 0
+
+
+__all__ = ["add_parser", "cmd_cost"]

@@ -1,0 +1,236 @@
+"""Report files of a costed program: ``cost.csv`` (one row per dispatch), ``roofline.svg`` (a roofline plot as
+plain SVG text) and ``report.html`` (one self-contained page with the summary, the hardware, the roofline and the
+per-layer and per-dispatch tables).
+
+Every string that comes from the program or the hardware file (names, kernels, layers) is escaped: a program is
+untrusted input. Each file is written with ``torch_ir.fileio.atomic_write`` (whole or not at all), after every
+target path has been checked, so a failed run leaves no half-written report.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+
+from torch_ir.fileio import atomic_write, check_output_path
+
+from .hardware import Hardware
+from .model import CSV_COLUMNS, CostReport, DispatchCost, _rate
+
+REPORT_FILES = ("cost.csv", "roofline.svg", "report.html")
+#: Dot colour by bound.
+BOUND_COLOURS = {"compute": "#1f77b4", "memory": "#d62728"}
+_W, _H = 720, 480  # SVG size
+_L, _R, _T, _B = 80, 160, 50, 60  # plot margins: left, right (legend), top (title), bottom
+
+
+def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path) -> list[Path]:
+    """Write ``cost.csv``, ``roofline.svg`` and ``report.html`` into ``out_dir`` (which must exist); return their
+    paths. Every path is checked before anything is written."""
+    out = Path(out_dir)
+    paths = [out / name for name in REPORT_FILES]
+    for path in paths:
+        check_output_path(path, f"cost report {path.name}")
+    svg = roofline_svg(report, hw)
+    texts = [cost_csv(report), svg, report_html(report, hw, svg)]
+    for path, text in zip(paths, texts):
+        atomic_write(path, text, what=f"cost report {path.name}")
+    return paths
+
+
+def cost_csv(report: CostReport) -> str:
+    """The per-dispatch table (``CSV_COLUMNS``) as CSV text."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(report.to_csv_rows())
+    return buffer.getvalue()
+
+
+# -- roofline -------------------------------------------------------------------------------------------------------
+
+def program_dtype(report: CostReport) -> str:
+    """The MAC rate class of the program: the one most of its FLOPs are costed at (int8 when there are none)."""
+    weight: dict[str, int] = {}
+    for r in report.rows:
+        weight[r.dtype] = weight.get(r.dtype, 0) + r.flops
+    return max(weight, key=lambda k: weight[k]) if weight else "int8"
+
+
+def peak_flops(hw: Hardware, dtype: str) -> float:
+    """FLOPs per second of the array at ``dtype``'s rate (2 per MAC); the slowest supported rate when ``dtype``
+    has none, as the model costs it."""
+    rate, _ = _rate(hw, dtype)
+    return 2 * hw.pes * rate * hw.clock_mhz * 1e6
+
+
+def roofline_points(report: CostReport, hw: Hardware) -> list[tuple[DispatchCost, float, float]]:
+    """(row, arithmetic intensity in FLOPs per DRAM byte, achieved FLOPs per second) of every dispatch with FLOPs,
+    DRAM bytes and cycles."""
+    seconds_per_cycle = 1 / (hw.clock_mhz * 1e6)
+    return [(r, r.flops / r.dram_bytes, r.flops / (r.cycles * seconds_per_cycle))
+            for r in report.rows if r.flops > 0 and r.dram_bytes > 0 and r.cycles > 0]
+
+
+def _decades(values: Sequence[float]) -> tuple[int, int]:
+    lo = math.floor(math.log10(min(values)))
+    hi = math.ceil(math.log10(max(values)))
+    return lo, max(hi, lo + 1)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def roofline_svg(report: CostReport, hw: Hardware) -> str:
+    """A log-log roofline plot as SVG text: the compute and bandwidth roofs and one dot per dispatch (with FLOPs
+    and DRAM bytes), coloured by bound."""
+    dtype = program_dtype(report)
+    peak = peak_flops(hw, dtype)
+    bandwidth = hw.dram_bandwidth_gbps * 1e9
+    ridge = peak / bandwidth
+    points = roofline_points(report, hw)
+    xs = [p[1] for p in points] + [ridge / 10, ridge * 10]
+    ys = [p[2] for p in points] + [peak * 2, min(bandwidth * min(xs), peak) / 2]
+    x0, x1 = _decades(xs)
+    y0, y1 = _decades(ys)
+    pw, ph = _W - _L - _R, _H - _T - _B
+
+    def px(x: float) -> float:
+        return _L + (math.log10(x) - x0) / (x1 - x0) * pw
+
+    def py(y: float) -> float:
+        return _T + ph - (math.log10(y) - y0) / (y1 - y0) * ph
+
+    title = f"Roofline: {report.model_name} on {hw.name} ({dtype})"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+           f'font-family="sans-serif" font-size="11">',
+           f"<title>{escape(title)}</title>",
+           f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="white"/>',
+           f'<text x="{_W / 2:.1f}" y="24" text-anchor="middle" font-size="14" font-weight="bold">'
+           f"{escape(title)}</text>",
+           f'<rect x="{_L}" y="{_T}" width="{pw}" height="{ph}" fill="none" stroke="black"/>']
+    for e in range(x0, x1 + 1):  # ticks and grid at powers of ten
+        x = px(10.0 ** e)
+        out.append(f'<line x1="{x:.1f}" y1="{_T}" x2="{x:.1f}" y2="{_T + ph}" stroke="#ddd"/>')
+        out.append(f'<line x1="{x:.1f}" y1="{_T + ph}" x2="{x:.1f}" y2="{_T + ph + 5}" stroke="black"/>')
+        out.append(f'<text x="{x:.1f}" y="{_T + ph + 18}" text-anchor="middle">1e{e}</text>')
+    for e in range(y0, y1 + 1):
+        y = py(10.0 ** e)
+        out.append(f'<line x1="{_L}" y1="{y:.1f}" x2="{_L + pw}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<line x1="{_L - 5}" y1="{y:.1f}" x2="{_L}" y2="{y:.1f}" stroke="black"/>')
+        out.append(f'<text x="{_L - 8}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
+    out.append(f'<text x="{_L + pw / 2:.1f}" y="{_H - 15}" text-anchor="middle">'
+               "arithmetic intensity (FLOPs per DRAM byte)</text>")
+    out.append(f'<text x="18" y="{_T + ph / 2:.1f}" text-anchor="middle" '
+               f'transform="rotate(-90 18 {_T + ph / 2:.1f})">achieved throughput (FLOPs per second)</text>')
+    # roofs: bandwidth from the left edge to the ridge point, compute from the ridge to the right edge
+    xl, xr = 10.0 ** x0, 10.0 ** x1
+    bw_start = max(xl, 10.0 ** y0 / bandwidth)
+    out.append(f'<polyline fill="none" stroke="#2ca02c" stroke-width="2" points="{px(bw_start):.1f},'
+               f'{py(bandwidth * bw_start):.1f} {px(ridge):.1f},{py(peak):.1f}"/>')
+    out.append(f'<polyline fill="none" stroke="#ff7f0e" stroke-width="2" points="{px(ridge):.1f},{py(peak):.1f} '
+               f'{px(xr):.1f},{py(peak):.1f}"/>')
+    for r, x, y in points:
+        colour = BOUND_COLOURS.get(r.bound, "#7f7f7f")
+        out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}" fill-opacity="0.75">'
+                   f"<title>{escape(r.name)} ({escape(r.kernel)}): {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s, "
+                   f"{escape(r.bound)}-bound</title></circle>")
+    legend = [("line", "#ff7f0e", f"compute roof {_fmt(peak)} FLOPs/s"),
+              ("line", "#2ca02c", f"bandwidth roof {_fmt(bandwidth)} B/s"),
+              ("dot", BOUND_COLOURS["compute"], "compute-bound dispatch"),
+              ("dot", BOUND_COLOURS["memory"], "memory-bound dispatch")]
+    lx = _L + pw + 12
+    for i, (shape, colour, label) in enumerate(legend):
+        ly = _T + 10 + 34 * i
+        if shape == "line":
+            out.append(f'<line x1="{lx}" y1="{ly}" x2="{lx + 18}" y2="{ly}" stroke="{colour}" stroke-width="2"/>')
+        else:
+            out.append(f'<rect x="{lx + 5}" y="{ly - 4}" width="8" height="8" rx="4" fill="{colour}"/>')
+        words = label.split(" ", 2)
+        out.append(f'<text x="{lx + 24}" y="{ly + 4}">{escape(" ".join(words[:2]))}</text>')
+        if len(words) > 2:
+            out.append(f'<text x="{lx + 24}" y="{ly + 17}">{escape(words[2])}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+# -- HTML -----------------------------------------------------------------------------------------------------------
+
+_STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
+th,td{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f0f0f0}td.n{text-align:right}
+pre{background:#f7f7f7;padding:1em}"""
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = "".join(f'<td class="n">{v:,}</td>' if isinstance(v, int) and not isinstance(v, bool)
+                        else f"<td>{escape(str(v))}</td>" for v in row)
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>\n" + "\n".join(body) + "</table>"
+
+
+def _hardware_rows(hw: Hardware) -> list[tuple[str, str]]:
+    rates = ", ".join(f"{k} {v:g}" for k, v in hw.macs_per_cycle.items())
+    vector = ", ".join(f"{k} {v:g}" for k, v in hw.vector_ops_per_cycle.items())
+    if hw.sram_shared:
+        sram = f"{hw.sram_weights_bytes:,} bytes shared"
+    else:
+        sram = (f"weights {hw.sram_weights_bytes:,}, activations {hw.sram_activations_bytes:,}, "
+                f"accumulators {hw.sram_accumulators_bytes:,} bytes")
+    return [("name", hw.name), ("source", hw.source), ("array", f"{hw.rows} x {hw.cols} PEs, {hw.dataflow}"),
+            ("clock", f"{hw.clock_mhz:g} MHz"), ("MACs per PE per cycle", rates),
+            ("vector unit", f"{hw.vector_lanes} lanes; ops per lane per cycle: {vector}"), ("SRAM", sram),
+            ("DRAM", f"{hw.dram_bandwidth_gbps:g} GB/s, {hw.dram_latency_ns:g} ns latency per dispatch"),
+            ("DMA overlaps compute", "yes" if hw.dma_overlaps_compute else "no")]
+
+
+def report_html(report: CostReport, hw: Hardware, svg: str | None = None) -> str:
+    """One self-contained HTML page: summary numbers, hardware, the roofline (inlined SVG), per-layer and
+    per-dispatch tables."""
+    svg = roofline_svg(report, hw) if svg is None else svg
+    summary = [("latency", f"{report.latency_ms:.3f} ms"), ("throughput", f"{report.fps:.1f} fps"),
+               ("total cycles", f"{report.total_cycles:,}"), ("compute cycles", f"{report.compute_cycles:,}"),
+               ("memory cycles", f"{report.memory_cycles:,}"), ("MACs", f"{report.macs:,}"),
+               ("FLOPs", f"{report.flops:,}"), ("array utilization", f"{report.utilization:.1%}"),
+               ("DRAM traffic", f"{report.dram_bytes:,} bytes"),
+               ("peak SRAM", f"{report.peak_sram_bytes:,} bytes"),
+               ("dispatches", f"{len(report.rows)} on the NPU, {len(report.host)} on the host, "
+                              f"{len(report.bind)} at bind time")]
+    layers = [(lc.layer, lc.dispatches, lc.macs, lc.cycles, lc.dram_bytes, lc.sram_bytes)
+              for lc in report.by_layer().values()]
+    total = report.total_cycles or 1
+    dispatches = [(r.index, r.name, r.kernel, r.layer, r.dtype, r.macs, r.flops, r.cycles,
+                   f"{100 * r.cycles / total:.2f}", f"{100 * r.utilization:.1f}", r.dram_bytes, r.sram_bytes,
+                   r.bound, r.tiling, r.mapping, "; ".join(r.flags)) for r in report.rows]
+    title = f"Cost of {report.model_name} on {hw.name}"
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>{escape(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
+             "<h2>Hardware</h2>", _table(("field", "value"), _hardware_rows(hw)),
+             "<h2>Roofline</h2>", svg,
+             "<h2>Per layer</h2>",
+             _table(("layer", "dispatches", "MACs", "cycles", "DRAM bytes", "SRAM bytes"), layers),
+             "<h2>Per dispatch</h2>",
+             _table(("#", "name", "kernel", "layer", "dtype", "MACs", "FLOPs", "cycles", "% of network", "util %",
+                     "DRAM bytes", "SRAM bytes", "bound", "tiling", "mapping", "notes"), dispatches)]
+    if report.host:
+        parts += ["<h2>Host dispatches (not costed)</h2>",
+                  _table(("#", "name", "kernel", "reason"), [(h.index, h.name, h.kernel, h.reason)
+                                                               for h in report.host])]
+    if report.bind:
+        parts += ["<h2>Bind-time dispatches (once per weight binding, not in the totals)</h2>",
+                  _table(("#", "name", "kernel", "cycles", "DRAM bytes"),
+                         [(r.index, r.name, r.kernel, r.cycles, r.dram_bytes) for r in report.bind])]
+    parts += ["<h2>Text summary</h2>", f"<pre>{escape(report.summary())}</pre>", "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+__all__ = ["REPORT_FILES", "cost_csv", "peak_flops", "program_dtype", "report_html", "roofline_points",
+           "roofline_svg", "write_reports"]
