@@ -9,7 +9,9 @@ model (``model``; its docstring states every assumption).
 from __future__ import annotations
 
 from .hardware import DATAFLOWS, Hardware, HardwareError, hardware_from_dict, load_hardware, presets
+from .llm import LMCost, cost_lm
 from .model import CSV_COLUMNS, CostModelError, CostReport, DispatchCost, HostDispatch, LayerCost, cost_program
 
 __all__ = ["CSV_COLUMNS", "DATAFLOWS", "CostModelError", "CostReport", "DispatchCost", "Hardware", "HardwareError",
-           "HostDispatch", "LayerCost", "cost_program", "hardware_from_dict", "load_hardware", "presets"]
+           "HostDispatch", "LMCost", "LayerCost", "cost_lm", "cost_program", "hardware_from_dict", "load_hardware",
+           "presets"]

@@ -1,5 +1,7 @@
 """``torch-ir cost``: cost a compiled program (or a model, compiled first) on an NPU description and print the
-summary; ``-o DIR`` also writes ``cost.csv``, ``roofline.svg`` and ``report.html`` there.
+summary; ``-o DIR`` also writes ``cost.csv``, ``roofline.svg`` and ``report.html`` there. An LLM (a directory
+``torch-ir compile`` wrote with ``prefill.npubin`` and ``decode.npubin``, or an LLM IR, compiled with
+``compile_lm``) is costed per phase, with tokens/s, and its reports go to ``DIR/prefill`` and ``DIR/decode``.
 
 Bad input (an unknown preset, a broken hardware file, an unreadable program, an unwritable output directory) is
 raised as a ``TorchIRError`` subclass; ``torch_ir.cli.main`` prints it as one line with exit code 2.
@@ -16,36 +18,45 @@ from .hardware import presets
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add the ``cost`` subcommand to ``sub``."""
     p = sub.add_parser("cost", help="estimate cycles, latency, DRAM traffic and utilization of a program on an NPU")
-    p.add_argument("source", help="a .npubin program, or an IR JSON file, a zoo name or package.module:factory "
-                                  "(compiled first, with host fallback for unsupported nodes)")
+    p.add_argument("source", help="a .npubin program, an LLM directory (prefill.npubin, decode.npubin), or an IR "
+                                  "JSON file, a zoo name or package.module:factory (compiled first, with host "
+                                  "fallback for unsupported nodes; an LLM into its prefill and decode programs)")
     p.add_argument("--hw", required=True,
                    help=f"hardware: a preset name ({', '.join(presets())}) or a .toml/.json hardware file")
     p.add_argument("--dtype", default=None,
                    help="cost every floating tensor as this dtype (int8, fp16, bf16, fp32 or float16, ...); "
                         "default: each dispatch's own dtype")
     p.add_argument("-o", "--output", metavar="DIR",
-                   help="directory to write cost.csv, roofline.svg and report.html into (must exist)")
+                   help="directory to write cost.csv, roofline.svg and report.html into (made if missing)")
     p.add_argument("--top", type=int, default=5, metavar="N", help="heaviest dispatches to list (default: 5)")
     p.set_defaults(func=cmd_cost)
 
 
-def _program(source: str):
-    """The program of ``source``: a .npubin file read as it is, anything else loaded and compiled."""
+def _programs(source: str) -> dict[str, object]:
+    """The programs of ``source`` by phase: ``{"": program}``, or ``{"prefill": ..., "decode": ...}`` for an LLM.
+    A .npubin file (or an LLM directory of two) is read as it is; anything else is loaded and compiled."""
     from npu_program.program import CompiledProgram
 
     if source.endswith(".npubin"):
-        return CompiledProgram.load(source)
+        return {"": CompiledProgram.load(source)}
+    if Path(source).is_dir() and (Path(source) / "decode.npubin").is_file():
+        return {phase: CompiledProgram.load(Path(source) / f"{phase}.npubin") for phase in ("prefill", "decode")}
     from npu_compiler import compile as compile_ir
     from npu_compiler.cli import _load
+    from npu_compiler.llm import compile_lm, is_lm
 
-    return compile_ir(_load(source), fallback="cpu")
+    ir = _load(source)
+    if is_lm(ir):
+        programs = compile_lm(ir, fallback="cpu")
+        return {"prefill": programs.prefill, "decode": programs.decode}
+    return {"": compile_ir(ir, fallback="cpu")}
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
     """Run ``torch-ir cost``."""
     from torch_ir.fileio import check_output_path, check_writable_dir, write_error
 
-    from . import CostModelError, cost_program, load_hardware
+    from . import CostModelError, cost_lm, cost_program, load_hardware
     from .model import _override
     from .report import REPORT_FILES, write_reports
 
@@ -61,12 +72,20 @@ def cmd_cost(args: argparse.Namespace) -> int:
             check_output_path(Path(args.output) / name, f"cost report {name}")
     _override(args.dtype)  # a bad --dtype is refused before compiling
     hw = load_hardware(args.hw)
-    program = _program(args.source)
-    report = cost_program(program, hw, dtype=args.dtype)
-    print(report.summary(top=args.top))
+    programs = _programs(args.source)
+    if "decode" in programs:
+        lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=args.dtype)
+        print(lm.summary(top=args.top))
+        reports = {"prefill": lm.prefill, "decode": lm.decode}
+    else:
+        reports = {"": cost_program(programs[""], hw, dtype=args.dtype)}
+        print(reports[""].summary(top=args.top))
     if args.output:
-        for path in write_reports(report, hw, args.output):
-            print(f"wrote {path}")
+        for phase, report in reports.items():
+            directory = Path(args.output) / phase
+            directory.mkdir(exist_ok=True)
+            for path in write_reports(report, hw, directory):
+                print(f"wrote {path}")
     return 0
 
 

@@ -1,0 +1,56 @@
+"""An LLM costed per phase: its prefill program (``chunk`` prompt tokens a run) and its decode program (one
+token a run), as ``npu_compiler.compile_lm`` makes them, each costed by ``cost_program``. Tokens/s follow from
+the latencies: prefill processes ``chunk`` tokens per run, decode one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from npu_program.program import CompiledProgram
+
+from .hardware import Hardware
+from .model import CostModelError, CostReport, cost_program
+
+
+@dataclass(frozen=True)
+class LMCost:
+    """The two phases' reports and the rates they give."""
+
+    prefill: CostReport
+    decode: CostReport
+    chunk: int
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.chunk / (self.prefill.latency_ms / 1e3) if self.prefill.latency_ms else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return 1e3 / self.decode.latency_ms if self.decode.latency_ms else 0.0
+
+    def summary(self, top: int = 5) -> str:
+        return "\n".join([
+            f"prefill: {self.chunk} tokens a run, {self.prefill.latency_ms:.3f} ms a run "
+            f"({self.prefill_tokens_per_s:,.1f} tokens/s)",
+            f"decode: {self.decode.latency_ms:.3f} ms/token ({self.decode_tokens_per_s:,.1f} tokens/s)",
+            "", "== prefill ==", self.prefill.summary(top=top), "", "== decode ==", self.decode.summary(top=top)])
+
+
+def tokens_per_run(program: CompiledProgram) -> int:
+    """The tokens one run of an LLM program takes: the length of its ``input_ids`` input."""
+    spec = next((s for s in program.input_specs if s.name == "input_ids"), None)
+    if spec is None or not spec.shape:
+        raise CostModelError(f"program {program.model_name!r} has no input_ids input: it is not an LLM phase "
+                             "program (compile the model with npu_compiler.llm.compile_lm)")
+    return int(spec.shape[-1])
+
+
+def cost_lm(prefill: CompiledProgram, decode: CompiledProgram, hw: Hardware, dtype: str | None = None) -> LMCost:
+    """Both phases of an LLM on ``hw``; the decode program must take one token a run."""
+    if tokens_per_run(decode) != 1:
+        raise CostModelError(f"program {decode.model_name!r} takes {tokens_per_run(decode)} tokens a run: the decode "
+                             "program takes one (give compile_lm's decode program)")
+    return LMCost(cost_program(prefill, hw, dtype), cost_program(decode, hw, dtype), tokens_per_run(prefill))
+
+
+__all__ = ["LMCost", "cost_lm", "tokens_per_run"]
