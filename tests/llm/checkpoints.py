@@ -51,6 +51,18 @@ def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
     return classes[arch](**fields)
 
 
+def transformers_continuation(checkpoint: Path, prompt: str, new_tokens: int) -> str:
+    """The text transformers' greedy ``generate`` adds to ``prompt`` with the checkpoint directory's model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, attn_implementation="sdpa").eval()
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    return tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True)
+
+
 def make_tokenizer() -> Any:
     """A byte-level BPE tokenizer (every string encodes) wrapped as a ``PreTrainedTokenizerFast``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

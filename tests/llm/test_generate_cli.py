@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from torch_ir.cli import main
 
-from .checkpoints import make_checkpoint
+from .checkpoints import make_checkpoint, transformers_continuation
 
 pytest.importorskip("transformers")
 
@@ -18,19 +17,11 @@ def checkpoint(tmp_path_factory):
 
 
 def test_generate_text_from_a_checkpoint_equals_transformers(checkpoint, capsys):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     prompt = "The quick brown fox"
     assert main(["generate", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "12",
                  "--max-cache-len", "64"]) == 0
     out = capsys.readouterr()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, attn_implementation="sdpa").eval()
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
-    expected = tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True)
-    assert out.out.strip() == expected.strip()
+    assert out.out.strip() == transformers_continuation(checkpoint, prompt, 12).strip()
     for field in ("prefill", "ms/token", "tokens/s", "dispatches/token", "per layer"):
         assert field in out.err
 

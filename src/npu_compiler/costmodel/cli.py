@@ -57,7 +57,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from torch_ir.fileio import check_output_path, check_writable_dir, write_error
 
     from . import CostModelError, cost_lm, cost_program, load_hardware
-    from .model import _override
+    from .model import resolve_dtype
     from .report import REPORT_FILES, write_reports
 
     if args.top < 0:
@@ -70,7 +70,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         check_writable_dir(args.output, "cost report directory")
         for name in REPORT_FILES:
             check_output_path(Path(args.output) / name, f"cost report {name}")
-    _override(args.dtype)  # a bad --dtype is refused before compiling
+    resolve_dtype(args.dtype)  # a bad --dtype is refused before compiling
     hw = load_hardware(args.hw)
     programs = _programs(args.source)
     if "decode" in programs:

@@ -252,7 +252,7 @@ class CostReport:
 def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = None) -> CostReport:
     """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32) or an IR
     dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype."""
-    override = _override(dtype)
+    override = resolve_dtype(dtype)
     specs: dict[str, TensorSpec] = dict(program.tensors)
     for spec in [*program.input_specs, *program.output_specs, *program.weight_specs]:
         specs.setdefault(spec.name, spec)
@@ -272,7 +272,7 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
     return report
 
 
-def _override(dtype: str | None) -> str | None:
+def resolve_dtype(dtype: str | None) -> str | None:
     if dtype is None:
         return None
     if dtype in MAC_DTYPES:

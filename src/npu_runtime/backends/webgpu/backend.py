@@ -139,8 +139,7 @@ class WebGPUBackend:
         module, _, function = impl.partition(":")
         generate = getattr(importlib.import_module(module), function)
         call = Call(dispatch, record, tuple(specs[n] for n in dispatch.inputs),
-                    tuple(specs[n] for n in dispatch.outputs),
-                    frozenset(i for i, n in enumerate(dispatch.inputs) if n in weight_names), self.gpu.has_f16)
+                    tuple(specs[n] for n in dispatch.outputs), self.gpu.has_f16)
         self._check_bindable(dispatch, (*call.ins, *call.outs))
         shaders = generate(call)
         return ShaderKernel(self, dispatch, shaders if isinstance(shaders, list) else [shaders])

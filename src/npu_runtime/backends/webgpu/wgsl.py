@@ -46,8 +46,6 @@ class Call:
     record: KernelDef
     ins: tuple[TensorSpec, ...]
     outs: tuple[TensorSpec, ...]
-    #: positions of the inputs that are weights (bound once, before the first run)
-    weights: frozenset[int]
     has_f16: bool
 
     @property
