@@ -285,7 +285,7 @@ def test_kv_update_in_place_on_a_state_slot():
         state_specs=[StateSpec("kv", [1, 2, 8, 4], "float32")])
     write = program.dispatches[0]
     call = Call(write, KERNELS["KV_UPDATE"], (program.state_specs[0].tensor_spec(), new, pos),
-                (program.state_specs[0].tensor_spec(),), frozenset(), has_f16=False)
+                (program.state_specs[0].tensor_spec(),), has_f16=False)
     assert isinstance(kv_update(call), Shader)  # the scatter alone: no copy of the cache
     device = Device("webgpu")
     state = State(program, device)
