@@ -27,7 +27,7 @@ from typing import Any
 from npu_program.kernels import KERNELS
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
 
-from .compiled_program import Dispatch, TensorSpec
+from .compiled_program import Dispatch, Provenance, TensorSpec
 from .library import Target
 from .memory import resolve_alias
 
@@ -68,14 +68,15 @@ def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None,
         ins = [state.get(t.name, t.name) for t in node.inputs]
         outs = [state.get(t.name, t.name) for t in node.outputs]
         if node.name in host:  # the op itself, on the host: its attributes as they are, no kernel params
-            dispatches.append(Dispatch(node.op_type, node.name, ins, outs, dict(node.attrs), host=host[node.name]))
+            dispatches.append(Dispatch(node.op_type, node.name, ins, outs, dict(node.attrs), host=host[node.name],
+                                       provenance=_provenance(node)))
             continue
         source, out = ins[0] if ins else None, outs[0]
         if KERNELS[node.op_type].view and source in activations and tensors[source].layout is None \
                 and tensors[out].layout is None:
             aliases[out] = source
             continue
-        dispatches.append(Dispatch(node.op_type, node.name, ins, outs, _params(node)))
+        dispatches.append(Dispatch(node.op_type, node.name, ins, outs, _params(node), provenance=_provenance(node)))
     lowered = Lowered(dispatches, tensors, aliases)
     mark_bind_time(lowered, ir, set(state.values()))
     write_in_place(lowered, ir)
@@ -84,6 +85,11 @@ def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None,
 
 def _activations(ir: NPU_IR) -> list[TensorMeta]:
     return [*ir.graph_inputs, *(t for n in ir.nodes for t in n.outputs)]
+
+
+def _provenance(node: OpNode) -> Provenance | None:
+    p = node.provenance
+    return None if p is None else Provenance(list(p.nodes), p.module, p.origin, list(p.rules))
 
 
 def _params(node: OpNode) -> dict[str, Any]:

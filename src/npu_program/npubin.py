@@ -37,7 +37,8 @@ MAGIC = b"NPUBIN\0\0"
 # 1.1 added `state_specs` (optional, so a 1.0 file reads as a program without state slots).
 # 1.2 added `Dispatch.host` (host dispatches of compile(fallback="cpu")). It is written only when set: a program
 # without host dispatches reads in a 1.1 reader, which refuses one with them (an unknown dispatch field).
-FORMAT_VERSION = (1, 2)
+# 1.3 added `Dispatch.provenance` (source nodes, module path, frontend origin, rewrite rules), written only when set.
+FORMAT_VERSION = (1, 3)
 # Majors this reader understands; a new major means the layout changed in a way old readers must refuse.
 SUPPORTED_MAJORS = (1,)
 ALIGNMENT = 64

@@ -93,6 +93,19 @@ class StateSpec:
 
 
 @dataclass
+class Provenance:
+    """Where a dispatch came from, copied from its IR node's provenance (``torch_ir.ir.Provenance``): the nodes
+    of the extracted IR it computes, the model's module path, the frontend step and the rewrite rules that
+    made its node. Tools use it to point at the model: profiles and cost reports by layer, ``torch-ir bisect``
+    to name the rule behind a wrong dispatch. Format 1.3."""
+
+    nodes: list[str]
+    module: str | None = None
+    origin: str | None = None
+    rules: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Dispatch:
     """One kernel launch: the unit the runtime executes, in program order."""
 
@@ -115,6 +128,8 @@ class Dispatch:
     # earlier such dispatches wrote (a weight-norm, a transposed or constant-filled weight), and what it writes
     # keeps its arena bytes for the program's whole life. Format 1.2; written only when set.
     at_bind: bool = field(default=False, metadata={"omit_default": True})
+    # Where the dispatch came from (None when its IR node recorded nothing). Format 1.3; written only when set.
+    provenance: Provenance | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass

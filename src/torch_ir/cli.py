@@ -253,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_compiler.costmodel.cli import add_parser as add_cost_parser
 
     add_cost_parser(sub)
+    from .debug.cli import add_parser as add_bisect_parser
+
+    add_bisect_parser(sub)
     from .frontends.tinygrad.cli import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)

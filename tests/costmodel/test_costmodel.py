@@ -127,13 +127,27 @@ def test_a_gemm_costs_the_hand_derived_cycles():
     # int8 bytes: x 8*16 + w 8*16 + bias 8 read, y 8*8 written = 328 at 1000 B/cycle: 1 cycle
     assert (row.dram_bytes_read, row.dram_bytes_written, row.memory_cycles) == (264, 64, 1)
     assert row.bound == "compute" and row.cycles == 88 and row.tiling == "resident"
-    # weight-stationary: folds = ceil(K/4) * ceil(N/4) = 8, stream M = 8: 8 * (8 + 6) = 112
+    # weight-stationary: folds = ceil(K/4) * ceil(N/4) = 8, stream M = 8 after loading R = 4 rows of weights:
+    # 8 * (8 + 2 * 4 + 4 - 2) = 144
     ws, = cost_program(program, small_hw(dataflow="weight_stationary"), dtype="int8").rows
-    assert ws.array_cycles == 112
-    # input-stationary: folds = ceil(K/4) * ceil(M/4) = 8, stream N = 8: 112 too
-    assert cost_program(program, small_hw(dataflow="input_stationary"), dtype="int8").rows[0].array_cycles == 112
+    assert ws.array_cycles == 144
+    # SRAM words: os reads x 8*16 once per column fold (2) and w 16*8 once per row fold (2), writes y once;
+    # ws reads w once, x per column fold, and writes y's partial sums once per K fold (4)
+    assert (row.sram_reads, row.sram_writes) == (2 * 128 + 2 * 128, 64)
+    assert (ws.sram_reads, ws.sram_writes) == (2 * 128 + 128, 4 * 64)
+    # input-stationary: folds = ceil(K/4) * ceil(M/4) = 8, stream N = 8 after loading the inputs: 144 too
+    assert cost_program(program, small_hw(dataflow="input_stationary"), dtype="int8").rows[0].array_cycles == 144
     # fp16 at half rate: ceil(88 / 0.5) = 176
     assert cost_program(program, small_hw(), dtype="fp16").rows[0].array_cycles == 176
+
+
+def test_a_strided_1x1_conv_reads_only_the_pixels_it_uses():
+    with torch.device("meta"):
+        model = nn.Conv2d(4, 8, 1, stride=2, bias=False)
+    program = npu_compiler.compile(torch_ir.extract_ir(model, (torch.empty(1, 4, 8, 8, device="meta"),)))
+    row, = cost_program(program, small_hw(), dtype="int8").rows
+    # int8: the input's even rows and columns, 4 * 4 * 4 of its 4 * 8 * 8 bytes, the weight 8 * 4, y 8 * 4 * 4
+    assert (row.dram_bytes_read, row.dram_bytes_written) == (64 + 32, 128)
 
 
 def test_utilization_drops_when_the_shape_does_not_fill_the_array():

@@ -1,10 +1,13 @@
-"""Cost-model report files (``cost.csv``, ``roofline.svg``, ``report.html``) and the ``cost`` subcommand."""
+"""Cost-model report files (``cost.csv``, ``roofline.png`` or its SVG fallback, ``report.html``) and the ``cost``
+subcommand."""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import dataclasses
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -15,8 +18,9 @@ from torch import nn
 import npu_compiler
 import torch_ir
 from npu_compiler.costmodel import CSV_COLUMNS, HardwareError, cost_program, load_hardware
+from npu_compiler.costmodel import report as report_module
 from npu_compiler.costmodel.cli import add_parser
-from npu_compiler.costmodel.report import write_reports
+from npu_compiler.costmodel.report import roofline_points, write_reports
 from torch_ir.errors import OutputWriteError
 
 PRESET = "edge_4tops"
@@ -45,11 +49,44 @@ def program(ir: torch_ir.NPU_IR) -> npu_compiler.CompiledProgram:
     return npu_compiler.compile(ir)
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_reports_png(program: npu_compiler.CompiledProgram, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    hw = load_hardware(PRESET)
+    report = cost_program(program, hw)
+    paths = write_reports(report, hw, tmp_path)
+    assert [p.name for p in paths] == ["cost.csv", "roofline.png", "report.html"]
+    png = (tmp_path / "roofline.png").read_bytes()
+    assert png.startswith(PNG_MAGIC)
+    with Image.open(tmp_path / "roofline.png") as image:
+        assert image.size[0] > 400 and image.size[1] > 300
+    html = (tmp_path / "report.html").read_text()
+    inline = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(inline) == 1 and base64.b64decode(inline[0]) == png  # the page carries the same plot, no link
+    assert "<svg" not in html and 'src="roofline' not in html
+    assert f"{report.latency_ms:.3f} ms" in html
+
+
+def test_png_takes_hostile_names_as_text(program: npu_compiler.CompiledProgram, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    hw = load_hardware(PRESET)
+    report = cost_program(program, hw)
+    report.model_name = r"$\undefinedmacro{x}$ <b>"  # mathtext that would not parse, and markup
+    write_reports(report, hw, tmp_path)
+    assert (tmp_path / "roofline.png").read_bytes().startswith(PNG_MAGIC)
+    assert "<b>" not in (tmp_path / "report.html").read_text()
+
+
 def test_write_reports(program: npu_compiler.CompiledProgram, tmp_path: Path) -> None:
+    """The SVG fallback (what is written without matplotlib)."""
     hw = load_hardware(PRESET)
     report = cost_program(program, hw)
     assert report.rows
-    paths = write_reports(report, hw, tmp_path)
+    paths = write_reports(report, hw, tmp_path, png=False)
     assert [p.name for p in paths] == ["cost.csv", "roofline.svg", "report.html"]
 
     with open(tmp_path / "cost.csv", newline="") as f:
@@ -61,7 +98,7 @@ def test_write_reports(program: npu_compiler.CompiledProgram, tmp_path: Path) ->
     root = ET.parse(tmp_path / "roofline.svg").getroot()
     assert root.tag == SVG_NS + "svg"
     plotted = [r for r in report.rows if r.flops > 0 and r.dram_bytes > 0]
-    assert plotted
+    assert plotted and len(roofline_points(report, hw)) == len(plotted)
     assert len(root.findall(f".//{SVG_NS}circle")) == len(plotted)
 
     html = (tmp_path / "report.html").read_text()
@@ -78,7 +115,7 @@ def test_untrusted_names_are_escaped(program: npu_compiler.CompiledProgram, tmp_
     evil = "<script>alert(1)</script>"
     report.rows[0] = dataclasses.replace(report.rows[0], name=evil, layer=evil, kernel=evil)
     report.model_name = evil
-    write_reports(report, hw, tmp_path)
+    write_reports(report, hw, tmp_path, png=False)
     for name in ("roofline.svg", "report.html"):
         text = (tmp_path / name).read_text()
         assert "<script" not in text
@@ -112,9 +149,22 @@ def test_cli_on_npubin(program: npu_compiler.CompiledProgram, tmp_path: Path,
     assert run_cli("cost", str(path), "--hw", PRESET, "--dtype", "int8", "-o", str(out), "--top", "2") == 0
     text = capsys.readouterr().out
     assert "cycles:" in text and "heaviest dispatches:" in text
-    for name in ("cost.csv", "roofline.svg", "report.html"):
+    for name in report_module.report_files():
         assert (out / name).is_file()
         assert f"wrote {out / name}" in text
+
+
+def test_cli_without_matplotlib_falls_back_to_svg_and_says_so_once(
+        program: npu_compiler.CompiledProgram, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report_module, "have_matplotlib", lambda: False)
+    path = tmp_path / "model.npubin"
+    program.save(path)
+    assert run_cli("cost", str(path), "--hw", PRESET, "-o", str(tmp_path / "out")) == 0
+    text = capsys.readouterr().out
+    assert text.count("matplotlib is not installed") == 1
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cost.csv", "report.html", "roofline.svg"]
+    assert "<svg" in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_cli_on_ir_json(ir: torch_ir.NPU_IR, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,6 @@
 """``torch-ir cost``: cost a compiled program (or a model, compiled first) on an NPU description and print the
-summary; ``-o DIR`` also writes ``cost.csv``, ``roofline.svg`` and ``report.html`` there. An LLM (a directory
+summary; ``-o DIR`` also writes ``cost.csv``, ``roofline.png`` (``roofline.svg`` without matplotlib) and
+``report.html`` there. An LLM (a directory
 ``torch-ir compile`` wrote with ``prefill.npubin`` and ``decode.npubin``, or an LLM IR, compiled with
 ``compile_lm``) is costed per phase, with tokens/s, and its reports go to ``DIR/prefill`` and ``DIR/decode``.
 
@@ -27,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cost every floating tensor as this dtype (int8, fp16, bf16, fp32 or float16, ...); "
                         "default: each dispatch's own dtype")
     p.add_argument("-o", "--output", metavar="DIR",
-                   help="directory to write cost.csv, roofline.svg and report.html into (made if missing)")
+                   help="directory to write cost.csv, roofline.png (roofline.svg without matplotlib) and "
+                        "report.html into (made if missing)")
     p.add_argument("--top", type=int, default=5, metavar="N", help="heaviest dispatches to list (default: 5)")
     p.set_defaults(func=cmd_cost)
 
@@ -58,7 +60,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     from . import CostModelError, cost_lm, cost_program, load_hardware
     from .model import resolve_dtype
-    from .report import REPORT_FILES, write_reports
+    from .report import have_matplotlib, report_files, write_reports
 
     if args.top < 0:
         raise CostModelError(f"--top {args.top}: must be 0 or more; fix: give a count of dispatches to list")
@@ -68,7 +70,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
         except OSError as err:
             raise write_error(Path(args.output), err, "cost report directory") from None
         check_writable_dir(args.output, "cost report directory")
-        for name in REPORT_FILES:
+        png = have_matplotlib()
+        if not png:
+            print("note: matplotlib is not installed: the roofline is written as roofline.svg "
+                  "(pip install 'torch-ir[cost]' for roofline.png)")
+        for name in report_files(png):
             check_output_path(Path(args.output) / name, f"cost report {name}")
     resolve_dtype(args.dtype)  # a bad --dtype is refused before compiling
     hw = load_hardware(args.hw)
@@ -84,7 +90,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         for phase, report in reports.items():
             directory = Path(args.output) / phase
             directory.mkdir(exist_ok=True)
-            for path in write_reports(report, hw, directory):
+            for path in write_reports(report, hw, directory, png=png):
                 print(f"wrote {path}")
     return 0
 

@@ -19,12 +19,19 @@ Contractions on the MAC array (rows R x cols C PEs, rate m MACs per PE per cycle
     matmul/mm/bmm/baddbmm batched GEMMs (a 2-D right operand is shared, so the batch folds into M);
     ATTN_SCORE is q·kᵀ (M = T, N = S, K = D per batch-head), ATTN_OUTPUT p·v (M = T, N = D, K = S);
     ATTENTION is both, and its score matrix stays on chip (flash-attention style: no DRAM traffic for it).
-  * Dataflow: output-stationary pins an M x N tile on R x C, K streams: folds = ceil(M/R) * ceil(N/C),
-    stream = K. Weight-stationary pins a K x N tile: folds = ceil(K/R) * ceil(N/C), stream = M.
-    Input-stationary pins a K x M tile: folds = ceil(K/R) * ceil(M/C), stream = N.
-  * array cycles = ceil(batch * folds * (stream + R + C - 2) / m): each fold streams its operand through the
-    array plus the systolic fill and drain skew of R + C - 2 cycles; folds do not overlap.
-  * utilization = MACs / (array cycles * R * C * m).
+  * Dataflow (SCALE-Sim's mapping, cross-checked against it in ``bench/cost``): output-stationary pins an
+    M x N tile on R x C and streams K: folds = ceil(M/R) * ceil(N/C), fold = K + R + C - 2 cycles (the
+    stream plus the systolic fill and drain skew). Weight-stationary pins a K x N tile and streams M:
+    folds = ceil(K/R) * ceil(N/C), fold = M + 2R + C - 2 (the R cycles of loading the weights into the
+    array come first). Input-stationary pins a K x M tile and streams N: folds = ceil(K/R) * ceil(M/C),
+    fold = N + 2R + C - 2 (loading the inputs likewise). Folds run one after another, never overlapped.
+  * array cycles = ceil(batch * folds * fold cycles / m); utilization = MACs / (array cycles * R * C * m).
+  * SRAM traffic of the array, in elements (words), as the array's edges read and write it: the operand
+    that streams is re-read once per fold along the other pinned dimension, the pinned one read once per
+    fold. Output-stationary: A reads M*K*ceil(N/C), W reads K*N*ceil(M/R), writes M*N. Weight-stationary:
+    A reads M*K*ceil(N/C), W reads K*N, writes M*N*ceil(K/R) (every K fold writes its partial sums).
+    Input-stationary: A reads M*K, W reads K*N*ceil(M/C), writes M*N*ceil(K/R). Counted in elements
+    because partial sums are wider than operands (``sram_reads``, ``sram_writes``).
   * Epilogues (bias, folded batch norm, activation, residual add, the silu gate) are fused into the array's
     output path at no cycles. The softmax of ATTN_SCORE/ATTENTION runs on the vector unit after the array
     (added to its cycles). Contractions without a mapping (einsum, conv_transpose2d) are costed at the array's
@@ -39,6 +46,8 @@ Vector unit (every other NPU kernel): cycles = ceil(elements / (lanes * ops_per_
 Memory and tiling
   * Every dispatch reads its inputs from DRAM and writes its outputs to DRAM (no on-chip residency of
     activations between dispatches: pessimistic for large-SRAM parts, as a layer-by-layer schedule is).
+  * A convolution reads only the input rows and columns its windows touch (a strided 1 x 1 convolution
+    skips three quarters of its input; the DMA fetches what the array uses, as SCALE-Sim counts it).
   * A contraction's operands are the weight role W (its weight-slot inputs, or its second operand when it has
     none: the k/v of attention, the right operand of matmul), the activation role A (its first activation
     input) and the rest (biases, batch-norm statistics, residuals: read once). If W and A both fit in SRAM
@@ -88,7 +97,8 @@ VECTOR_CLASS = {"elementwise": "elementwise", "normalization": "normalization", 
 INPUT_COUNTED = frozenset({"normalization", "reduction", "pooling"})
 
 #: Columns of ``CostReport.to_csv_rows`` (after Arm Vela's per-layer performance report).
-CSV_COLUMNS = ("name", "kernel", "macs", "cycles", "network_pct", "util_pct", "dram_bytes", "sram_bytes", "bound")
+CSV_COLUMNS = ("name", "kernel", "macs", "cycles", "network_pct", "util_pct", "dram_bytes", "sram_bytes", "bound",
+               "sram_reads", "sram_writes")
 
 
 class CostModelError(TorchIRError, ValueError):
@@ -123,6 +133,9 @@ class DispatchCost:
     sram_bytes: int
     bound: str
     flags: tuple[str, ...] = ()
+    #: Array-side SRAM accesses in elements (words): operand reads and output (partial-sum) writes.
+    sram_reads: int = 0
+    sram_writes: int = 0
 
     @property
     def dram_bytes(self) -> int:
@@ -219,7 +232,8 @@ class CostReport:
         total = self.total_cycles or 1
         return [{"name": r.name, "kernel": r.kernel, "macs": r.macs, "cycles": r.cycles,
                  "network_pct": round(100 * r.cycles / total, 2), "util_pct": round(100 * r.utilization, 2),
-                 "dram_bytes": r.dram_bytes, "sram_bytes": r.sram_bytes, "bound": r.bound} for r in self.rows]
+                 "dram_bytes": r.dram_bytes, "sram_bytes": r.sram_bytes, "bound": r.bound,
+                 "sram_reads": r.sram_reads, "sram_writes": r.sram_writes} for r in self.rows]
 
     def summary(self, top: int = 5) -> str:
         """A few readable lines: totals, the bound mix, the heaviest dispatches, host and bind-time work."""
@@ -292,12 +306,10 @@ def _spec(specs: dict[str, TensorSpec], name: str, d: Dispatch) -> TensorSpec:
 
 
 def _layer(d: Dispatch, weights: set[str], keys: dict[str, str]) -> str:
-    """The module path: a param that names one, a dotted node name, the module of its first weight's key, or
+    """The module path: the dispatch's provenance, a dotted node name, the module of its first weight's key, or
     else the node name."""
-    for p in ("module_path", "module", "scope", "layer"):
-        value = d.params.get(p)
-        if isinstance(value, str) and value:
-            return value
+    if d.provenance is not None and d.provenance.module:
+        return d.provenance.module
     if "." in d.node:
         return d.node
     for name in d.inputs:
@@ -340,6 +352,7 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
         flops = sum(_numel(t) for t in outs)
     gemms, softmax, w_idx, a_idx = _mapping(d, ins, outs, weights)
     written = sum(size(t) for t in outs)
+    sram_reads = sram_writes = 0
     if gemms is not None or kind == "contraction":
         rate, flag = _rate(hw, cls)
         if flag:
@@ -352,14 +365,18 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
             flags.append(f"{d.kernel} has no array mapping: costed at the array's peak rate")
         else:
             macs = sum(b * m * n * k for b, m, n, k in gemms)
-            folds = sum(b * _folds(hw, m, n, k)[0] for b, m, n, k in gemms)
-            array_cycles = math.ceil(sum(b * f * (s + hw.rows + hw.cols - 2)
-                                         for b, m, n, k in gemms for f, s in [_folds(hw, m, n, k)]) / rate)
+            runs = [(b, gemm_on_array(hw.rows, hw.cols, hw.dataflow, m, n, k)) for b, m, n, k in gemms]
+            folds = sum(b * g.folds for b, g in runs)
+            array_cycles = math.ceil(sum(b * g.cycles for b, g in runs) / rate)
+            sram_reads = sum(b * (g.a_reads + g.w_reads) for b, g in runs)
+            sram_writes = sum(b * g.writes for b, g in runs)
             mapping = "gemm " + " + ".join(f"{b}x(M={m} N={n} K={k})" for b, m, n, k in gemms) + f" {hw.dataflow}"
         util = macs / (array_cycles * hw.pes * rate) if array_cycles else 0.0
         vector_cycles = _vector_cycles(hw, "softmax", softmax)
         w_bytes = sum(size(ins[i]) for i in w_idx)
         a_bytes = sum(size(ins[i]) for i in a_idx)
+        if d.kernel in ("CONV", "CONV_ADD") and a_idx:
+            a_bytes = math.ceil(a_bytes * _conv_touched_fraction(d, ins[a_idx[0]], ins[1]))
         other = sum(size(t) for i, t in enumerate(ins) if i not in w_idx and i not in a_idx)
         acc = sum(b * m * n for b, m, n, k in gemms or []) * ACC_BYTES or written
         tiling, w_reads, a_reads, sram = _tile(hw, w_bytes, a_bytes, acc)
@@ -387,17 +404,71 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
         flops=flops, mapping=mapping, folds=folds, array_cycles=array_cycles, vector_cycles=vector_cycles,
         compute_cycles=compute, memory_cycles=memory, cycles=total, utilization=util, tiling=tiling,
         weight_reads=w_reads, activation_reads=a_reads, dram_bytes_read=read, dram_bytes_written=written,
-        sram_bytes=sram, bound="compute" if compute >= memory else "memory", flags=tuple(flags))
+        sram_bytes=sram, bound="compute" if compute >= memory else "memory", flags=tuple(flags),
+        sram_reads=sram_reads, sram_writes=sram_writes)
 
 
-def _folds(hw: Hardware, m: int, n: int, k: int) -> tuple[int, int]:
-    """(folds, stream length) of one M x N x K GEMM under the dataflow."""
-    r, c = hw.rows, hw.cols
-    if hw.dataflow == "output_stationary":
-        return -(-m // r) * -(-n // c), k
-    if hw.dataflow == "weight_stationary":
-        return -(-k // r) * -(-n // c), m
-    return -(-k // r) * -(-m // c), n  # input_stationary
+@dataclass(frozen=True)
+class ArrayRun:
+    """One M x N x K GEMM on an R x C array (see the module docstring): folds, cycles at one MAC per PE per
+    cycle, and the array's SRAM accesses in elements."""
+
+    folds: int
+    cycles: int
+    a_reads: int  # the activation operand (M x K; SCALE-Sim's IFMAP)
+    w_reads: int  # the weight operand (K x N; SCALE-Sim's filter)
+    writes: int  # outputs and partial sums (M x N per K fold where K is not pinned whole; SCALE-Sim's OFMAP)
+
+
+def gemm_on_array(rows: int, cols: int, dataflow: str, m: int, n: int, k: int) -> ArrayRun:
+    """The mapping of one M x N x K GEMM onto a ``rows`` x ``cols`` array under ``dataflow``.
+
+    >>> gemm_on_array(4, 4, "output_stationary", 8, 8, 16)  # 4 folds of 16 + 4 + 4 - 2 cycles
+    ArrayRun(folds=4, cycles=88, a_reads=256, w_reads=256, writes=64)
+    """
+    fm, fn, fk = -(-m // rows), -(-n // cols), -(-k // rows)
+    if dataflow == "output_stationary":
+        folds = fm * fn
+        return ArrayRun(folds, folds * (k + rows + cols - 2), m * k * fn, k * n * fm, m * n)
+    if dataflow == "weight_stationary":
+        folds = fk * fn
+        return ArrayRun(folds, folds * (m + 2 * rows + cols - 2), m * k * fn, k * n, m * n * fk)
+    fmc = -(-m // cols)  # input_stationary: M lies along the columns
+    folds = fk * fmc
+    return ArrayRun(folds, folds * (n + 2 * rows + cols - 2), m * k, k * n * fmc, m * n * fk)
+
+
+def _touched(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    """How many of ``size`` input positions the ``out`` windows of one spatial dim read."""
+    span = (kernel - 1) * dilation + 1
+    if dilation == 1 and stride <= span:  # windows overlap or abut: one run of positions
+        first, last = -pad, (out - 1) * stride - pad + span - 1
+        return max(0, min(last, size - 1) - max(first, 0) + 1)
+    taps = {o * stride - pad + i * dilation for o in range(out) for i in range(kernel)}
+    return sum(0 <= t < size for t in taps)
+
+
+def _conv_touched_fraction(d: Dispatch, x: TensorSpec, w: TensorSpec) -> float:
+    """The fraction of a convolution's input (N, C, H, W) its windows read: 1 unless strides skip rows."""
+    try:
+        (h, wd), (kh, kw) = _dims(x)[-2:], _dims(w)[-2:]
+        p = d.params
+        stride = _pair(p.get("stride", 1))
+        pad = _pair(p.get("padding", 0))
+        dil = _pair(p.get("dilation", 1))
+        oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+        ow = (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+        rows = _touched(h, oh, kh, stride[0], pad[0], dil[0])
+        cols = _touched(wd, ow, kw, stride[1], pad[1], dil[1])
+    except (TypeError, ValueError, IndexError):
+        return 1.0  # an odd parameter form: read the whole input, as for any other kernel
+    return rows * cols / (h * wd) if h * wd else 1.0
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        return (int(value[0]), int(value[-1]))
+    return (int(value), int(value))
 
 
 def _vector_cycles(hw: Hardware, vclass: str, elements: int) -> int:
@@ -491,5 +562,5 @@ def _mapping(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec],
     return gemms, 0, w_role, a_role
 
 
-__all__ = ["CSV_COLUMNS", "CostModelError", "CostReport", "DispatchCost", "HostDispatch", "LayerCost",
-           "cost_program"]
+__all__ = ["CSV_COLUMNS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost", "HostDispatch", "LayerCost",
+           "cost_program", "gemm_on_array"]

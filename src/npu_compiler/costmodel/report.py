@@ -1,6 +1,9 @@
-"""Report files of a costed program: ``cost.csv`` (one row per dispatch), ``roofline.svg`` (a roofline plot as
-plain SVG text) and ``report.html`` (one self-contained page with the summary, the hardware, the roofline and the
-per-layer and per-dispatch tables).
+"""Report files of a costed program: ``cost.csv`` (one row per dispatch), ``roofline.png`` (a roofline plot drawn
+with matplotlib) and ``report.html`` (one self-contained page with the summary, the hardware, the roofline as an
+inline PNG and the per-layer and per-dispatch tables).
+
+matplotlib is optional (``pip install 'torch-ir[cost]'``): without it the roofline is written as plain SVG text,
+``roofline.svg`` (``SVG_REPORT_FILES``), and inlined into the page as SVG.
 
 Every string that comes from the program or the hardware file (names, kernels, layers) is escaped: a program is
 untrusted input. Each file is written with ``torch_ir.fileio.atomic_write`` (whole or not at all), after every
@@ -9,6 +12,7 @@ target path has been checked, so a failed run leaves no half-written report.
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import math
@@ -21,24 +25,46 @@ from torch_ir.fileio import atomic_write, check_output_path
 from .hardware import Hardware
 from .model import CSV_COLUMNS, CostReport, DispatchCost, _rate
 
-REPORT_FILES = ("cost.csv", "roofline.svg", "report.html")
+REPORT_FILES = ("cost.csv", "roofline.png", "report.html")
+#: What is written when matplotlib cannot be imported.
+SVG_REPORT_FILES = ("cost.csv", "roofline.svg", "report.html")
 #: Dot colour by bound.
 BOUND_COLOURS = {"compute": "#1f77b4", "memory": "#d62728"}
 _W, _H = 720, 480  # SVG size
 _L, _R, _T, _B = 80, 160, 50, 60  # plot margins: left, right (legend), top (title), bottom
 
 
-def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path) -> list[Path]:
-    """Write ``cost.csv``, ``roofline.svg`` and ``report.html`` into ``out_dir`` (which must exist); return their
-    paths. Every path is checked before anything is written."""
+def have_matplotlib() -> bool:
+    """Whether the roofline can be drawn as PNG (matplotlib imports)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def report_files(png: bool | None = None) -> tuple[str, ...]:
+    """The names ``write_reports`` writes: ``REPORT_FILES`` with matplotlib, else ``SVG_REPORT_FILES``."""
+    return REPORT_FILES if (have_matplotlib() if png is None else png) else SVG_REPORT_FILES
+
+
+def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path, png: bool | None = None) -> list[Path]:
+    """Write ``cost.csv``, ``roofline.png`` (``roofline.svg`` without matplotlib, or with ``png=False``) and
+    ``report.html`` into ``out_dir`` (which must exist); return their paths. Every path is checked before anything
+    is written."""
     out = Path(out_dir)
-    paths = [out / name for name in REPORT_FILES]
+    names = report_files(png)
+    paths = [out / name for name in names]
     for path in paths:
         check_output_path(path, f"cost report {path.name}")
-    svg = roofline_svg(report, hw)
-    texts = [cost_csv(report), svg, report_html(report, hw, svg)]
-    for path, text in zip(paths, texts):
-        atomic_write(path, text, what=f"cost report {path.name}")
+    if names == REPORT_FILES:
+        plot: str | bytes = roofline_png(report, hw)
+        figure = _png_img(plot, report, hw)
+    else:
+        plot = figure = roofline_svg(report, hw)
+    payloads = [cost_csv(report), plot, report_html(report, hw, figure)]
+    for path, data in zip(paths, payloads):
+        atomic_write(path, data, what=f"cost report {path.name}")
     return paths
 
 
@@ -86,15 +112,68 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def roofline_svg(report: CostReport, hw: Hardware) -> str:
-    """A log-log roofline plot as SVG text: the compute and bandwidth roofs and one dot per dispatch (with FLOPs
-    and DRAM bytes), coloured by bound."""
+def _roofs(report: CostReport, hw: Hardware) -> tuple[str, float, float, float, list, list[float]]:
+    """What both plots draw: (dtype, peak FLOPs/s, DRAM bytes/s, ridge point, the dispatches' points, the
+    x values the axis must hold)."""
     dtype = program_dtype(report)
     peak = peak_flops(hw, dtype)
     bandwidth = hw.dram_bandwidth_gbps * 1e9
     ridge = peak / bandwidth
     points = roofline_points(report, hw)
-    xs = [p[1] for p in points] + [ridge / 10, ridge * 10]
+    return dtype, peak, bandwidth, ridge, points, [p[1] for p in points] + [ridge / 10, ridge * 10]
+
+
+def roofline_png(report: CostReport, hw: Hardware, dpi: int = 110) -> bytes:
+    """The roofline plot as PNG bytes, drawn with matplotlib's Agg canvas (no display, no pyplot state): the
+    compute and bandwidth roofs and one dot per dispatch (with FLOPs and DRAM bytes), coloured by bound."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    dtype, peak, bandwidth, ridge, points, xs = _roofs(report, hw)
+    x0, x1 = _decades(xs)
+    fig = Figure(figsize=(8, 5.3), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    xl, xr = 10.0 ** x0, 10.0 ** x1
+    ax.plot([xl, ridge], [bandwidth * xl, peak], color="#2ca02c", lw=2, label=f"bandwidth roof {_fmt(bandwidth)} B/s")
+    ax.plot([ridge, xr], [peak, peak], color="#ff7f0e", lw=2, label=f"compute roof {_fmt(peak)} FLOPs/s")
+    for bound, colour in BOUND_COLOURS.items():
+        mine = [(x, y) for r, x, y in points if r.bound == bound]
+        if mine:
+            ax.scatter([x for x, _ in mine], [y for _, y in mine], s=18, color=colour, alpha=0.75,
+                       label=f"{bound}-bound dispatch ({len(mine)})")
+    other = [(x, y) for r, x, y in points if r.bound not in BOUND_COLOURS]
+    if other:
+        ax.scatter([x for x, _ in other], [y for _, y in other], s=18, color="#7f7f7f", alpha=0.75)
+    ax.set_xlim(xl, xr)
+    ys = [y for _, _, y in points] + [peak]
+    ax.set_ylim(10.0 ** math.floor(math.log10(min(ys + [bandwidth * xl]))), 10.0 ** math.ceil(math.log10(peak * 2)))
+    ax.grid(True, which="major", color="#dddddd")
+    ax.set_xlabel("arithmetic intensity (FLOPs per DRAM byte)")
+    ax.set_ylabel("achieved throughput (FLOPs per second)")
+    # names come from the program: never let matplotlib read them as mathtext ($...$)
+    ax.set_title(f"Roofline: {report.model_name} on {hw.name} ({dtype})", parse_math=False)
+    legend = ax.legend(loc="lower right", fontsize=8)
+    for text in legend.get_texts():
+        text.set_parse_math(False)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _png_img(png: bytes, report: CostReport, hw: Hardware) -> str:
+    """An ``<img>`` carrying ``png`` inline (a data URI), so the page stays one self-contained file."""
+    alt = escape(f"Roofline of {report.model_name} on {hw.name}", quote=True)
+    return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def roofline_svg(report: CostReport, hw: Hardware) -> str:
+    """A log-log roofline plot as SVG text: the compute and bandwidth roofs and one dot per dispatch (with FLOPs
+    and DRAM bytes), coloured by bound."""
+    dtype, peak, bandwidth, ridge, points, xs = _roofs(report, hw)
     ys = [p[2] for p in points] + [peak * 2, min(bandwidth * min(xs), peak) / 2]
     x0, x1 = _decades(xs)
     y0, y1 = _decades(ys)
@@ -191,10 +270,12 @@ def _hardware_rows(hw: Hardware) -> list[tuple[str, str]]:
             ("DMA overlaps compute", "yes" if hw.dma_overlaps_compute else "no")]
 
 
-def report_html(report: CostReport, hw: Hardware, svg: str | None = None) -> str:
-    """One self-contained HTML page: summary numbers, hardware, the roofline (inlined SVG), per-layer and
+def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> str:
+    """One self-contained HTML page: summary numbers, hardware, the roofline (``figure``: trusted markup, an inline
+    ``<img>`` of the PNG or the SVG text; by default the PNG with matplotlib, else the SVG), per-layer and
     per-dispatch tables."""
-    svg = roofline_svg(report, hw) if svg is None else svg
+    if figure is None:
+        figure = _png_img(roofline_png(report, hw), report, hw) if have_matplotlib() else roofline_svg(report, hw)
     summary = [("latency", f"{report.latency_ms:.3f} ms"), ("throughput", f"{report.fps:.1f} fps"),
                ("total cycles", f"{report.total_cycles:,}"), ("compute cycles", f"{report.compute_cycles:,}"),
                ("memory cycles", f"{report.memory_cycles:,}"), ("MACs", f"{report.macs:,}"),
@@ -214,7 +295,7 @@ def report_html(report: CostReport, hw: Hardware, svg: str | None = None) -> str
              f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>{escape(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
              "<h2>Hardware</h2>", _table(("field", "value"), _hardware_rows(hw)),
-             "<h2>Roofline</h2>", svg,
+             "<h2>Roofline</h2>", figure,
              "<h2>Per layer</h2>",
              _table(("layer", "dispatches", "MACs", "cycles", "DRAM bytes", "SRAM bytes"), layers),
              "<h2>Per dispatch</h2>",
@@ -232,5 +313,5 @@ def report_html(report: CostReport, hw: Hardware, svg: str | None = None) -> str
     return "\n".join(parts) + "\n"
 
 
-__all__ = ["REPORT_FILES", "cost_csv", "peak_flops", "program_dtype", "report_html", "roofline_points",
-           "roofline_svg", "write_reports"]
+__all__ = ["REPORT_FILES", "SVG_REPORT_FILES", "cost_csv", "have_matplotlib", "peak_flops", "program_dtype",
+           "report_files", "report_html", "roofline_png", "roofline_points", "roofline_svg", "write_reports"]

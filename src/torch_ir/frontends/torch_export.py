@@ -27,7 +27,7 @@ from torch.utils._sympy.numbers import int_oo
 
 from .. import __version__
 from ..errors import ExtractionError
-from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity
+from ..ir import NPU_IR, OpNode, Provenance, TensorMeta, check_integrity
 from ..ops.symbolic import FUNCTIONS
 from ..ops.values import dtype_name, encode_value
 from ..weights import buffer_recipe
@@ -522,7 +522,9 @@ class _Converter:
             if attrs_value is not _TENSOR:
                 attrs[arg.name] = attrs_value
         outputs = self._outputs_of(node, val)
-        return OpNode(name=node.name, op_type=_op_type(target), inputs=inputs, outputs=outputs, attrs=attrs)
+        provenance = Provenance(nodes=[node.name], module=_module_path(node), origin="torch.export")
+        return OpNode(name=node.name, op_type=_op_type(target), inputs=inputs, outputs=outputs, attrs=attrs,
+                      provenance=provenance)
 
     def _encode_arg(self, value: Any, inputs: list[TensorMeta]) -> Any:
         if isinstance(value, Node):
@@ -590,6 +592,15 @@ class _Converter:
                 self.ir.mutations[spec.target] = self.metas[self._resolve(value)].name
             else:
                 raise ExtractionError(f"output kind {spec.kind.name} ({spec.target}) is not supported")
+
+
+def _module_path(node: Node) -> str | None:
+    """``"layers.3.mlp"``: the innermost module the node was traced in (None for the model itself)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return path if isinstance(path, str) and path else None
 
 
 _TENSOR = object()  # marker: the argument went to OpNode.inputs

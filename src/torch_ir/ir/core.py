@@ -50,6 +50,22 @@ class TensorMeta:
 
 
 @dataclass
+class Provenance:
+    """Where a node came from, kept through every pass so a wrong value can be traced to its cause.
+
+    ``nodes`` are the nodes of the extracted IR this node computes (a fused GEMM + ReLU lists both);
+    ``module`` is the model's module path when the frontend knows it; ``origin`` is the frontend step that
+    made the extracted node (``"torch.export"``, ``"onnx:Gemm torch_ir.frontends.onnx.converters.nn.gemm"``,
+    ``"tinygrad:ADD"``); ``rules`` are the rewrite rules that made it, in order, the last one made this node.
+    """
+
+    nodes: list[str]
+    module: str | None = None
+    origin: str | None = None
+    rules: list[str] = field(default_factory=list)
+
+
+@dataclass
 class OpNode:
     """One operation. ``attrs`` holds the non-tensor arguments by their schema name.
 
@@ -62,6 +78,8 @@ class OpNode:
     inputs: list[TensorMeta]
     outputs: list[TensorMeta]
     attrs: dict[str, Any] = field(default_factory=dict)
+    # None: the node is its own source, as extracted by a frontend that records none (see ``provenance_of``)
+    provenance: Provenance | None = None
 
     def __str__(self) -> str:
         outs = ", ".join(str(t) for t in self.outputs)
@@ -69,6 +87,37 @@ class OpNode:
         attrs = ", ".join(f"{k}={_short(v)}" for k, v in self.attrs.items())
         sep = ", " if ins and attrs else ""
         return f"{outs} = {self.op_type}({ins}{sep}{attrs})"
+
+
+def provenance_of(node: OpNode) -> Provenance:
+    """The node's provenance; a node without one is its own source."""
+    return node.provenance or Provenance(nodes=[node.name])
+
+
+def merged_provenance(nodes: list[OpNode], rule: str) -> Provenance:
+    """The provenance of a node that ``rule`` made from ``nodes`` (the ones it replaces, root first): all their
+    source nodes, the module that holds all of theirs (``layers.0.self_attn`` for its q, k and v projections),
+    and the rules that made them followed by ``rule``."""
+    parts = [provenance_of(n) for n in nodes]
+    sources = list(dict.fromkeys(s for p in parts for s in p.nodes))
+    rules = list(dict.fromkeys(r for p in parts for r in p.rules if r != rule)) + [rule]
+    origin = next((p.origin for p in parts if p.origin), None)
+    return Provenance(nodes=sources, module=_common_module([p.module for p in parts if p.module]), origin=origin,
+                      rules=rules)
+
+
+def _common_module(paths: list[str]) -> str | None:
+    """The longest dotted prefix of ``paths`` (the first path when they share none)."""
+    if not paths:
+        return None
+    common = paths[0].split(".")
+    for path in paths[1:]:
+        parts = path.split(".")
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return ".".join(common) or paths[0]
 
 
 @dataclass

@@ -19,11 +19,12 @@ from typing import Any
 
 from ..fileio import atomic_write, check_output_path, read_input
 from ..ops.values import decode_value, encode_value
-from .core import NPU_IR, OpNode, TensorMeta
+from .core import NPU_IR, OpNode, Provenance, TensorMeta
 from .validate import IRValidationError, check_document, check_integrity
 
 # 1.1: non_persistent_buffers, inlined_constant_keys, non-finite constant values, mutations of graph inputs
-IR_VERSION = "1.1"
+# 1.2: a node's provenance (source nodes, module path, frontend origin, rewrite rules)
+IR_VERSION = "1.2"
 FORMAT = "torch_ir"
 
 
@@ -41,6 +42,22 @@ def tensor_from_dict(d: dict[str, Any]) -> TensorMeta:
         name=d["name"], shape=list(d["shape"]), dtype=d["dtype"],
         role=d.get("role"), layout=d.get("layout"), quant=d.get("quant"),
     )
+
+
+def provenance_to_dict(p: Provenance) -> dict[str, Any]:
+    """Plain JSON, only the fields that are set (a program's dispatches carry the same dict)."""
+    d: dict[str, Any] = {"nodes": list(p.nodes)}
+    for key in ("module", "origin"):
+        if getattr(p, key) is not None:
+            d[key] = getattr(p, key)
+    if p.rules:
+        d["rules"] = list(p.rules)
+    return d
+
+
+def provenance_from_dict(d: dict[str, Any]) -> Provenance:
+    return Provenance(nodes=list(d["nodes"]), module=d.get("module"), origin=d.get("origin"),
+                      rules=list(d.get("rules", [])))
 
 
 def _recipe_json(recipe: dict[str, Any] | None, code: Callable[[Any], Any]) -> dict[str, Any] | None:
@@ -74,6 +91,7 @@ def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
                 "inputs": [tensor_to_dict(t) for t in n.inputs],
                 "outputs": [tensor_to_dict(t) for t in n.outputs],
                 "attrs": n.attrs,
+                **({"provenance": provenance_to_dict(n.provenance)} if n.provenance else {}),
             }
             for n in ir.nodes
         ],
@@ -108,6 +126,7 @@ def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
                 inputs=[tensor_from_dict(t) for t in n["inputs"]],
                 outputs=[tensor_from_dict(t) for t in n["outputs"]],
                 attrs=dict(n.get("attrs", {})),
+                provenance=provenance_from_dict(n["provenance"]) if "provenance" in n else None,
             )
             for n in doc["nodes"]
         ],

@@ -125,7 +125,27 @@ def check_document(doc: Any, *, source: str = "<dict>") -> None:
             _fail(source, f"{path}.attrs", "expected an object of attribute values")
         for name, value in attrs.items():
             _check_attr(value, f"{path}.attrs.{name}", source)
+        if "provenance" in node:
+            check_provenance(node["provenance"], f"{path}.provenance", source)
     _check_symbols(doc.get("symbols", {}), source)
+
+
+def check_provenance(p: Any, path: str, source: str) -> None:
+    """A node's (or a dispatch's) provenance: ``{"nodes": [str], "module"?: str, "origin"?: str, "rules"?: [str]}``."""
+    if not isinstance(p, dict):
+        _fail(source, path, "expected an object {nodes, module, origin, rules}")
+    unknown = set(p) - {"nodes", "module", "origin", "rules"}
+    if unknown:
+        _fail(source, path, f"unknown keys {sorted(unknown)}; a provenance has nodes, module, origin and rules")
+    for key in ("nodes", "rules"):
+        value = p.get(key, [])
+        if key == "nodes" and "nodes" not in p:
+            _fail(source, f"{path}.nodes", "missing; expected a list of node names")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            _fail(source, f"{path}.{key}", "expected a list of strings")
+    for key in ("module", "origin"):
+        if key in p and not isinstance(p[key], str):
+            _fail(source, f"{path}.{key}", "expected a string")
 
 
 #: How deep a tensor value may nest (its rank); JSON parsers and the walks below recurse once a level.

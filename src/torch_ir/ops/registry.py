@@ -211,6 +211,19 @@ def check_node_attrs(node: OpNode) -> None:
     overload = resolve_overload(node.op_type)
     if overload is not None:
         _unknown_attrs(node, [arg.name for arg in overload._schema.arguments], str(overload._schema))
+        _missing_inputs(node, overload._schema)
+
+
+def _missing_inputs(node: OpNode, schema: torch.FunctionSchema) -> None:
+    """Refuse a node with fewer inputs than its op's required tensor arguments (a file that lost one): the
+    passes and the compiler read ``inputs[0]`` of a reduction or a GEMM without asking."""
+    # a Tensor argument given as a number (``add.Tensor(x, 1e-6)`` from torch.export) is in ``attrs``
+    required = sum(1 for arg in schema.arguments if isinstance(arg.type, torch.TensorType)
+                   and not arg.has_default_value() and not arg.kwarg_only and arg.name not in node.attrs)
+    if len(node.inputs) < required:
+        raise IRValidationError(
+            f"node {node.name!r} ({node.op_type}) has {len(node.inputs)} input(s) but the op takes {required} "
+            f"tensor argument(s) ({schema}); the IR lost an input: extract or save the IR again")
 
 
 def _keyword_names(impl: Callable[..., Any]) -> list[str] | None:

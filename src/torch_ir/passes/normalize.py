@@ -28,7 +28,7 @@ from ..ops.npu import NPU_OPS
 from ..ops.registry import check_node_attrs
 from . import canonical, cleanup, fusion, llm
 from .annotate import QConfig, annotate
-from .rewrite import Rule, eliminate_dead_code, rewrite, select
+from .rewrite import RewriteResult, Rule, eliminate_dead_code, rewrite, select
 
 STAGES: list[tuple[str, list[Rule]]] = [
     ("cleanup", cleanup.RULES),
@@ -37,6 +37,7 @@ STAGES: list[tuple[str, list[Rule]]] = [
     ("late_fuse", cleanup.IDENTITY_RULES + fusion.LATE_NORM_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES),
 ]
 
+STAGE_NAMES: tuple[str, ...] = tuple(name for name, _ in STAGES)
 ALL_RULES: list[Rule] = list({id(r): r for _, rules in STAGES for r in rules}.values())
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(r.family for r in ALL_RULES))
 
@@ -46,7 +47,10 @@ class NormalizeOptions:
     """What ``normalize`` does. ``disable`` switches rule families off (``{"attention", "llm"}``),
     ``disabled_rules`` single rules; ``node_prefix``/``tensor_prefix`` rename nodes and intermediate
     tensors sequentially (``layer_0``, ``t_0``, ...) as seed 003's naming rules; ``qconfig`` sets
-    bit-widths in the tensor table."""
+    bit-widths in the tensor table.
+
+    ``stop_after=(stage, n)`` runs the stages up to ``stage`` only, and in it only the first ``n`` rule
+    applications (``n=None``: the whole stage): the IR part way through, for ``torch_ir.debug.bisect``."""
 
     disable: set[str] = field(default_factory=set)
     disabled_rules: set[str] = field(default_factory=set)
@@ -55,8 +59,12 @@ class NormalizeOptions:
     qconfig: QConfig | None = None
     annotate: bool = True
     check: bool = True
+    stop_after: tuple[str, int | None] | None = None
 
     def __post_init__(self) -> None:
+        if self.stop_after is not None and self.stop_after[0] not in STAGE_NAMES:
+            raise ValueError(f"NormalizeOptions.stop_after: unknown stage {self.stop_after[0]!r}; "
+                             f"the stages are {', '.join(STAGE_NAMES)}")
         unknown = set(self.disable) - set(FAMILIES)
         if unknown:
             raise ValueError(f"NormalizeOptions.disable: unknown rule families {sorted(unknown)}; "
@@ -78,29 +86,48 @@ def normalize(ir: NPU_IR, options: NormalizeOptions | None = None) -> NPU_IR:
         print(npu_ir.op_histogram())
     """
     options = options or NormalizeOptions()
-    families = set(FAMILIES) - set(options.disable)
     for n in ir.nodes:  # rules read attributes with defaults: a misspelled one must not become the default
         check_node_attrs(n)
     report: dict[str, Any] = {"nodes_before": len(ir.nodes), "ops_before": ir.op_histogram(), "stages": []}
     current = ir
-    for stage, rules in STAGES:
+    last, limit = options.stop_after or (None, None)
+    for stage, _ in STAGES:
         started = time.perf_counter()
-        chosen = select(rules, families, options.disabled_rules)
-        result = _rewrite_stage(current, chosen, options.check, stage)
-        current = eliminate_dead_code(result.ir)
+        current, result = run_stage(current, stage, options, limit=limit if stage == last else None)
         report["stages"].append({
             "stage": stage, "nodes": len(current.nodes), "applied": dict(result.applied),
-            "rejected": [list(r) for r in result.rejected], "seconds": round(time.perf_counter() - started, 4),
+            "rejected": [list(r) for r in result.rejected], "log": [list(a) for a in result.log],
+            "seconds": round(time.perf_counter() - started, 4),
         })
-    current = _drop_unread_constants(current)
+        if stage == last:
+            break
+    current = finish(current, options)
+    report.update(nodes_after=len(current.nodes), ops_after=current.op_histogram())
+    return dc_replace(current, metadata={**current.metadata, "normalize": report})
+
+
+def run_stage(ir: NPU_IR, stage: str, options: NormalizeOptions | None = None, *,
+              limit: int | None = None) -> tuple[NPU_IR, RewriteResult]:
+    """One stage of ``normalize`` on ``ir``: its rules (less those ``options`` switch off), at most ``limit``
+    applications, then dead-code elimination. ``normalize`` is its stages in order, then ``finish``; a tool that
+    needs every stage's IR (``torch_ir.debug.bisect``) runs them one by one, keeping each stage's input."""
+    options = options or NormalizeOptions()
+    chosen = select(dict(STAGES)[stage], set(FAMILIES) - set(options.disable), options.disabled_rules)
+    result = _rewrite_stage(ir, chosen, options.check, stage, limit)
+    return eliminate_dead_code(result.ir), result
+
+
+def finish(ir: NPU_IR, options: NormalizeOptions | None = None) -> NPU_IR:
+    """What ``normalize`` does after its stages: drop unread constants, rename, annotate, check."""
+    options = options or NormalizeOptions()
+    current = _drop_unread_constants(ir)
     if options.node_prefix or options.tensor_prefix:
         current = rename(current, options.node_prefix, options.tensor_prefix)
     if options.annotate:
         current = annotate(current, options.qconfig)
     if options.check:
         check_integrity(current, source=f"IR {ir.model_name!r} after normalize")
-    report.update(nodes_after=len(current.nodes), ops_after=current.op_histogram())
-    return dc_replace(current, metadata={**current.metadata, "normalize": report})
+    return current
 
 
 def npu_histogram(ir: NPU_IR, *, runtime_only: bool = False) -> dict[str, int]:
@@ -121,11 +148,11 @@ def _depends_on_inputs(ir: NPU_IR) -> set[str]:
     return nodes
 
 
-def _rewrite_stage(ir: NPU_IR, rules: list[Rule], check: bool, stage: str):
+def _rewrite_stage(ir: NPU_IR, rules: list[Rule], check: bool, stage: str, limit: int | None = None):
     """One stage's rewrite. Rules read attributes as their ops define them; an IR from a file may hold
     other values (a list where an int belongs), which is bad input, reported as such."""
     try:
-        return rewrite(ir, rules, check=check)
+        return rewrite(ir, rules, check=check, limit=limit)
     except TorchIRError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
 from typing import Any, TypeVar
 
-from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity
+from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity, merged_provenance
 
 
 @dataclass(frozen=True)
@@ -238,6 +238,7 @@ class RewriteResult:
     ir: NPU_IR
     applied: Counter = field(default_factory=Counter)  # rule name -> times applied
     rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (rule, node, reason)
+    log: list[tuple[str, str]] = field(default_factory=list)  # (rule, root node) of each application, in order
 
     @property
     def changed(self) -> bool:
@@ -298,20 +299,26 @@ def match_at(pattern: Op, node: OpNode, graph: _Graph) -> Match | None:
 
 # -- rewriting --------------------------------------------------------------------------------------
 
-def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: bool = True) -> RewriteResult:
+def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: bool = True,
+            limit: int | None = None) -> RewriteResult:
     """Apply ``rules`` until none matches (at most ``max_rounds`` sweeps); returns a new IR.
 
     Each sweep walks the nodes in order and tries the rules in order at each node; the first rule
     that matches, passes its check and returns a replacement is applied. ``check`` runs the
     structural checker on the result. The rules share one ``RewriteContext`` (``m.ctx``) for the call.
+
+    ``limit`` stops after that many applications: the order is deterministic, so the IR after the first
+    ``n`` applications can be rebuilt at will (``torch_ir.debug.bisect`` searches for the one that breaks a
+    model). ``RewriteResult.log`` lists every application (rule, root node), and every node a rule makes
+    carries the provenance of the nodes it replaces plus the rule's name (``OpNode.provenance``).
     """
     nodes = list(ir.nodes)
     result = RewriteResult(ir)
     params = {t.name for t in ir.weights} | {t.name for t in ir.constants}
-    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params, RewriteContext(ir))
+    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params, RewriteContext(ir), limit)
     for _ in range(max_rounds):
         nodes, applied = _sweep(nodes, rules, state)
-        if not applied:
+        if not applied or state.exhausted:
             break
     read = {t.name for n in nodes for t in n.inputs}
     folded = [meta for meta in state.folded.values() if meta.name in read]
@@ -338,6 +345,11 @@ class _State:
     folded: dict[str, TensorMeta]  # the constants folding added
     params: set[str]  # weight and constant names (grows with folding)
     ctx: RewriteContext  # what the rules of this call share (m.ctx)
+    limit: int | None = None  # applications allowed in the call (None: no limit)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit is not None and len(self.result.log) >= self.limit
 
 
 def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[list[OpNode], bool]:
@@ -350,7 +362,7 @@ def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[l
     graph = _Graph(nodes, state.constants, state.params, state.ctx)
     changed = False
     i, budget = 0, 4 * len(nodes) + 100  # rules that undo each other must not spin inside one sweep
-    while i < len(nodes) and budget > 0:
+    while i < len(nodes) and budget > 0 and not state.exhausted:
         rewritten = _rewrite_at(nodes, i, rules, graph, state)
         if rewritten is None:
             i += 1
@@ -388,7 +400,7 @@ def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Grap
             new = None if reason else _splice_fold(nodes, i, m, new, state)
         elif new is not None:
             reason = _absorb_problem(nodes, i, m, protected)
-            new = None if reason else _splice(nodes, i, m, new)
+            new = None if reason else _splice(nodes, i, m, _with_provenance(new, m, rule))
         if new is None:
             state.ctx._release()  # names the replacement drew are free again
             key = (rule.name, node.name, reason)
@@ -398,8 +410,15 @@ def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Grap
             continue
         state.ctx._commit(replacement if isinstance(replacement, list) else [])
         state.result.applied[rule.name] += 1
+        state.result.log.append((rule.name, node.name))
         return _drop_unread(new, m, protected)
     return None
+
+
+def _with_provenance(new: list[OpNode], m: Match, rule: Rule) -> list[OpNode]:
+    """Copies of the replacement's nodes that record what they replace (the input IR's nodes stay untouched)."""
+    provenance = merged_provenance([m.node(), *m.interior, *m.absorbed], rule.name)
+    return [dc_replace(n, provenance=provenance) for n in new]
 
 
 def _fold_problem(root: OpNode, fold: Fold, protected: set[str]) -> str | None:

@@ -21,7 +21,7 @@ import torch
 
 from ... import __version__
 from ...errors import ExtractionError, LimitExceededError, TorchIRError, UnsupportedOpError
-from ...ir import NPU_IR, TensorMeta, check_integrity
+from ...ir import NPU_IR, Provenance, TensorMeta, check_integrity
 from ...limits import check_shape, fold_allowed
 from ...ops.values import INLINE_DTYPES, eval_sym
 from . import fold
@@ -46,6 +46,7 @@ class Importer:
     def __init__(self, loaded: LoadedModel, model_name: str, *, reference_fallback: bool = True):
         self.loaded, self.opset, self.reference_fallback = loaded, loaded.opset, reference_fallback
         self.fallbacks: dict[str, str] = {}  # IR node -> why it stayed an ONNX op
+        self.converted_by: dict[str, str] = {}  # ONNX node -> the converter that made its IR nodes (provenance)
         graph = loaded.model.graph
         self.ir = NPU_IR(model_name=model_name, graph_inputs=[], graph_outputs=[], weights=[], nodes=[])
         self.weights: dict[str, torch.Tensor] = {}
@@ -167,6 +168,9 @@ class Importer:
         except UnsupportedNode as e:
             self._unsupported(node, name, str(e))
             return
+        origin = f"onnx:{node.op_type} {self.converted_by.pop(name, 'reference')}"
+        for n in ctx.emitted:  # each IR node says which ONNX node and which converter made it
+            n.provenance = Provenance(nodes=[n.name], module=name, origin=origin)
         self.ir.nodes.extend(ctx.emitted)
         for out, value in zip([o for o in node.output if o], outputs):
             self.env[out] = value
@@ -210,6 +214,7 @@ class Importer:
             try:
                 result = entry.fn(ctx, *inputs, **attrs)
                 outputs = result if isinstance(result, (tuple, list)) else (result,)
+                self.converted_by[ctx.name] = f"{entry.fn.__module__}.{entry.fn.__qualname__}"
                 return [self._bind(ctx, out, value) for out, value in zip(node.output, outputs) if out]
             except FoldLimitExceeded as e:
                 if not self.reference_fallback:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["import_tinygrad"]
+__all__ = ["import_tinygrad", "import_tinygrad_traced"]
 
 
 def __getattr__(name: str) -> Any:
-    if name != "import_tinygrad":
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        from .importer import import_tinygrad
+        from . import importer
     except ImportError as e:
         raise ImportError(f"the tinygrad frontend needs tinygrad ({e}): pip install 'tinygrad>=0.14,<0.15'") from e
-    return import_tinygrad
+    return getattr(importer, name)

@@ -24,7 +24,7 @@ from tinygrad.uop.ops import Ops, UOp
 
 from ... import __version__
 from ...errors import ExtractionError
-from ...ir import NPU_IR, OpNode, TensorMeta, check_integrity
+from ...ir import NPU_IR, OpNode, Provenance, TensorMeta, check_integrity
 from ...ops.values import dtype_name
 from .mapping import REFUSED, TABLE
 from .walk import data_sources, postorder
@@ -56,6 +56,23 @@ def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: S
     the call that are Python values, not tensors (tinygrad llama's ``start_pos``): the graph is the one
     they give, and they are not inputs of the IR.
     """
+    ir, weights, _ = import_tinygrad_traced(model, example_inputs, input_names=input_names, model_name=model_name,
+                                            kwargs=kwargs)
+    if simplify:
+        from .rules import simplify_ir
+
+        ir = simplify_ir(ir)
+        check_integrity(ir, source=f"tinygrad import of {ir.model_name!r}")
+    return ir, weights
+
+
+def import_tinygrad_traced(model: Any, example_inputs: Sequence[Any], *, input_names: Sequence[str] | None = None,
+                           model_name: str | None = None, kwargs: Mapping[str, Any] | None = None,
+                           ) -> tuple[NPU_IR, dict[str, np.ndarray], dict[str, UOp]]:
+    """The literal translation (``import_tinygrad(..., simplify=False)``) and, for each IR tensor a node
+    defines, the UOp it stands for: ``Tensor(uop)`` gives tinygrad's own value of that tensor, so a debugger
+    can compare the IR with tinygrad node by node (``torch_ir.debug``). Each node's provenance names the
+    mapping (``tinygrad:<UOp kind>``) that made it."""
     name = model_name or getattr(model, "__name__", None) or type(model).__name__
     inputs = [_as_input(x) for x in example_inputs]
     names = list(input_names) if input_names is not None else [f"input_{i}" for i in range(len(inputs))]
@@ -77,12 +94,10 @@ def import_tinygrad(model: Any, example_inputs: Sequence[Any], *, input_names: S
         raise ExtractionError(f"model {name!r} returned {bad}; return a tinygrad Tensor or a tuple of them")
     builder = Builder(name, dict(zip((x.uop for x in inputs), names)), _named_weights(model))
     ir = builder.build([o.uop for o in outputs])
-    if simplify:
-        from .rules import simplify_ir
-
-        ir = simplify_ir(ir)
     check_integrity(ir, source=f"tinygrad import of {name!r}")
-    return ir, builder.weight_values
+    produced = {t.name for n in ir.nodes for t in n.outputs}
+    uops = {meta.name: u for u, meta in builder.env.items() if meta.name in produced}
+    return ir, builder.weight_values, uops
 
 
 def _as_input(x: Any) -> Tensor:
@@ -146,6 +161,7 @@ class Builder:
         self.consts: dict[tuple[Any, str], TensorMeta] = {}
         self.weight_values: dict[str, np.ndarray] = {}
         self.position: dict[UOp, int] = {}
+        self.converting: UOp | None = None  # the UOp whose mapping is emitting nodes (their provenance)
         self.ir = NPU_IR(model_name=model_name, graph_inputs=[], graph_outputs=[], weights=[], nodes=[])
 
     # -- the walk ------------------------------------------------------------------------------------
@@ -156,6 +172,7 @@ class Builder:
         for u in order:
             if u.op is Ops.CONST:
                 continue  # materialized where it is used, in the dtype its user needs
+            self.converting = u
             self.env[u] = self._convert(u)
         # in call order; an input the outputs do not depend on is still an input of the graph
         self.ir.graph_inputs = [self.env[u] if u in self.env else self._input(u, n) for u, n in self.inputs.items()]
@@ -271,7 +288,10 @@ class Builder:
             dtype = self.dtype_of(u) if u is not None else inputs[0].dtype
         out = TensorMeta(self.fresh(base), shape if shape is not None else self.shape_of(u), dtype,
                          role="activation")
-        self.ir.nodes.append(OpNode(out.name, op_type, list(inputs), [out], attrs))
+        mapped = self.converting
+        origin = f"tinygrad:{mapped.op.name}" if mapped is not None else None
+        self.ir.nodes.append(OpNode(out.name, op_type, list(inputs), [out], attrs,
+                                    provenance=Provenance(nodes=[out.name], origin=origin)))
         return out
 
     def fresh(self, base: str) -> str:

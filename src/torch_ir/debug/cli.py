@@ -1,0 +1,75 @@
+"""``torch-ir bisect``: compare a model's trusted source with every pipeline stage and name what is broken.
+
+    torch-ir bisect qwen2 -o bisect-out                       # a zoo name
+    torch-ir bisect my_pkg.models:tiny --stage normalize:fuse --stage compiled:cpu
+    torch-ir bisect model.onnx --inputs inputs.npz --rtol 1e-3
+    torch-ir bisect model.json --weights model.safetensors
+
+A progress line per stage goes to stderr, the summary to stdout. Exit code 0: no stage diverges; 1: a fault or
+drift was found; 2: bad input (an unknown model, stage or file), printed as one line by ``torch_ir.cli.main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputMismatchError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add the ``bisect`` subcommand to ``sub``."""
+    from .stages import STAGE_NAMES
+
+    p = sub.add_parser("bisect", help="find the stage, rule, node or kernel where a model's numbers go wrong, "
+                                      "and write a standalone repro")
+    p.add_argument("source", help="a zoo name, package.module:factory (PyTorch), tinygrad:package.module:factory, "
+                                  "a .onnx file, or an IR .json file (with --weights)")
+    p.add_argument("--weights", help="the weights of an IR source (.safetensors or a state-dict file)")
+    p.add_argument("--inputs", metavar="NPZ", help="inputs as an .npz file, one array per graph input in graph order "
+                                                   "(input_0, input_1, ... or any names; default: seeded random)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--stage", action="append", choices=STAGE_NAMES, metavar="STAGE",
+                   help=f"a stage to run (repeatable; default: all): {', '.join(STAGE_NAMES)}")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default: the dtype's)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (default: the dtype's)")
+    p.add_argument("--keep-going", action="store_true", help="run the stages after the first that diverges too")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="directory for report.json/.md/.html, the error plot and the repro (made if missing)")
+    p.set_defaults(func=cmd_bisect)
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    """Run ``torch-ir bisect``."""
+    from ..fileio import check_writable_dir
+    from .bisect import bisect
+
+    if args.output:
+        out = Path(args.output)
+        check_writable_dir(out if out.exists() else out.parent, "bisect output directory", target=out)
+    inputs = _read_inputs(args.inputs) if args.inputs else None
+    report = bisect(args.source, inputs=inputs, weights=args.weights, seed=args.seed, stages=args.stage,
+                    rtol=args.rtol, atol=args.atol, out_dir=args.output, keep_going=args.keep_going)
+    print(report.summary())
+    if args.output:
+        print(f"report: {Path(args.output) / 'report.html'}")
+    return 0 if report.ok else 1
+
+
+def _read_inputs(path: str) -> list[Any]:
+    """The arrays of an .npz file as tensors, in graph-input order: by index when named input_<i>, else in the order
+    the file stores them (numpy.savez keeps the order of its keyword arguments)."""
+    import numpy as np
+    import torch
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: torch.from_numpy(np.array(data[k])) for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputMismatchError(f"cannot read inputs from {path!r}: {e}; give an .npz file (numpy.savez) with one "
+                                 "array per graph input") from None
+    positional = [f"input_{i}" for i in range(len(arrays))]
+    if sorted(arrays) == sorted(positional):
+        return [arrays[k] for k in positional]
+    return list(arrays.values())

@@ -1,0 +1,282 @@
+"""What ``bisect`` found, as data (``BisectReport``) and as text, Markdown, HTML and JSON.
+
+``write(out_dir)`` leaves ``report.json`` (everything, for tools), ``report.md`` and ``report.html`` (for people)
+and the per-layer error plot (``error.png``, or ``error.svg`` without matplotlib) in ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..verify.compare import TABLE_HEADER, TensorDiff
+from .drift import Verdict
+
+
+@dataclass
+class StageRow:
+    """One stage compared with the trusted source's outputs."""
+
+    name: str
+    ok: bool | None  # None: the stage did not run (skipped) or failed to run (error)
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    seconds: float = 0.0
+    skipped: str | None = None
+    error: str | None = None
+    outputs: list[TensorDiff] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "skipped"
+        if self.error:
+            return "error"
+        return "ok" if self.ok else "DIVERGES"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "ok": self.ok, "max_abs": _f(self.max_abs),
+                "max_rel": _f(self.max_rel), "seconds": round(self.seconds, 4), "skipped": self.skipped,
+                "error": self.error, "outputs": [_diff(d) for d in self.outputs]}
+
+
+@dataclass
+class Finding:
+    """The broken thing, named as precisely as the stage allows.
+
+    ``kind``: "frontend" (a converter or mapping of the extracted IR), "rule" (a rewrite rule application),
+    "kernel" (a kernel of a backend, wrong on its actual inputs), "lowering" (the dispatch's kernel is right on
+    what it was given, so the lowering or the memory plan gave it wrong inputs or parameters), "partition"
+    (a partition of the DAG), "drift" (no single fault: see the verdict) or "stage" (the stage diverges but its
+    intermediate values cannot be aligned with the reference).
+    """
+
+    kind: str
+    stage: str
+    title: str
+    node: str | None = None
+    op: str | None = None
+    dispatch: int | None = None
+    kernel: str | None = None
+    implementation: str | None = None  # the kernel table's implementation of the kernel on the backend
+    backend: str | None = None
+    rule: str | None = None
+    rule_family: str | None = None
+    rule_module: str | None = None
+    application: int | None = None  # 1-based: the rule application of the stage after which it diverges
+    applications: int | None = None  # how many the stage makes in all
+    root: str | None = None  # the root node of that application (in the IR before it)
+    converter: str | None = None  # the provenance origin: frontend converter / mapping / torch.export
+    module: str | None = None
+    provenance: dict[str, Any] | None = None
+    group: list[str] = field(default_factory=list)  # the nodes of the repro's minimal IR
+    inputs: list[TensorDiff] = field(default_factory=list)
+    outputs: list[TensorDiff] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in vars(self).items() if k not in ("inputs", "outputs")}
+        data["inputs"] = [_diff(d) for d in self.inputs]
+        data["outputs"] = [_diff(d) for d in self.outputs]
+        return data
+
+
+@dataclass
+class BisectReport:
+    """The stage table, the first stage that diverges, the finding in it, the drift-or-fault verdict, the
+    repro directory and the report files."""
+
+    subject: str
+    trusted: str
+    rtol: float | None
+    atol: float | None
+    stages: list[StageRow] = field(default_factory=list)
+    first_bad: str | None = None
+    finding: Finding | None = None
+    verdict: Verdict | None = None
+    repro: Path | None = None
+    seconds: float = 0.0
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No stage diverges."""
+        return self.first_bad is None
+
+    def summary(self) -> str:
+        """The stage table and what was found, as plain text."""
+        lines = [f"bisect {self.subject!r} against {self.trusted} "
+                 f"(rtol={_tol(self.rtol)}, atol={_tol(self.atol)}): {self.seconds:.1f} s"]
+        lines += _table(["stage", "status", "max abs err", "max rel err", "seconds"],
+                        [[r.name, r.status + (f" ({r.skipped or r.error})" if r.skipped or r.error else ""),
+                          _num(r.max_abs), _num(r.max_rel), f"{r.seconds:.2f}"] for r in self.stages])
+        if self.first_bad is None:
+            lines.append("no stage diverges beyond tolerance")
+            return "\n".join(lines)
+        lines.append(f"first stage that diverges: {self.first_bad}")
+        if self.finding is not None:
+            lines.append(f"finding ({self.finding.kind}): {self.finding.title}")
+            lines += [f"  {k}: {v}" for k, v in _finding_fields(self.finding)]
+            lines += [f"  note: {n}" for n in self.finding.notes]
+            for title, diffs in (("inputs", self.finding.inputs), ("outputs", self.finding.outputs)):
+                if diffs:
+                    lines.append(f"  {title}:")
+                    lines += ["    " + line for line in _table(TABLE_HEADER, [d.cells() for d in diffs])]
+        if self.verdict is not None:
+            lines.append(f"verdict: {self.verdict.text}")
+        if self.repro is not None:
+            lines.append(f"repro: {self.repro} (python {self.repro / 'repro.py'}; --reference runs the reference)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject, "trusted": self.trusted, "rtol": self.rtol, "atol": self.atol,
+            "seconds": round(self.seconds, 3), "ok": self.ok, "first_bad": self.first_bad,
+            "stages": [r.to_dict() for r in self.stages],
+            "finding": self.finding.to_dict() if self.finding else None,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "repro": str(self.repro) if self.repro else None,
+            "files": [str(p) for p in self.files],
+        }
+
+    def markdown(self, plot_name: str | None = None) -> str:
+        lines = [f"# bisect: {self.subject}", "", f"Trusted source: {self.trusted}. Tolerance: rtol={_tol(self.rtol)}, "
+                 f"atol={_tol(self.atol)}. Time: {self.seconds:.1f} s.", "", "| stage | status | max abs err | "
+                 "max rel err | seconds |", "|---|---|---:|---:|---:|"]
+        for r in self.stages:
+            why = f" ({r.skipped or r.error})" if r.skipped or r.error else ""
+            lines.append(f"| {r.name} | {r.status}{_md(why)} | {_num(r.max_abs)} | {_num(r.max_rel)} "
+                         f"| {r.seconds:.2f} |")
+        lines.append("")
+        if self.first_bad is None:
+            lines.append("No stage diverges beyond tolerance.")
+            return "\n".join(lines) + "\n"
+        lines += [f"**First stage that diverges: {self.first_bad}**", ""]
+        if self.finding is not None:
+            lines += [f"## Finding ({self.finding.kind})", "", _md(self.finding.title), ""]
+            lines += [f"- {k}: `{_md(str(v))}`" for k, v in _finding_fields(self.finding)]
+            lines += [f"- note: {_md(n)}" for n in self.finding.notes]
+            for title, diffs in (("Inputs", self.finding.inputs), ("Outputs", self.finding.outputs)):
+                if diffs:
+                    lines += ["", f"{title}:", "", "| " + " | ".join(TABLE_HEADER) + " |",
+                              "|" + "---|" * len(TABLE_HEADER)]
+                    lines += ["| " + " | ".join(_md(c) for c in d.cells()) + " |" for d in diffs]
+            lines.append("")
+        if self.verdict is not None:
+            lines += ["## Drift or fault", "", _md(self.verdict.text), ""]
+            if plot_name:
+                lines += [f"![per-layer error]({plot_name})", ""]
+        if self.repro is not None:
+            lines += ["## Repro", "", f"`{self.repro}`: `python repro.py` runs the faulty path (exit 1 while the "
+                      "fault is there), `python repro.py --reference` the reference path (exit 0).", ""]
+        return "\n".join(lines) + "\n"
+
+    def html(self, plot_name: str | None = None) -> str:
+        """A one-page HTML report: the Markdown's content as HTML tables and paragraphs, the plot inline."""
+        rows = "".join(
+            f"<tr class='{r.status.lower()}'><td>{_h(r.name)}</td><td>{_h(r.status)}"
+            f"{_h(' (' + (r.skipped or r.error or '') + ')') if r.skipped or r.error else ''}</td>"
+            f"<td>{_num(r.max_abs)}</td><td>{_num(r.max_rel)}</td><td>{r.seconds:.2f}</td></tr>" for r in self.stages)
+        body = [f"<h1>bisect: {_h(self.subject)}</h1>",
+                f"<p>Trusted source: {_h(self.trusted)}. Tolerance: rtol={_tol(self.rtol)}, atol={_tol(self.atol)}. "
+                f"Time: {self.seconds:.1f} s.</p>",
+                "<table><tr><th>stage</th><th>status</th><th>max abs err</th><th>max rel err</th><th>seconds</th></tr>"
+                f"{rows}</table>"]
+        if self.first_bad is None:
+            body.append("<p>No stage diverges beyond tolerance.</p>")
+        else:
+            body.append(f"<p><b>First stage that diverges: {_h(self.first_bad)}</b></p>")
+        if self.finding is not None:
+            items = "".join(f"<li>{_h(k)}: <code>{_h(str(v))}</code></li>" for k, v in _finding_fields(self.finding))
+            items += "".join(f"<li>note: {_h(n)}</li>" for n in self.finding.notes)
+            body += [f"<h2>Finding ({_h(self.finding.kind)})</h2>", f"<p>{_h(self.finding.title)}</p>",
+                     f"<ul>{items}</ul>"]
+            for title, diffs in (("Inputs", self.finding.inputs), ("Outputs", self.finding.outputs)):
+                if diffs:
+                    head = "".join(f"<th>{_h(c)}</th>" for c in TABLE_HEADER)
+                    trs = "".join("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in d.cells()) + "</tr>" for d in diffs)
+                    body.append(f"<h3>{title}</h3><table><tr>{head}</tr>{trs}</table>")
+        if self.verdict is not None:
+            body += ["<h2>Drift or fault</h2>", f"<p>{_h(self.verdict.text)}</p>"]
+            if plot_name:
+                body.append(f"<img src='{_h(plot_name)}' alt='per-layer error'>")
+        if self.repro is not None:
+            body.append(f"<h2>Repro</h2><p><code>{_h(str(self.repro))}</code>: <code>python repro.py</code> runs the "
+                        "faulty path, <code>python repro.py --reference</code> the reference path.</p>")
+        style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+                 "td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}tr.diverges td{background:#fdd}"
+                 "tr.ok td:nth-child(2){color:#060}img{max-width:100%}")
+        return (f"<!doctype html><html><head><meta charset='utf-8'><title>bisect {_h(self.subject)}</title>"
+                f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """Write report.json, report.md, report.html and the plot into ``out_dir``; returns the paths."""
+        from .drift import plot
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files: list[Path] = []
+        plot_name = None
+        if self.verdict is not None and self.verdict.layers:
+            tolerance = self.rtol if self.rtol is not None else None
+            picture = plot(self.verdict, out / "error.png", title=f"{self.subject}: {self.first_bad}",
+                           tolerance=tolerance)
+            files.append(picture)
+            plot_name = picture.name
+        for name, text in (("report.md", self.markdown(plot_name)), ("report.html", self.html(plot_name))):
+            (out / name).write_text(text)
+            files.append(out / name)
+        self.files = [*files, out / "report.json"]
+        (out / "report.json").write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
+        return self.files
+
+
+def _finding_fields(f: Finding) -> list[tuple[str, Any]]:
+    names = ("node", "op", "dispatch", "kernel", "implementation", "backend", "rule", "rule_family", "rule_module",
+             "root", "converter", "module")
+    out = [(n, getattr(f, n)) for n in names if getattr(f, n) is not None]
+    if f.application is not None:
+        out.append(("application", f"{f.application} of {f.applications}"))
+    if f.provenance:
+        out.append(("provenance", ", ".join(f"{k}={v}" for k, v in f.provenance.items() if v)))
+    if f.group:
+        more = f" and {len(f.group) - 12} more" if len(f.group) > 12 else ""
+        out.append(("repro nodes", ", ".join(f.group[:12]) + more))
+    return out
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*map(str, r)) for r in rows]
+
+
+def _diff(d: TensorDiff) -> dict[str, Any]:
+    return {k: (_f(v) if isinstance(v, float) else v) for k, v in vars(d).items()}
+
+
+def _f(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if math.isfinite(v) else str(v)
+
+
+def _tol(v: float | None) -> str:
+    return "dtype default" if v is None else f"{v:g}"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _h(text: str) -> str:
+    return html.escape(str(text))
+
+
+__all__ = ["BisectReport", "Finding", "StageRow"]

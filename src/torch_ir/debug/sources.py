@@ -1,0 +1,505 @@
+"""Turn what a user names (a zoo model, a factory, an ONNX file, a tinygrad factory, an IR) into a :class:`Subject`.
+
+    subject = load_subject("resnet")                          # a zoo name: eager PyTorch is trusted
+    subject = load_subject("my_pkg.models:tiny_llama")        # a torch factory: (model, args[, kwargs])
+    subject = load_subject("model.onnx")                      # onnxruntime is trusted
+    subject = load_subject("tinygrad:my_pkg.tg:make_mlp")     # a tinygrad factory: (model, example_inputs)
+    subject = load_subject("model.json", weights="model.safetensors")   # the IR's own execution is trusted
+
+A ``module:factory`` spec means PyTorch unless it starts with ``tinygrad:`` (or ``frontend="tinygrad"`` is
+given): both kinds of factory look alike from outside, and importing the module to guess would run its code
+twice. Built models are taken by ``subject_from_torch``, ``subject_from_onnx``, ``subject_from_tinygrad`` and
+``subject_from_ir``, which ``load_subject`` dispatches to.
+
+Inputs are seeded random ones unless given: floats from a normal distribution, integer indices below the
+size of the table they index (an embedding's vocabulary) and otherwise the example's values where the
+source has examples (positions, masks), else small non-negative ints. A spec or factory runs its code:
+trusted specs only (see ``torch_ir.factory_spec``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import ExtractionError, InputMismatchError, TorchIRError, WeightsMismatchError
+from ..executor import IRExecutor
+from ..ir import NPU_IR, OpNode, load_ir
+from ..limits import check_shape
+from ..ops.values import dtype_from_name
+from .subject import Subject
+
+TINYGRAD_PREFIX = "tinygrad:"
+FRONTENDS = ("torch", "onnx", "tinygrad", "ir")
+ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), "
+            "'tinygrad:package.module:factory', a path to an .onnx file, a path to an IR .json file "
+            "(with weights=), or an NPU_IR object (with weights=)")
+_SMALL_INT = 8  # the bound of an integer input nothing in the graph bounds (as torch-ir verify-onnx uses)
+# ops that index a table with an integer input: op -> (position of the table, position of the index, table axis)
+_INDEXING = {"aten.embedding.default": (0, 1, 0), "aten.index_select.default": (0, 2, None)}
+
+
+class SubjectError(TorchIRError, ValueError):
+    """What was given to bisect is none of the forms a subject can be made from, or does not fit them."""
+
+
+def load_subject(source: str | os.PathLike | Any, *, inputs: Sequence[Any] | None = None,
+                 weights: Any = None, seed: int = 0,
+                 input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 frontend: str | None = None) -> Subject:
+    """The :class:`Subject` of ``source``: its extracted IR, weights, inputs and trusted runner.
+
+    Example::
+
+        subject = load_subject("model.onnx", seed=1)
+        (y,) = subject.run_trusted()                 # onnxruntime's output
+
+    ``inputs`` (one per IR graph input) replace the seeded random ones; ``input_shapes`` binds the symbolic
+    dimensions of an ONNX model's or an IR's inputs (``{"input": [1, 3, 224, 224]}``). ``weights`` is the
+    weights of an IR (a ``.safetensors`` path or a state dict). ``frontend`` ("torch", "onnx", "tinygrad",
+    "ir") overrides what the source's form says. Raises :class:`SubjectError` for a source of no known form.
+    """
+    if frontend is not None and frontend not in FRONTENDS:
+        raise SubjectError(f"load_subject(frontend={frontend!r}): unknown frontend; use one of "
+                           f"{', '.join(map(repr, FRONTENDS))} or None (the source's form decides)")
+    if isinstance(source, NPU_IR):
+        return subject_from_ir(source, weights, inputs, seed=seed, input_shapes=input_shapes)
+    if isinstance(source, torch.nn.Module):
+        raise SubjectError(f"load_subject got a {type(source).__name__} module without its example inputs; "
+                           "call subject_from_torch(model, args) instead")
+    if type(source).__name__ == "ModelProto":  # onnx's class; onnx is not imported for other sources
+        return subject_from_onnx(source, inputs=inputs, seed=seed, input_shapes=input_shapes)
+    if not isinstance(source, (str, os.PathLike)):
+        raise SubjectError(f"cannot bisect a {type(source).__name__}: give {ACCEPTED}")
+    text = os.fspath(source)
+    if text.startswith(TINYGRAD_PREFIX) or frontend == "tinygrad":
+        spec = text.removeprefix(TINYGRAD_PREFIX)
+        model, examples = _tinygrad_factory(spec)
+        return subject_from_tinygrad(model, inputs if inputs is not None else examples, name=spec.partition(":")[2],
+                                     seed=seed, randomize=inputs is None)
+    path = Path(text)
+    suffix = path.suffix.lower()
+    if frontend == "onnx" or suffix == ".onnx":
+        return subject_from_onnx(path, inputs=inputs, seed=seed, input_shapes=input_shapes)
+    if frontend == "ir" or suffix == ".json":
+        return subject_from_ir(path, weights, inputs, seed=seed, input_shapes=input_shapes)
+    if path.exists():  # checked before a spec: "pkg.mod:f" has the "suffix" ".mod:f", a file never a colon
+        raise SubjectError(f"cannot bisect the file {text!r}: files are told apart by their suffix (.onnx, .json) "
+                           f"and it has {suffix or 'none'}; give {ACCEPTED}")
+    return _torch_spec(text, inputs=inputs, seed=seed)
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+
+def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int) -> Subject:
+    from ..zoo.runner import resolve_spec
+
+    try:
+        resolved = resolve_spec(spec)
+    except ExtractionError:
+        raise
+    except TorchIRError as e:  # an unknown zoo name: say every form, not only the two of a spec
+        raise SubjectError(f"cannot bisect {spec!r}: {e}; the source may be {ACCEPTED}") from None
+    torch.manual_seed(seed)
+    model = resolved.build("cpu")
+    ir = resolved.extract(resolved.build("meta"))
+    return _torch_subject(ir, model, resolved.args, resolved.kwargs, name=resolved.name, inputs=inputs, seed=seed)
+
+
+def subject_from_torch(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None, *,
+                       name: str | None = None, inputs: Sequence[Any] | None = None, seed: int = 0,
+                       dynamic_shapes: Any = None) -> Subject:
+    """A subject from a built PyTorch model (real weights) and its example inputs.
+
+    Example::
+
+        subject = subject_from_torch(MyNet().eval(), (torch.randn(2, 8),), name="mynet")
+
+    The IR is extracted as the zoo does, on meta copies of the weights (``extract_ir`` never computes);
+    eager PyTorch on the real weights is trusted, and the re-exported graph gives the values of every
+    IR tensor (``trusted_values``).
+    """
+    from ..frontends import extract_ir
+    from ..frontends.meta_model import on_meta
+
+    name = name or type(model).__name__
+    model = model.eval()
+    kwargs = dict(kwargs or {})
+    with on_meta(model, remember=True):  # the conditions of a meta extraction, without a second model
+        ir = extract_ir(model, tuple(args), model_name=name, example_kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+    return _torch_subject(ir, model, tuple(args), kwargs, name=name, inputs=inputs, seed=seed)
+
+
+def _torch_subject(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *, name: str,
+                   inputs: Sequence[Any] | None, seed: int) -> Subject:
+    from ..verify.verifier import _in_ir_order, _run_eager
+    from ..weights import module_state
+
+    kwargs = _in_ir_order(ir, kwargs)
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    if len(slots) != len(ir.graph_inputs):
+        raise SubjectError(f"model {name!r}: {len(slots)} example tensors but the IR has {len(ir.graph_inputs)} "
+                           "graph inputs; pass the inputs the model was extracted with")
+    examples = [leaves[i] for i in slots]
+    values = _given(ir, inputs, name) if inputs is not None else random_inputs(ir, seed, examples=examples)
+    for i, value in zip(slots, values):
+        leaves[i] = value
+    args, kwargs = pytree.tree_unflatten(leaves, spec)
+
+    def run_trusted() -> list[torch.Tensor]:
+        return _run_eager(model, args, kwargs)
+
+    def trusted_values() -> dict[str, torch.Tensor]:
+        return _torch_values(ir, model, args, kwargs)
+
+    return Subject(name=name, ir=ir, weights=module_state(model), inputs=list(values), trusted="eager PyTorch",
+                   run_trusted=run_trusted, trusted_values=trusted_values, frontend="torch.export")
+
+
+def _torch_values(ir: NPU_IR, model: torch.nn.Module, args: tuple,
+                  kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Every IR tensor's value in the re-exported graph, by name; only the names that line up.
+
+    The re-export whose names are the IR's is used (see ``verify/reference.py``). When neither lines up
+    whole, the one with the later first misaligned node is used up to that node: after an extra node every
+    later FX name shifts, so a same-named value further on may be another op's and is left out.
+    """
+    from ..verify.reference import EXPORT_MODES, export_reference, run_reference
+
+    best: tuple[int, Any] | None = None
+    for mode in EXPORT_MODES:
+        try:
+            ep = export_reference(ir, model, args, kwargs, mode)
+        except Exception:  # noqa: BLE001 - a failed re-export leaves the other mode, or no intermediates
+            continue
+        good = _aligned_prefix(ir, ep)
+        if best is None or good > best[0]:
+            best = (good, ep)
+        if good == len(ir.nodes):
+            break
+    if best is None or best[0] == 0:
+        return {}
+    good, ep = best
+    values = run_reference(ep, model, args, kwargs)
+    names = {t.name: t for t in [*ir.graph_inputs, *ir.weights, *ir.constants]}
+    names.update({t.name: t for node in ir.nodes[:good] for t in node.outputs})
+    return {n: v for n, v in values.items() if n in names and list(v.shape) == _dims(names[n].shape, v)}
+
+
+def _aligned_prefix(ir: NPU_IR, ep: Any) -> int:
+    """How many IR nodes, from the first, have a same-named node of the same op in the exported graph."""
+    fx = {n.name: n for n in ep.graph.nodes}
+    for i, node in enumerate(ir.nodes):
+        other = fx.get(node.name)
+        if other is None or other.op != "call_function" or str(other.target) != node.op_type:
+            return i
+    return len(ir.nodes)
+
+
+def _dims(shape: Sequence[Any], value: torch.Tensor) -> list[int]:
+    """The IR shape with symbolic dimensions taken from the value (they are checked elsewhere)."""
+    return [d if isinstance(d, int) else value.shape[i] for i, d in enumerate(shape)] if len(shape) == value.dim() \
+        else list(shape)
+
+
+# -- ONNX --------------------------------------------------------------------------------------------
+
+def subject_from_onnx(model: str | os.PathLike | Any, *, inputs: Sequence[Any] | None = None, seed: int = 0,
+                      input_shapes: Mapping[str, Sequence[int]] | None = None,
+                      name: str | None = None) -> Subject:
+    """A subject from an ONNX model (a path or a ``ModelProto``); onnxruntime is trusted.
+
+    Example::
+
+        subject = subject_from_onnx("model.onnx", input_shapes={"input": [1, 3, 32, 32]})
+
+    IR tensors made from ONNX values keep their ONNX names, so ``trusted_values`` asks onnxruntime for
+    every one of them at once (each made an extra graph output).
+    """
+    import onnx
+
+    from ..frontends.onnx import load_model
+    from ..frontends.onnx.importer import Importer
+    from ..frontends.onnx.verify import check_onnx_sizes, run_onnxruntime
+
+    loaded = load_model(model, input_shapes)
+    check_onnx_sizes(loaded)  # onnxruntime allocates what the file asks: sizes are checked first
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model))
+    name = name or loaded.model.graph.name or (Path(model).stem if not isinstance(model, onnx.ModelProto) else None) \
+        or "onnx_model"
+    ir, weights = Importer(loaded, name).run()
+    shapes = {k: list(v) for k, v in (input_shapes or {}).items()}
+    values = _given(ir, inputs, name) if inputs is not None else random_inputs(ir, seed, shapes=shapes)
+    outputs = [t.name for t in ir.graph_outputs]
+
+    def run_trusted() -> list[torch.Tensor]:
+        return run_onnxruntime(proto, ir, values, outputs)
+
+    def trusted_values() -> dict[str, torch.Tensor]:
+        onnx_names = {o for n in proto.graph.node for o in n.output if o}
+        named = [t.name for n in ir.nodes for t in n.outputs if t.name in onnx_names]
+        found = dict(zip(named, run_onnxruntime(proto, ir, values, named)))
+        found.update({t.name: v for t, v in zip(ir.graph_inputs, values)})
+        return found
+
+    return Subject(name=name, ir=ir, weights=weights, inputs=values, trusted="onnxruntime",
+                   run_trusted=run_trusted, trusted_values=trusted_values, frontend="onnx")
+
+
+# -- tinygrad ----------------------------------------------------------------------------------------
+
+def _tinygrad_device() -> None:
+    # tinygrad picks its device when first imported: the pure-Python one needs no compiler (as the CLI does)
+    os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
+
+
+def _tinygrad_factory(spec: str) -> tuple[Any, list[Any]]:
+    _tinygrad_device()
+    from ..frontends.tinygrad.cli import _load_factory
+
+    return _load_factory(spec)
+
+
+def subject_from_tinygrad(model: Any, inputs: Sequence[Any], *, name: str | None = None, seed: int = 0,
+                          randomize: bool = True) -> Subject:
+    """A subject from a tinygrad model (any callable) and its example inputs; tinygrad is trusted.
+
+    Example::
+
+        subject = subject_from_tinygrad(MLP(), [Tensor.empty(2, 16)], name="mlp")
+
+    With ``randomize`` the inputs are seeded random values of the examples' shapes and dtypes (integer
+    examples are kept: tinygrad's ``Embedding`` compares with an arange, so nothing in the IR says their
+    range); otherwise the given inputs are used as they are. The model is imported on those values, so
+    the UOps the IR tensors came from compute exactly the trusted values: ``trusted_values`` realizes them.
+    """
+    _tinygrad_device()
+    import numpy as np
+    from tinygrad.tensor import Tensor
+
+    name = name or getattr(model, "__name__", None) or type(model).__name__
+    examples = [_to_torch(x) for x in inputs]
+    values = _random_like(examples, seed) if randomize else examples
+    tensors = [Tensor(np.ascontiguousarray(v.numpy())) for v in values]
+    ir, weights, origins = _import_tinygrad_traced(model, tensors, name)
+    missing = [t.name for t in ir.graph_outputs if t.name not in origins]
+    if missing:  # an input returned as it is: the IR copies it, and no UOp of the model computes it
+        raise SubjectError(f"tinygrad model {name!r}: outputs {missing} are computed by no UOp of the model (an "
+                           "input returned as it is); return a computed tensor")
+    outputs = [origins[t.name] for t in ir.graph_outputs]
+
+    def run_trusted() -> list[torch.Tensor]:
+        return [_to_torch(Tensor(u)) for u in outputs]
+
+    def trusted_values() -> dict[str, torch.Tensor]:
+        found: dict[str, torch.Tensor] = dict(zip((t.name for t in ir.graph_inputs), values))
+        metas = {t.name: t for node in ir.nodes for t in node.outputs if t.name in origins}
+        wanted = {n: Tensor(origins[n]) for n in metas}
+        try:
+            Tensor.realize(*wanted.values())  # one schedule for all: tinygrad compiles once, not once a tensor
+        except Exception:  # noqa: BLE001 - a UOp that is no tensor value spoils the batch: each alone below
+            pass
+        for tensor_name, tensor in wanted.items():
+            try:
+                value = _to_torch(tensor)
+            except Exception:  # noqa: BLE001 - best effort: a UOp that is no tensor value is left out
+                continue
+            if list(value.shape) == list(metas[tensor_name].shape):
+                found[tensor_name] = value
+        return found
+
+    return Subject(name=name, ir=ir, weights={k: torch.from_numpy(v) for k, v in weights.items()}, inputs=values,
+                   trusted="tinygrad", run_trusted=run_trusted, trusted_values=trusted_values, frontend="tinygrad")
+
+
+def _import_tinygrad_traced(model: Any, inputs: list[Any], name: str) -> tuple[NPU_IR, dict[str, Any], dict[str, Any]]:
+    """What ``import_tinygrad`` returns (the simplified IR, weights) and IR tensor name -> the UOp it came from.
+
+    ``import_tinygrad_traced`` gives the UOp of every tensor of the literal translation; the simplifying rules
+    keep the names of the tensors they leave, so the map holds for every name still in the simplified IR
+    (a value is used only where its shape is the IR's, see ``subject_from_tinygrad``).
+    """
+    from ..frontends.tinygrad.importer import import_tinygrad_traced
+    from ..frontends.tinygrad.rules import simplify_ir
+    from ..ir import check_integrity
+
+    literal, weights, uops = import_tinygrad_traced(model, inputs, model_name=name)
+    ir = simplify_ir(literal)
+    check_integrity(ir, source=f"tinygrad import of {name!r}")
+    live = {t.name for t in ir.tensors()}
+    origins = {n: u for n, u in uops.items() if n in live}
+    # an output that is an input, a weight or a constant as it is gets a clone node (made from no UOp): its
+    # value is its source's; an input's own UOp is the buffer the model was called on
+    sources = {n.outputs[0].name: n.inputs[0].name for n in literal.nodes if n.op_type == "aten.clone.default"}
+    for meta in ir.graph_outputs:
+        source = sources.get(meta.name)
+        if meta.name not in origins and source in uops:
+            origins[meta.name] = uops[source]
+    return ir, weights, origins
+
+
+def _to_torch(x: Any) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if hasattr(x, "numpy"):  # a tinygrad Tensor: realizes it
+        x = x.numpy()
+    import numpy as np
+
+    return torch.from_numpy(np.array(x, copy=True))
+
+
+def _random_like(examples: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(x.shape, generator=g).to(x.dtype) if x.is_floating_point() else x.clone() for x in examples]
+
+
+# -- an IR -------------------------------------------------------------------------------------------
+
+def subject_from_ir(ir: NPU_IR | str | os.PathLike, weights: Any = None, inputs: Sequence[Any] | None = None, *,
+                    seed: int = 0, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Subject:
+    """A subject from an IR (object or JSON path) and its weights; the IR's own reference execution is trusted.
+
+    Example::
+
+        subject = subject_from_ir("model.json", "model.safetensors")
+
+    Without a source model nothing outside the IR can be trusted: the stages after extraction (normalize,
+    compile, the backends) are compared with ``IRExecutor`` on the IR as given. ``weights`` defaults to the
+    file the IR names (``metadata["weights_file"]``) or the ``.safetensors`` beside a JSON path.
+    """
+    from ..weights import load_state_dict
+
+    path = None
+    if not isinstance(ir, NPU_IR):
+        path = Path(ir)
+        ir = load_ir(path)
+    if weights is None:
+        weights = _weights_beside(ir, path)
+    state = load_state_dict(weights) if weights is not None else {}
+    shapes = {k: list(v) for k, v in (input_shapes or {}).items()}
+    values = _given(ir, inputs, ir.model_name) if inputs is not None else random_inputs(ir, seed, shapes=shapes)
+    executor = IRExecutor(ir, state)  # binds the weights now: a mismatch is told before any bisection
+
+    def run_trusted() -> list[torch.Tensor]:
+        return executor.run(values)
+
+    def trusted_values() -> dict[str, torch.Tensor]:
+        found = dict(zip((t.name for t in ir.graph_inputs), values))
+
+        def keep(node: OpNode, outs: list[torch.Tensor]) -> None:
+            found.update({meta.name: v for meta, v in zip(node.outputs, outs)})
+
+        executor.run_traced(values, keep)
+        return found
+
+    return Subject(name=ir.model_name, ir=ir, weights=state, inputs=values, trusted="the IR's reference execution",
+                   run_trusted=run_trusted, trusted_values=trusted_values, frontend=None)
+
+
+def _weights_beside(ir: NPU_IR, path: Path | None) -> Path | None:
+    if not ir.weights:
+        return None
+    named = ir.metadata.get("weights_file")
+    candidates = [path.parent / Path(named).name] if path is not None and isinstance(named, str) else []
+    if path is not None:
+        candidates.append(path.with_suffix(".safetensors"))
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        where = f"IR {str(path)!r}" if path is not None else f"IR {ir.model_name!r}"
+        raise WeightsMismatchError(f"{where} has {len(ir.weights)} weights and no weights were given"
+                                   + (f" (none of {[str(c) for c in candidates]} exists)" if candidates else "")
+                                   + "; pass weights= (a .safetensors file or a state dict)")
+    return found
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+
+def random_inputs(ir: NPU_IR, seed: int = 0, *, examples: Sequence[torch.Tensor] | None = None,
+                  shapes: Mapping[str, Sequence[int]] | None = None) -> list[torch.Tensor]:
+    """Seeded inputs for ``ir.graph_inputs``: normal floats, valid indices, example values for other ints.
+
+    Example::
+
+        x, ids = random_inputs(ir, seed=0, shapes={"ids": [1, 16]})
+
+    Shapes are the IR's, with symbolic ones taken from ``shapes`` (by input name) or the example's. An
+    integer input that indexes a table (``aten.embedding``, ``aten.index_select``) stays below the table's
+    size; any other integer or bool input takes the example's values when there is one (positions and masks
+    have ranges the graph does not state), else small non-negative ints (random bools).
+    """
+    g = torch.Generator().manual_seed(seed)
+    bounds = index_bounds(ir)
+    out = []
+    for i, meta in enumerate(ir.graph_inputs):
+        example = examples[i] if examples is not None else None
+        shape = _concrete_shape(ir, meta, (shapes or {}).get(meta.name), example)
+        dtype = dtype_from_name(meta.dtype)  # a checked name: never getattr(torch, <a name from a file>)
+        check_shape(shape, dtype.itemsize, f"random input {meta.name!r}")  # before allocating it
+        if dtype.is_floating_point or dtype.is_complex:
+            out.append(torch.randn(shape, generator=g).to(dtype))
+        elif meta.name in bounds:
+            out.append(torch.randint(0, bounds[meta.name], shape, generator=g).to(dtype))
+        elif example is not None and list(example.shape) == shape:
+            out.append(example.clone())
+        elif dtype == torch.bool:
+            out.append(torch.randint(0, 2, shape, generator=g).bool())
+        else:
+            out.append(torch.randint(0, _SMALL_INT, shape, generator=g).to(dtype))
+    return out
+
+
+def index_bounds(ir: NPU_IR) -> dict[str, int]:
+    """Graph input name -> the smallest table size it indexes (a token id's vocabulary)."""
+    inputs = {t.name for t in ir.graph_inputs}
+    bounds: dict[str, int] = {}
+    for node in ir.nodes:
+        where = _INDEXING.get(node.op_type)
+        if where is None or len(node.inputs) < 2:
+            continue
+        table_at, index_at, axis = where
+        index = node.inputs[min(index_at, len(node.inputs) - 1)]
+        if index.name not in inputs or index.dtype.startswith(("float", "bfloat", "bool")):
+            continue
+        axis = axis if axis is not None else int(node.attrs.get("dim", 0))
+        size = node.inputs[table_at].shape[axis] if node.inputs[table_at].rank > axis else None
+        if isinstance(size, int) and size > 0:
+            bounds[index.name] = min(bounds.get(index.name, size), size)
+    return bounds
+
+
+def _concrete_shape(ir: NPU_IR, meta: Any, bound: Sequence[int] | None, example: torch.Tensor | None) -> list[int]:
+    if bound is not None:
+        shape = list(bound)
+    elif meta.is_static:
+        return list(meta.shape)
+    elif example is not None:
+        shape = list(example.shape)
+    else:
+        shape = list(meta.shape)
+    if len(shape) != meta.rank or not all(isinstance(d, int) and d >= 0 for d in shape):
+        example_dims = ",".join(str(d if isinstance(d, int) else 1) for d in meta.shape)
+        raise InputMismatchError(f"input {meta.name!r} of IR {ir.model_name!r} has shape {meta.shape}; bind its "
+                                 f"symbolic dimensions with input_shapes={{{meta.name!r}: [{example_dims}]}}")
+    return shape
+
+
+def _given(ir: NPU_IR, inputs: Sequence[Any], name: str) -> list[torch.Tensor]:
+    """The caller's inputs as torch tensors, one per graph input."""
+    from ..weights import as_tensor
+
+    values = [as_tensor(x, f"input {i} of {name!r}", InputMismatchError) for i, x in enumerate(inputs)]
+    if len(values) != len(ir.graph_inputs):
+        raise InputMismatchError(f"{name!r} takes {len(ir.graph_inputs)} inputs "
+                                 f"({', '.join(t.name for t in ir.graph_inputs)}); {len(values)} were given")
+    return values
+
+
+__all__ = ["ACCEPTED", "TINYGRAD_PREFIX", "SubjectError", "index_bounds", "load_subject", "random_inputs",
+           "subject_from_ir", "subject_from_onnx", "subject_from_tinygrad", "subject_from_torch"]
