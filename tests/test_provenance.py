@@ -126,8 +126,8 @@ def test_a_program_with_a_malformed_provenance_is_refused(ir):
         decode_npubin(encode_npubin(program))
 
 
-def test_onnx_and_tinygrad_nodes_name_their_converter_or_mapping(tmp_path):
-    onnx = pytest.importorskip("onnx")
+def test_onnx_and_tinygrad_nodes_name_their_converter_or_mapping():
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
     from torch_ir.frontends.onnx import import_onnx
