@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_ir.ir import NPU_IR, OpNode, TensorMeta
+from torch_ir.ir import NPU_IR, OpNode, subgraph
 from torch_ir.passes import normalize as normalize_ir
 
 from .compiler import CompileError, IRSource, load_source, with_public_output_names
@@ -169,7 +169,9 @@ def _partitions(ir: NPU_IR, placements: list[Placement], levels: list[int]) -> l
         groups.setdefault((level, place.device), []).append(node)
     order = sorted(groups, key=lambda key: (key[0], key[1] != NPU))
     needed_later = _readers_outside(ir, groups)
-    return [Partition(i, device, _sub_ir(ir, groups[(level, device)], needed_later[(level, device)], i), level)
+    return [Partition(i, device, subgraph(ir, groups[(level, device)], name=f"{ir.model_name}.part{i}",
+                                          outputs=needed_later[(level, device)],
+                                          metadata={"partition_of": ir.model_name}), level)
             for i, (level, device) in enumerate(order)]
 
 
@@ -186,30 +188,3 @@ def _readers_outside(ir: NPU_IR, groups: dict[tuple[int, str], list[OpNode]]) ->
         if t.name in owner:
             needed[owner[t.name]].add(t.name)
     return needed
-
-
-def _sub_ir(ir: NPU_IR, nodes: list[OpNode], outputs: set[str], index: int) -> NPU_IR:
-    """The nodes as a graph of their own: outside activations become inputs, weights stay weights."""
-    weights = {w.name: w for w in ir.weights}
-    constants = {c.name: c for c in ir.constants}
-    defined = {t.name for n in nodes for t in n.outputs}
-    inputs: dict[str, TensorMeta] = {}
-    used_weights: dict[str, TensorMeta] = {}
-    used_constants: dict[str, TensorMeta] = {}
-    for n in nodes:
-        for t in n.inputs:
-            if t.name in weights:
-                used_weights[t.name] = weights[t.name]
-            elif t.name in constants:
-                used_constants[t.name] = constants[t.name]
-            elif t.name not in defined:
-                inputs.setdefault(t.name, TensorMeta(t.name, list(t.shape), t.dtype, role="input"))
-    graph_outputs = [t for n in nodes for t in n.outputs if t.name in outputs]
-    return NPU_IR(
-        model_name=f"{ir.model_name}.part{index}", graph_inputs=list(inputs.values()),
-        graph_outputs=graph_outputs, weights=list(used_weights.values()), nodes=list(nodes),
-        weight_name_mapping={k: v for k, v in ir.weight_name_mapping.items() if k in used_weights},
-        weight_aliases=dict(ir.weight_aliases), constants=list(used_constants.values()),
-        constant_values={k: v for k, v in ir.constant_values.items() if k in used_constants},
-        symbols=dict(ir.symbols), producer=dict(ir.producer), metadata={"partition_of": ir.model_name},
-    )

@@ -298,9 +298,9 @@ def tinygrad_mlp():
 
 
 def test_tinygrad_mapping_fault_is_named(monkeypatch, tmp_path):
-    from torch_ir.debug.sources import _tinygrad_device
+    from torch_ir.frontends.tinygrad.cli import default_device
 
-    _tinygrad_device()  # before tinygrad is imported: it reads its device from the environment then
+    default_device()  # before tinygrad is imported: it reads its device from the environment then
     pytest.importorskip("tinygrad")
     from tinygrad.uop.ops import Ops
 

@@ -21,12 +21,12 @@ from tests.onnx.graphs import FLOAT, make_model
 from torch_ir.debug.sources import (
     SubjectError,
     load_subject,
-    random_inputs,
     subject_from_torch,
 )
 from torch_ir.debug.subject import Subject
 from torch_ir.errors import InputMismatchError, WeightsMismatchError
 from torch_ir.executor import IRExecutor
+from torch_ir.inputs import random_inputs
 from torch_ir.weights import save_weights
 
 # tinygrad picks its device at import: the pure-Python one needs no compiler (as tests/tinygrad/conftest.py does)

@@ -5,9 +5,9 @@ Without tinygrad installed (it is an optional extra) these tests are not collect
 """
 
 import importlib.util
-import os
-import shutil
 
-os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
+from torch_ir.frontends.tinygrad.cli import default_device
+
+default_device()
 
 collect_ignore_glob = [] if importlib.util.find_spec("tinygrad") else ["test_*.py"]

@@ -96,12 +96,12 @@ def test_cli_import_tinygrad_writes_ir_and_weights(tmp_path, capsys):
 
 def test_cli_names_a_bad_factory():
     from torch_ir.errors import TorchIRError
-    from torch_ir.frontends.tinygrad.cli import _load_factory
+    from torch_ir.frontends.tinygrad.cli import load_factory
 
     with pytest.raises(TorchIRError, match="package.module:factory"):
-        _load_factory("tests.tinygrad.models")
+        load_factory("tests.tinygrad.models")
     with pytest.raises(TorchIRError, match="must return \\(model, example_inputs\\)"):
-        _load_factory("tests.tinygrad.models:MLP")  # a model, not (model, inputs)
+        load_factory("tests.tinygrad.models:MLP")  # a model, not (model, inputs)
 
 
 def test_docs_are_generated_and_their_example_runs():

@@ -100,12 +100,14 @@ class HostKernel:
         pass
 
     def run(self, inputs: list[Any], outputs: list[Any]) -> None:
-        host = [self._host(handle, spec) for handle, spec in zip(inputs, self.in_specs)]
+        host = [host_tensor(self.backend, handle, spec) for handle, spec in zip(inputs, self.in_specs)]
         for out, value in zip(outputs, self.fn(host, {})):
             self.backend.copy_in(out, value.detach().contiguous().numpy() if value.dtype != torch.bfloat16
                                  else value.float().numpy())
 
-    def _host(self, handle: Any, spec: TensorSpec) -> torch.Tensor:
-        """A device tensor as a CPU tensor of its own dtype (``download`` widens bfloat16 to float32)."""
-        array = self.backend.download(handle, spec)
-        return torch.from_numpy(np.ascontiguousarray(array)).to(dtype_from_name(spec.dtype))
+
+def host_tensor(backend: Backend, handle: Any, spec: TensorSpec) -> torch.Tensor:
+    """A device tensor as a logical-order CPU tensor of its spec's dtype (``download`` widens bfloat16 to float32;
+    this narrows it back, exactly)."""
+    array = backend.download(handle, spec)
+    return torch.from_numpy(np.ascontiguousarray(array)).to(dtype_from_name(spec.dtype))

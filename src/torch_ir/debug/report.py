@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..report.markdown import cell
 from ..verify.compare import TABLE_HEADER, TensorDiff
+from ..verify.result import md_table, text_table
 from .drift import Verdict
 
 
@@ -125,7 +127,7 @@ class BisectReport:
             for title, diffs in (("inputs", self.finding.inputs), ("outputs", self.finding.outputs)):
                 if diffs:
                     lines.append(f"  {title}:")
-                    lines += ["    " + line for line in _table(TABLE_HEADER, [d.cells() for d in diffs])]
+                    lines += text_table(diffs, "tensor", indent=4)
         if self.verdict is not None:
             lines.append(f"verdict: {self.verdict.text}")
         if self.repro is not None:
@@ -149,7 +151,7 @@ class BisectReport:
                  "max rel err | seconds |", "|---|---|---:|---:|---:|"]
         for r in self.stages:
             why = f" ({r.skipped or r.error})" if r.skipped or r.error else ""
-            lines.append(f"| {r.name} | {r.status}{_md(why)} | {_num(r.max_abs)} | {_num(r.max_rel)} "
+            lines.append(f"| {r.name} | {r.status}{cell(why)} | {_num(r.max_abs)} | {_num(r.max_rel)} "
                          f"| {r.seconds:.2f} |")
         lines.append("")
         if self.first_bad is None:
@@ -157,17 +159,15 @@ class BisectReport:
             return "\n".join(lines) + "\n"
         lines += [f"**First stage that diverges: {self.first_bad}**", ""]
         if self.finding is not None:
-            lines += [f"## Finding ({self.finding.kind})", "", _md(self.finding.title), ""]
-            lines += [f"- {k}: `{_md(str(v))}`" for k, v in _finding_fields(self.finding)]
-            lines += [f"- note: {_md(n)}" for n in self.finding.notes]
+            lines += [f"## Finding ({self.finding.kind})", "", cell(self.finding.title), ""]
+            lines += [f"- {k}: `{_code(v)}`" for k, v in _finding_fields(self.finding)]
+            lines += [f"- note: {cell(n)}" for n in self.finding.notes]
             for title, diffs in (("Inputs", self.finding.inputs), ("Outputs", self.finding.outputs)):
                 if diffs:
-                    lines += ["", f"{title}:", "", "| " + " | ".join(TABLE_HEADER) + " |",
-                              "|" + "---|" * len(TABLE_HEADER)]
-                    lines += ["| " + " | ".join(_md(c) for c in d.cells()) + " |" for d in diffs]
+                    lines += ["", f"{title}:", "", *md_table(diffs, "tensor")]
             lines.append("")
         if self.verdict is not None:
-            lines += ["## Drift or fault", "", _md(self.verdict.text), ""]
+            lines += ["## Drift or fault", "", cell(self.verdict.text), ""]
             if plot_name:
                 lines += [f"![per-layer error]({plot_name})", ""]
         if self.repro is not None:
@@ -271,8 +271,9 @@ def _tol(v: float | None) -> str:
     return "dtype default" if v is None else f"{v:g}"
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|")
+def _code(value: Any) -> str:
+    """A value inside a Markdown code span: nothing is markup there, but a backtick would end it."""
+    return str(value).replace("`", "'")
 
 
 def _h(text: str) -> str:

@@ -24,11 +24,10 @@ running process (a monkeypatched rule or kernel) is not in the repro's process, 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ import torch
 
 from ..errors import OutputWriteError, TorchIRError
 from ..fileio import atomic_write, check_writable_dir
-from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity, provenance_of
+from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity, provenance_of, subgraph
 from ..ops.values import dtype_name
 
 KINDS = ("frontend", "rule", "kernel", "lowering")
@@ -96,42 +95,9 @@ def sub_ir(ir: NPU_IR, node_names: Iterable[str], *, name: str) -> NPU_IR:
     if unknown or not wanted:
         raise ReproError(f"sub_ir of IR {ir.model_name!r}: " + (f"no node named {unknown}" if unknown else
                          "no nodes given") + "; pass names of its nodes (ir.nodes[i].name)")
-    chosen = [copy.deepcopy(n) for n in ir.nodes if n.name in set(wanted)]
-    made = {t.name for n in chosen for t in n.outputs}
-    weights = {t.name: t for t in ir.weights}
-    constants = {t.name: t for t in ir.constants}
-    inputs: dict[str, TensorMeta] = {}
-    for node in chosen:
-        for t in node.inputs:
-            if t.name not in made and t.name not in weights and t.name not in constants:
-                inputs.setdefault(t.name, replace(t, role="input", shape=list(t.shape)))
-    read = {t.name for n in chosen for t in n.inputs}
-    outside = {t.name for n in ir.nodes if n.name not in set(wanted) for t in n.inputs}
-    outside |= {t.name for t in ir.graph_outputs} | set(ir.mutations.values())
-    outputs = [t for n in chosen for t in n.outputs if t.name in outside]
-    if not outputs:  # nothing of theirs is read outside (a dead group): what no listed node reads
-        outputs = [t for n in chosen for t in n.outputs if t.name not in read]
-    used = read | made
-    kept_w = [replace(t, shape=list(t.shape)) for t in ir.weights if t.name in used]
-    kept_c = [replace(t, shape=list(t.shape)) for t in ir.constants if t.name in used]
-    keys = {ir.weight_name_mapping.get(t.name, t.name) for t in kept_w}
-    return NPU_IR(
-        model_name=name,
-        graph_inputs=list(inputs.values()),
-        graph_outputs=[replace(t, role="output", shape=list(t.shape)) for t in outputs],
-        weights=kept_w,
-        nodes=chosen,
-        weight_name_mapping={t.name: ir.weight_name_mapping[t.name] for t in kept_w
-                             if t.name in ir.weight_name_mapping},
-        weight_aliases={k: list(v) for k, v in ir.weight_aliases.items() if k in keys},
-        constants=kept_c,
-        constant_values={t.name: ir.constant_values[t.name] for t in kept_c if t.name in ir.constant_values},
-        symbols=copy.deepcopy(ir.symbols),
-        non_persistent_buffers={k: copy.deepcopy(v) for k, v in ir.non_persistent_buffers.items() if k in keys},
-        inlined_constant_keys={k: v for k, v in ir.inlined_constant_keys.items() if k in {t.name for t in kept_c}},
-        producer=dict(ir.producer),
-        metadata={"repro_of": {"model": ir.model_name, "nodes": [n.name for n in chosen]}},
-    )
+    chosen = [n for n in ir.nodes if n.name in set(wanted)]
+    return subgraph(ir, chosen, name=name,
+                    metadata={"repro_of": {"model": ir.model_name, "nodes": [n.name for n in chosen]}})
 
 
 def sub_weights(sub: NPU_IR, weights: Mapping[str, Any]) -> dict[str, torch.Tensor]:

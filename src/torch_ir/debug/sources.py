@@ -20,7 +20,6 @@ trusted specs only (see ``torch_ir.factory_spec``).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,8 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExtractionError, InputMismatchError, TorchIRError, WeightsMismatchError
 from ..executor import IRExecutor
+from ..inputs import random_inputs
 from ..ir import NPU_IR, OpNode, load_ir
-from ..limits import check_shape
-from ..ops.values import dtype_from_name
 from .subject import Subject
 
 TINYGRAD_PREFIX = "tinygrad:"
@@ -40,9 +38,6 @@ FRONTENDS = ("torch", "onnx", "tinygrad", "ir")
 ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), "
             "'tinygrad:package.module:factory', a path to an .onnx file, a path to an IR .json file "
             "(with weights=), or an NPU_IR object (with weights=)")
-_SMALL_INT = 8  # the bound of an integer input nothing in the graph bounds (as torch-ir verify-onnx uses)
-# ops that index a table with an integer input: op -> (position of the table, position of the index, table axis)
-_INDEXING = {"aten.embedding.default": (0, 1, 0), "aten.index_select.default": (0, 2, None)}
 
 
 class SubjectError(TorchIRError, ValueError):
@@ -138,10 +133,10 @@ def subject_from_torch(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapp
 
 def _torch_subject(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *, name: str,
                    inputs: Sequence[Any] | None, seed: int) -> Subject:
-    from ..verify.verifier import _in_ir_order, _run_eager
+    from ..verify.verifier import in_ir_order, run_eager
     from ..weights import module_state
 
-    kwargs = _in_ir_order(ir, kwargs)
+    kwargs = in_ir_order(ir, kwargs)
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     if len(slots) != len(ir.graph_inputs):
@@ -154,7 +149,7 @@ def _torch_subject(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapp
     args, kwargs = pytree.tree_unflatten(leaves, spec)
 
     def run_trusted() -> list[torch.Tensor]:
-        return _run_eager(model, args, kwargs)
+        return run_eager(model, args, kwargs)
 
     def trusted_values() -> dict[str, torch.Tensor]:
         return _torch_values(ir, model, args, kwargs)
@@ -171,7 +166,7 @@ def _torch_values(ir: NPU_IR, model: torch.nn.Module, args: tuple,
     whole, the one with the later first misaligned node is used up to that node: after an extra node every
     later FX name shifts, so a same-named value further on may be another op's and is left out.
     """
-    from ..verify.reference import EXPORT_MODES, export_reference, run_reference
+    from ..verify.reference import EXPORT_MODES, aligned_prefix, export_reference, run_reference
 
     best: tuple[int, Any] | None = None
     for mode in EXPORT_MODES:
@@ -179,7 +174,7 @@ def _torch_values(ir: NPU_IR, model: torch.nn.Module, args: tuple,
             ep = export_reference(ir, model, args, kwargs, mode)
         except Exception:  # noqa: BLE001 - a failed re-export leaves the other mode, or no intermediates
             continue
-        good = _aligned_prefix(ir, ep)
+        good = aligned_prefix(ir, ep)
         if best is None or good > best[0]:
             best = (good, ep)
         if good == len(ir.nodes):
@@ -191,16 +186,6 @@ def _torch_values(ir: NPU_IR, model: torch.nn.Module, args: tuple,
     names = {t.name: t for t in [*ir.graph_inputs, *ir.weights, *ir.constants]}
     names.update({t.name: t for node in ir.nodes[:good] for t in node.outputs})
     return {n: v for n, v in values.items() if n in names and list(v.shape) == _dims(names[n].shape, v)}
-
-
-def _aligned_prefix(ir: NPU_IR, ep: Any) -> int:
-    """How many IR nodes, from the first, have a same-named node of the same op in the exported graph."""
-    fx = {n.name: n for n in ep.graph.nodes}
-    for i, node in enumerate(ir.nodes):
-        other = fx.get(node.name)
-        if other is None or other.op != "call_function" or str(other.target) != node.op_type:
-            return i
-    return len(ir.nodes)
 
 
 def _dims(shape: Sequence[Any], value: torch.Tensor) -> list[int]:
@@ -255,16 +240,11 @@ def subject_from_onnx(model: str | os.PathLike | Any, *, inputs: Sequence[Any] |
 
 # -- tinygrad ----------------------------------------------------------------------------------------
 
-def _tinygrad_device() -> None:
-    # tinygrad picks its device when first imported: the pure-Python one needs no compiler (as the CLI does)
-    os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
-
-
 def _tinygrad_factory(spec: str) -> tuple[Any, list[Any]]:
-    _tinygrad_device()
-    from ..frontends.tinygrad.cli import _load_factory
+    from ..frontends.tinygrad.cli import default_device, load_factory
 
-    return _load_factory(spec)
+    default_device()
+    return load_factory(spec)
 
 
 def subject_from_tinygrad(model: Any, inputs: Sequence[Any], *, name: str | None = None, seed: int = 0,
@@ -280,7 +260,9 @@ def subject_from_tinygrad(model: Any, inputs: Sequence[Any], *, name: str | None
     range); otherwise the given inputs are used as they are. The model is imported on those values, so
     the UOps the IR tensors came from compute exactly the trusted values: ``trusted_values`` realizes them.
     """
-    _tinygrad_device()
+    from ..frontends.tinygrad.cli import default_device
+
+    default_device()
     import numpy as np
     from tinygrad.tensor import Tensor
 
@@ -421,75 +403,6 @@ def _weights_beside(ir: NPU_IR, path: Path | None) -> Path | None:
 
 # -- inputs ------------------------------------------------------------------------------------------
 
-def random_inputs(ir: NPU_IR, seed: int = 0, *, examples: Sequence[torch.Tensor] | None = None,
-                  shapes: Mapping[str, Sequence[int]] | None = None) -> list[torch.Tensor]:
-    """Seeded inputs for ``ir.graph_inputs``: normal floats, valid indices, example values for other ints.
-
-    Example::
-
-        x, ids = random_inputs(ir, seed=0, shapes={"ids": [1, 16]})
-
-    Shapes are the IR's, with symbolic ones taken from ``shapes`` (by input name) or the example's. An
-    integer input that indexes a table (``aten.embedding``, ``aten.index_select``) stays below the table's
-    size; any other integer or bool input takes the example's values when there is one (positions and masks
-    have ranges the graph does not state), else small non-negative ints (random bools).
-    """
-    g = torch.Generator().manual_seed(seed)
-    bounds = index_bounds(ir)
-    out = []
-    for i, meta in enumerate(ir.graph_inputs):
-        example = examples[i] if examples is not None else None
-        shape = _concrete_shape(ir, meta, (shapes or {}).get(meta.name), example)
-        dtype = dtype_from_name(meta.dtype)  # a checked name: never getattr(torch, <a name from a file>)
-        check_shape(shape, dtype.itemsize, f"random input {meta.name!r}")  # before allocating it
-        if dtype.is_floating_point or dtype.is_complex:
-            out.append(torch.randn(shape, generator=g).to(dtype))
-        elif meta.name in bounds:
-            out.append(torch.randint(0, bounds[meta.name], shape, generator=g).to(dtype))
-        elif example is not None and list(example.shape) == shape:
-            out.append(example.clone())
-        elif dtype == torch.bool:
-            out.append(torch.randint(0, 2, shape, generator=g).bool())
-        else:
-            out.append(torch.randint(0, _SMALL_INT, shape, generator=g).to(dtype))
-    return out
-
-
-def index_bounds(ir: NPU_IR) -> dict[str, int]:
-    """Graph input name -> the smallest table size it indexes (a token id's vocabulary)."""
-    inputs = {t.name for t in ir.graph_inputs}
-    bounds: dict[str, int] = {}
-    for node in ir.nodes:
-        where = _INDEXING.get(node.op_type)
-        if where is None or len(node.inputs) < 2:
-            continue
-        table_at, index_at, axis = where
-        index = node.inputs[min(index_at, len(node.inputs) - 1)]
-        if index.name not in inputs or index.dtype.startswith(("float", "bfloat", "bool")):
-            continue
-        axis = axis if axis is not None else int(node.attrs.get("dim", 0))
-        size = node.inputs[table_at].shape[axis] if node.inputs[table_at].rank > axis else None
-        if isinstance(size, int) and size > 0:
-            bounds[index.name] = min(bounds.get(index.name, size), size)
-    return bounds
-
-
-def _concrete_shape(ir: NPU_IR, meta: Any, bound: Sequence[int] | None, example: torch.Tensor | None) -> list[int]:
-    if bound is not None:
-        shape = list(bound)
-    elif meta.is_static:
-        return list(meta.shape)
-    elif example is not None:
-        shape = list(example.shape)
-    else:
-        shape = list(meta.shape)
-    if len(shape) != meta.rank or not all(isinstance(d, int) and d >= 0 for d in shape):
-        example_dims = ",".join(str(d if isinstance(d, int) else 1) for d in meta.shape)
-        raise InputMismatchError(f"input {meta.name!r} of IR {ir.model_name!r} has shape {meta.shape}; bind its "
-                                 f"symbolic dimensions with input_shapes={{{meta.name!r}: [{example_dims}]}}")
-    return shape
-
-
 def _given(ir: NPU_IR, inputs: Sequence[Any], name: str) -> list[torch.Tensor]:
     """The caller's inputs as torch tensors, one per graph input."""
     from ..weights import as_tensor
@@ -501,5 +414,5 @@ def _given(ir: NPU_IR, inputs: Sequence[Any], name: str) -> list[torch.Tensor]:
     return values
 
 
-__all__ = ["ACCEPTED", "TINYGRAD_PREFIX", "SubjectError", "index_bounds", "load_subject", "random_inputs",
+__all__ = ["ACCEPTED", "TINYGRAD_PREFIX", "SubjectError", "load_subject",
            "subject_from_ir", "subject_from_onnx", "subject_from_tinygrad", "subject_from_torch"]

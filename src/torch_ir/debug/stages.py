@@ -244,6 +244,8 @@ class Pipeline:
 
     def trace_program(self, backend: str) -> DispatchTrace:
         """Run the program once, reading back every dispatch's outputs right after it ran."""
+        from npu_runtime.backends.base import host_tensor
+
         if backend in self._traces:
             return self._traces[backend]
         executor = self.executor(backend)
@@ -273,6 +275,7 @@ class Pipeline:
         """Dispatch ``index`` on its actual inputs: (inputs as it read them, its outputs, its op's reference
         implementation's outputs on those same inputs). Inputs are read before the kernel runs, since an
         in-place kernel overwrites one."""
+        from npu_runtime.backends.base import host_tensor
         from npu_runtime.reference import bind_reference
 
         executor = self.executor(backend)
@@ -314,14 +317,6 @@ class Pipeline:
         return outputs, env, plan
 
 
-def host_tensor(backend: Any, handle: Any, spec: Any) -> torch.Tensor:
-    """A device tensor read back as a logical-order CPU tensor of the spec's dtype (bfloat16 kept)."""
-    if isinstance(handle, torch.Tensor):
-        return handle.detach().contiguous().clone()
-    array = np.ascontiguousarray(backend.download(handle, spec))
-    return _to_dtype(torch.from_numpy(array), spec.dtype)
-
-
 def _to_dtype(t: torch.Tensor, dtype: str) -> torch.Tensor:
     want = dtype_from_name(dtype)
     return t if t.dtype == want else t.to(want)
@@ -337,4 +332,4 @@ def _program_inputs(subject: Subject, program: Any) -> dict[str, Any]:
 
 
 __all__ = ["IR_STAGES", "REWRITE_STAGES", "STAGE_NAMES", "DispatchTrace", "Pipeline", "StageError", "StageResult",
-           "check_stages", "host_tensor", "webgpu_problem"]
+           "check_stages", "webgpu_problem"]

@@ -594,12 +594,16 @@ class _Converter:
                 raise ExtractionError(f"output kind {spec.kind.name} ({spec.target}) is not supported")
 
 
-def _module_path(node: Node) -> str | None:
-    """``"layers.3.mlp"``: the innermost module the node was traced in (None for the model itself)."""
+def innermost_module(node: Node) -> tuple[str, Any] | None:
+    """(module path, module class) of the innermost module ``node`` was traced in; the path is "" for the model
+    itself; None when torch.export recorded no module stack."""
     stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
+    return list(stack.values())[-1] if stack else None
+
+
+def _module_path(node: Node) -> str | None:
+    """``"layers.3.mlp"``: the provenance's module path (None for the model itself)."""
+    path = (innermost_module(node) or ("", None))[0]
     return path if isinstance(path, str) and path else None
 
 

@@ -26,7 +26,7 @@ from torch.fx import Node
 from torch.utils import _pytree as pytree
 
 from ..frontends.meta_model import on_meta
-from ..frontends.torch_export import export_program
+from ..frontends.torch_export import export_program, innermost_module
 from ..ir import NPU_IR
 
 EXPORT_MODES = ("real weights", "meta weights")
@@ -50,12 +50,24 @@ def unaligned(ir: NPU_IR, ep: ExportedProgram) -> list[str]:
                 for t in [*ir.graph_inputs, *ir.weights, *ir.constants]
                 if t.name not in nodes or nodes[t.name].op != "placeholder"]
     for node in ir.nodes:
-        fx = nodes.get(node.name)
-        fx_op = str(fx.target) if fx is not None and fx.op == "call_function" else None
+        fx_op = _fx_op(nodes.get(node.name))
         if fx_op != node.op_type:
             problems.append(f"node {node.name!r} is {node.op_type} in the IR, {fx_op or 'absent'} there")
         problems += [f"tensor {t.name!r} is absent there" for t in node.outputs if t.name not in tensors]
     return problems
+
+
+def aligned_prefix(ir: NPU_IR, ep: ExportedProgram) -> int:
+    """How many IR nodes, from the first, have a same-named node of the same op in the exported graph: after a
+    node that does not line up, later FX names may shift, so only this prefix's values can be trusted by name."""
+    nodes = {n.name: n for n in ep.graph.nodes}
+    return next((i for i, node in enumerate(ir.nodes) if _fx_op(nodes.get(node.name)) != node.op_type),
+                len(ir.nodes))
+
+
+def _fx_op(fx: Node | None) -> str | None:
+    """The op type an FX node calls (None for a placeholder, an output or no node)."""
+    return str(fx.target) if fx is not None and fx.op == "call_function" else None
 
 
 def _unnamed_outputs(ep: ExportedProgram) -> set[str]:
@@ -78,10 +90,10 @@ def run_reference(ep: ExportedProgram, model: torch.nn.Module, args: tuple,
 def module_of(ep: ExportedProgram, name: str) -> str | None:
     """``"model.layers.0.mlp (LlamaMLP)"``: the innermost module the node ``name`` was traced in."""
     node = next((n for n in ep.graph.nodes if n.name == name), None)
-    stack = node.meta.get("nn_module_stack") if node is not None else None
-    if not stack:
+    module = innermost_module(node) if node is not None else None
+    if module is None:
         return None
-    path, cls = list(stack.values())[-1]
+    path, cls = module
     cls_name = getattr(cls, "__name__", str(cls).rsplit(".", 1)[-1])
     return f"{path} ({cls_name})" if path else cls_name  # an empty path is the model itself
 

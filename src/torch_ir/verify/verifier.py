@@ -50,14 +50,14 @@ def verify_ir(
     if is_array_like(test_inputs):
         test_inputs = (test_inputs,)
     args = _as_tensors(tuple(test_inputs), "test_inputs")
-    kwargs = _in_ir_order(ir, _as_tensors(dict(test_kwargs or {}), "test_kwargs"))
+    kwargs = in_ir_order(ir, _as_tensors(dict(test_kwargs or {}), "test_kwargs"))
     ir_inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     weights = module_state(original_model) if weights is None else weights
     actual = IRExecutor(ir, weights).run(ir_inputs)
     was_training = original_model.training
     original_model.eval()
     try:
-        expected = _run_eager(original_model, args, kwargs)
+        expected = run_eager(original_model, args, kwargs)
         outputs, note = _compare_outputs(ir, actual, expected, rtol, atol)
         ok = note is None and all(d.ok for d in outputs)
         where = None if ok else localize(ir, weights, original_model, args, kwargs, ir_inputs, rtol, atol)
@@ -104,7 +104,7 @@ def _as_tensors(tree: Any, what: str) -> Any:
     return pytree.tree_map_with_path(convert, tree)
 
 
-def _in_ir_order(ir: NPU_IR, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def in_ir_order(ir: NPU_IR, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword inputs sorted as the IR's graph inputs are (they are named after the keywords).
 
     torch.export flattens keyword inputs in the order they were given, so a caller who passes them
@@ -114,7 +114,7 @@ def _in_ir_order(ir: NPU_IR, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return dict(sorted(kwargs.items(), key=lambda kv: position.get(kv[0], len(position))))
 
 
-def _run_eager(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+def run_eager(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
     """The model's output tensors, flattened as the IR's outputs are (``tree_leaves``).
 
     The inputs are cloned and the buffers put back afterwards, so that a forward that updates a

@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from ...errors import TorchIRError
-from ...limits import check_shape
-from ...ops.values import dtype_from_name
+from ...inputs import random_inputs
 
 
 class UsageError(TorchIRError, ValueError):
@@ -107,26 +104,9 @@ def cmd_verify_onnx(args: argparse.Namespace) -> int:
     else:
         name = loaded.model.graph.name or "onnx_model"
         ir, weights = Importer(loaded, name, reference_fallback=not args.aten_only).run()
-    inputs = random_inputs(ir, args.seed)
+    inputs = random_inputs(ir, args.seed, shapes=shapes, error=UsageError)
     ok, report = verify_onnx(ir, weights, args.model, inputs, rtol=args.rtol, atol=args.atol)
     print(report.to_markdown() if args.markdown else report)
     return 0 if ok else 1
 
 
-def random_inputs(ir, seed: int = 0) -> list[torch.Tensor]:
-    """Seeded inputs of the IR's static input shapes: normal floats, small non-negative ints, random bools."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for meta in ir.graph_inputs:
-        if not meta.is_static:
-            raise UsageError(f"input {meta.name!r} has symbolic shape {meta.shape}; bind it with --input-shape "
-                             f"{meta.name}=" + ",".join(str(d if isinstance(d, int) else 1) for d in meta.shape))
-        dtype = dtype_from_name(meta.dtype)  # a checked name: never getattr(torch, <a name from a file>)
-        check_shape(meta.shape, dtype.itemsize, f"random input {meta.name!r}")  # before allocating it
-        if dtype.is_floating_point:
-            out.append(torch.randn(meta.shape, generator=g).to(dtype))
-        elif dtype == torch.bool:
-            out.append(torch.randint(0, 2, meta.shape, generator=g).bool())
-        else:
-            out.append(torch.randint(0, 8, meta.shape, generator=g).to(dtype))
-    return out

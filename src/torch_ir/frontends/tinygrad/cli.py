@@ -33,12 +33,19 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_tinygrad_docs)
 
 
-def _load_factory(spec: str) -> tuple[Any, list[Any]]:
+def default_device() -> None:
+    """Let tinygrad run where no device was chosen: it picks its device when first imported, and the pure-Python
+    one needs no compiler (``DEV=CPU`` needs clang)."""
+    os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
+
+
+def load_factory(spec: str) -> tuple[Any, list[Any]]:
     """Import and call the factory of ``spec`` (this runs its code: trusted specs only); ExtractionError
     naming the spec if it cannot be found, is not callable, raises or exits, or returns something else."""
-    from ...factory_spec import call_factory, describe, load_factory
+    from ...factory_spec import call_factory, describe
+    from ...factory_spec import load_factory as find_factory
 
-    made = call_factory(load_factory(spec), spec)
+    made = call_factory(find_factory(spec), spec)
     if not isinstance(made, tuple) or len(made) != 2 or not callable(made[0]) or not isinstance(made[1], (tuple, list)):
         raise ExtractionError(f"factory {spec!r} must return (model, example_inputs), got {describe(made)}; "
                               "expected a 2-tuple of a tinygrad model and a list of example Tensors")
@@ -46,8 +53,7 @@ def _load_factory(spec: str) -> tuple[Any, list[Any]]:
 
 
 def cmd_import_tinygrad(args: argparse.Namespace) -> int:
-    # tinygrad picks its device at import: the pure-Python one needs no compiler
-    os.environ.setdefault("DEV", "CPU" if shutil.which("clang") else "PYTHON")
+    default_device()
     import torch
 
     from ...fileio import check_output_path
@@ -59,7 +65,7 @@ def cmd_import_tinygrad(args: argparse.Namespace) -> int:
         check_output_path(args.output, "IR file")
     if args.weights:
         check_output_path(args.weights, "weights file")
-    model, inputs = _load_factory(args.model)
+    model, inputs = load_factory(args.model)
     name = args.name or args.model.partition(":")[2]
     names = args.input_names.split(",") if args.input_names else None
     ir, weights = import_tinygrad(model, inputs, input_names=names, model_name=name, simplify=not args.literal)
