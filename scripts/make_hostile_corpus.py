@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 MARKER = "PWNED"
+HERE = Path(__file__).resolve().parent
 MAGIC = b"NPUBIN\0\0"
 FIXED = struct.Struct("<8sHHQ")  # magic, major, minor, header length
 ALIGNMENT = 64
@@ -70,8 +71,35 @@ MiB = 1 << 20
 MODULE_NAME = "make_hostile_corpus"
 VERIFY_SPEC = f"{MODULE_NAME}:tiny_factory"
 
-API_KINDS = ("load_ir", "ir_executor", "compile", "program_load", "executor", "load_weights", "nan_compare",
-             "default_output", "cli")
+BASE_API_KINDS = ("load_ir", "ir_executor", "compile", "program_load", "executor", "load_weights", "nan_compare",
+                  "default_output", "cli")
+
+#: The second pass's families, one module each beside this script (``scripts/hostile_<family>.py``). Each has
+#: ``build(b: _Builder) -> None``, which adds its cases, and ``API: dict[str, Callable[[Case, Path], None]]``,
+#: the API calls of the kinds its cases name (``"<family>.<kind>"``; ``Path`` is the corpus directory).
+FAMILIES = ("hostile_native", "hostile_checkpoints", "hostile_hardware", "hostile_outputs")
+
+def family_modules() -> list[Any]:
+    """The second pass's family modules, imported from beside this script."""
+    import importlib
+
+    sys.modules.setdefault(MODULE_NAME, sys.modules[__name__])  # families import Case & co. from here
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    return [importlib.import_module(name) for name in FAMILIES]
+
+
+def extra_api() -> dict[str, Callable[..., None]]:
+    """Every family's API kinds: name -> ``call(case, corpus_dir)``."""
+    calls: dict[str, Callable[..., None]] = {}
+    for module in family_modules():
+        calls.update(module.API)
+    return calls
+
+
+def api_kinds() -> tuple[str, ...]:
+    return BASE_API_KINDS + tuple(extra_api())
+
 
 # Base artifacts every case is derived from (written first, not cases themselves).
 BASE_IR, BASE_PROGRAM, BASE_WEIGHTS, BASE_INPUT, SECRET = (
@@ -198,6 +226,7 @@ class _Builder:
         self.dir = directory
         self.cases: list[Case] = []
         self.ids: set[str] = set()
+        self.extra_kinds = set(extra_api())
 
     # -- paths and markers
 
@@ -211,7 +240,7 @@ class _Builder:
 
     def add(self, case: Case) -> Case:
         assert case.id not in self.ids, case.id
-        assert case.api in API_KINDS, case.api
+        assert case.api in BASE_API_KINDS or case.api in self.extra_kinds, case.api
         self.ids.add(case.id)
         self.cases.append(case)
         return case
@@ -1217,9 +1246,11 @@ def build_corpus(directory: str | Path, *, all_commands: bool = False) -> list[C
     _programs(b, header, blob, program_bytes)
     _weights(b, base["state"])
     _cli_only(b)
+    for module in family_modules():
+        module.build(b)
     rotation = 0
     for case in b.cases:
-        case.isolate = case.api == "executor" or case.category == "amplification"
+        case.isolate = case.isolate or case.api == "executor" or case.category == "amplification"
         commands = [c.argv[0] for c in case.cli]
         if not all_commands and commands == ["inspect", "verify", "compile", "normalize"]:
             keep = commands[1 + rotation % 3]

@@ -15,8 +15,10 @@ the Markdown/JSON reports of the command line) goes through :func:`atomic_write`
 Commands that write several files call :func:`check_output_path` for each of them first, so that a bad
 path is refused before anything is written.
 
-Reading goes through :func:`read_input`: a missing path, a directory, an unreadable file or one larger than
-``torch_ir.limits`` is one :class:`InputReadError` naming the file, before anything is read.
+Reading goes through :func:`read_input` (or :func:`check_regular_file`, for a file a library opens by name):
+a missing path, anything but a regular file (a directory, a FIFO, ``/dev/zero`` or a link to one), an
+unreadable file or one larger than ``torch_ir.limits`` is one :class:`InputReadError` naming the file, before
+anything is read; the read itself is bounded.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import InputNotFoundError, InputReadError, OutputWriteError
-from .limits import check_alloc
+from .limits import check_alloc, get_limits
 
 Writer = Callable[[BinaryIO], None]
 
@@ -178,8 +180,33 @@ def write_error(target: Path, err: OSError, what: str = "file") -> OutputWriteEr
 
 def read_input(path: str | os.PathLike, what: str = "file", fix: str = "check the path") -> bytes:
     """The bytes of an input file, refusing with :class:`InputReadError` (naming ``path``, the reason and
-    ``fix``) a path that does not exist, is a directory or cannot be read, and a file over
-    ``torch_ir.limits.max_alloc_bytes`` (it would be read whole into memory)."""
+    ``fix``) a path that does not exist, is not a regular file (a directory, a FIFO, a device such as
+    ``/dev/zero``, a socket, or a link to one), cannot be read, or is larger than
+    ``torch_ir.limits.max_alloc_bytes`` (it would be read whole into memory). The file is opened without
+    blocking and read with that bound, so a file that grows while it is read is refused too."""
+    source = Path(path)
+    limit = check_regular_file(source, what, fix)
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise InputReadError(f"{what} {str(source)!r} cannot be read ({err.strerror or err}); {fix}") from None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a FIFO or device after the check
+                raise InputReadError(_not_regular(source, what, os.fstat(fd).st_mode))
+            data = handle.read(limit + 1)
+        except OSError as err:
+            raise InputReadError(f"{what} {str(source)!r} cannot be read ({err.strerror or err}); {fix}") from None
+    if len(data) > limit:
+        check_alloc(len(data), f"{what} {str(source)!r} (it grew while it was read)")
+    return data
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "file", fix: str = "check the path") -> int:
+    """Refuse, before anything opens it, a ``path`` that is missing or is not a regular file (a link is
+    followed: a link to ``/dev/zero`` or to a FIFO is refused by what it points to), or one whose size is
+    over ``max_alloc_bytes``. Returns the most bytes a read of it may take. For files that a library opens
+    by name (safetensors, tokenizers, transformers' configs), call this first."""
     source = Path(path)
     try:
         st = os.stat(source)
@@ -189,12 +216,18 @@ def read_input(path: str | os.PathLike, what: str = "file", fix: str = "check th
         raise InputReadError(f"{what} {str(source)!r} cannot be read ({err.strerror or err}); {fix}") from None
     if stat.S_ISDIR(st.st_mode):
         raise InputReadError(f"{what} {str(source)!r} is a directory; give the path of the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputReadError(_not_regular(source, what, st.st_mode))
     check_alloc(st.st_size, f"{what} {str(source)!r}")
-    try:
-        with open(source, "rb") as handle:
-            return handle.read()
-    except OSError as err:
-        raise InputReadError(f"{what} {str(source)!r} cannot be read ({err.strerror or err}); {fix}") from None
+    return max(get_limits().max_alloc_bytes, st.st_size)
+
+
+def _not_regular(source: Path, what: str, mode: int) -> str:
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    via = f" (a link to {os.path.realpath(source)!r})" if os.path.islink(source) else ""
+    return (f"{what} {str(source)!r} is {kind}{via}, not a regular file: reading it could block forever or never "
+            "end; give the path of a regular file")
 
 
 def _is_stream(target: Path) -> bool:
@@ -261,5 +294,5 @@ def _fsync_directory(directory: Path) -> None:
 
 __all__ = [
     "OutputDirectoryMissingError", "OutputIsADirectoryError", "OutputNotADirectoryError", "OutputPermissionError",
-    "atomic_write", "check_output_path", "check_writable_dir", "read_input", "write_error",
+    "atomic_write", "check_output_path", "check_regular_file", "check_writable_dir", "read_input", "write_error",
 ]
