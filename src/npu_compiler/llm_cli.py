@@ -65,6 +65,13 @@ def _check_early(args: argparse.Namespace) -> None:
                                     f"--max-cache-len is {args.max_cache_len}: raise it or ask for fewer tokens")
 
 
+def _progress(label: str) -> None:
+    """The stage being worked on, on a terminal only (as the other commands' progress bars): piped, a checkpoint
+    refused while it loads stays the one stderr line of an error."""
+    if sys.stderr.isatty():
+        print(f"[{label}]", file=sys.stderr, flush=True)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from npu_runtime import Device, load_weights
     from npu_runtime.generate import Generator
@@ -75,8 +82,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = Device(args.backend)  # before minutes of compiling: a backend that cannot start says so now
     lm = load_lm(args.source, dtype=args.dtype, max_cache_len=args.max_cache_len, chunk=args.chunk,
-                 target=device.backend.target,
-                 progress=lambda label: print(f"[{label}]", file=sys.stderr, flush=True))
+                 target=device.backend.target, progress=_progress)
     if args.prompt is not None:
         prompt = lm.tokenizer.encode(args.prompt)
     else:

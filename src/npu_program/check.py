@@ -18,6 +18,10 @@ silently wrong answer) or naming a kernel the target does not have:
   no larger than their base, and no two tensors live at the same step sharing bytes (the memory
   planner's own independent checker, :func:`~npu_program.memory_check.check_plan`, run again).
 
+Every check is linear (or n log n) in the size of the program: a small file must not cost quadratic time.
+The views' roots, for one, are resolved once for all (:func:`~npu_program.memory_check.alias_roots`), not
+by walking a view's chain at each use.
+
 Loading a file (``CompiledProgram.load``) and constructing an ``Executor`` both call it. It lives in
 ``npu_program`` (not the compiler) so that the runtime can run it without importing the compiler.
 """
@@ -32,7 +36,7 @@ from torch_ir.errors import TorchIRError
 from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.values import check_value
 
-from .memory_check import MemoryPlanError, check_plan, lifetimes, resolve_alias
+from .memory_check import MemoryPlanError, alias_roots, check_plan, lifetimes
 from .npubin import NpubinError
 from .program import STATE_INITS, CompiledProgram, StateSpec, TensorSpec, dtype_size
 
@@ -59,8 +63,9 @@ def check_program(program: CompiledProgram, where: str | None = None, *,
     """
     where = where or f"program {program.model_name!r}"
     specs = _check_specs(program, where)
-    _check_dispatches(program, specs, where, kernels)
-    _check_memory(program, where)
+    roots = _alias_roots(program, where)
+    _check_dispatches(program, specs, roots, where, kernels)
+    _check_memory(program, roots, where)
 
 
 def _check_spec(spec: Any, what: str, where: str) -> None:
@@ -136,14 +141,15 @@ def _check_state(program: CompiledProgram, weights: dict[str, TensorSpec], where
     return state
 
 
-def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], where: str,
+def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], roots: dict[str, str], where: str,
                       kernels: Collection[str] | None) -> None:
     state = {spec.name for spec in program.state_specs}
     bound = {w.name for w in program.weight_specs} | set(program.constants)  # what exists at bind time
+    read_by_runs = state | {s.name for s in program.output_specs}  # what a bind-time dispatch must not write
     for i, d in enumerate(program.dispatches):
         what = f"dispatch {i}"
         if d.at_bind is not False:
-            _check_bind_time(d, bound, program, what, where)
+            _check_bind_time(d, bound, roots, read_by_runs, what, where)
         if getattr(d, "host", None) is not None:
             _check_host_dispatch(d, what, where)  # an op run on the host: not a kernel of the target
         elif not isinstance(d.kernel, str) or (kernels is not None and d.kernel not in kernels):
@@ -168,14 +174,15 @@ def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], where: st
             raise NpubinError(f"{e}; {_FIX}") from None
 
 
-def _check_bind_time(d: Any, bound: set[str], program: CompiledProgram, what: str, where: str) -> None:
+def _check_bind_time(d: Any, bound: set[str], roots: dict[str, str], read_by_runs: set[str], what: str,
+                     where: str) -> None:
     """A dispatch run once at bind time may read only what exists then (weights, constants, what earlier such
-    dispatches wrote) and must not write a graph output: otherwise a run would read stale bytes."""
+    dispatches wrote) and must not write a graph output or a state slot (``read_by_runs``): otherwise a run
+    would read stale bytes."""
     if d.at_bind is not True:
         raise _fail(where, f"{what}: at_bind must be true or false, got {str(d.at_bind)[:40]!r}")
-    late = [n for n in d.inputs if resolve_alias(n, program.memory.aliases) not in bound and n not in bound]
-    outputs = {s.name for s in program.output_specs}
-    if late or set(d.outputs) & outputs or set(d.outputs) & {s.name for s in program.state_specs}:
+    late = [n for n in d.inputs if roots.get(n, n) not in bound and n not in bound]
+    if late or not read_by_runs.isdisjoint(d.outputs):
         raise _fail(where, f"{what} ({d.kernel}) runs at bind time but reads {late[:3] or 'nothing late'} or writes "
                            "a program output or state slot; a bind-time dispatch reads weights and constants only")
     bound.update(d.outputs)
@@ -206,7 +213,19 @@ def _check_window_param(key: str, value: Any, where: str) -> None:
         raise ValueError(f"{where}: {str(value)[:80]} must be an integer (or a list of integers) of at least {least}")
 
 
-def _check_memory(program: CompiledProgram, where: str) -> None:
+def _alias_roots(program: CompiledProgram, where: str) -> dict[str, str]:
+    """The root of every view of the memory plan, once for all checks; the links must join tensors of the
+    program, without a cycle."""
+    for name, base in program.memory.aliases.items():
+        if name not in program.tensors or not isinstance(base, str) or base not in program.tensors:
+            raise _fail(where, f"memory.aliases: {name!r} -> {base!r} links tensors the program does not have")
+    try:
+        return alias_roots(program.memory.aliases)
+    except MemoryPlanError as e:
+        raise _fail(where, f"memory.aliases: {e}") from None
+
+
+def _check_memory(program: CompiledProgram, view_roots: dict[str, str], where: str) -> None:
     memory = program.memory
     for name, value, least in (("arena_bytes", memory.arena_bytes, 0), ("alignment", memory.alignment, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -215,13 +234,7 @@ def _check_memory(program: CompiledProgram, where: str) -> None:
         check_alloc(memory.arena_bytes, f"{where}: the activation arena (memory.arena_bytes)")
     except TorchIRError as e:
         raise NpubinError(str(e)) from None
-    for name, base in memory.aliases.items():
-        if name not in program.tensors or not isinstance(base, str) or base not in program.tensors:
-            raise _fail(where, f"memory.aliases: {name!r} -> {base!r} links tensors the program does not have")
-    try:
-        roots = {name: resolve_alias(name, memory.aliases) for name in program.tensors}
-    except MemoryPlanError as e:
-        raise _fail(where, f"memory.aliases: {e}") from None
+    roots = {name: view_roots.get(name, name) for name in program.tensors}
     for name, root in roots.items():
         if name != root and program.tensors[name].nbytes > program.tensors[root].nbytes:
             raise _fail(where, f"view {name!r} ({program.tensors[name].nbytes} bytes) is larger than its base "

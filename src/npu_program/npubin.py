@@ -28,6 +28,7 @@ from typing import Any
 
 from torch_ir.errors import InputNotFoundError, TorchIRError
 from torch_ir.fileio import atomic_write, read_input
+from torch_ir.ir.validate import MAX_JSON_DEPTH, nested_deeper_than
 
 from .codec import SchemaError, from_json, to_json
 from .kernels import kernels_for
@@ -140,11 +141,31 @@ def read_npubin(path: str | os.PathLike[str]) -> CompiledProgram:
         raise _error(path, "no such file", "check the path, or compile the model to create it") from None
     except TorchIRError as err:
         raise NpubinError(str(err)) from None
+    except MemoryError:
+        raise _out_of_memory(path) from None
     return decode_npubin(data, path)
 
 
 def decode_npubin(data: bytes, path: str | os.PathLike[str] = "<bytes>") -> CompiledProgram:
-    """Decode file contents; `path` only labels error messages. Checks run from the outside in."""
+    """Decode file contents; `path` only labels error messages. Checks run from the outside in.
+
+    Every failure is an `NpubinError` naming `path`: a header nested deeper than Python can parse (a
+    RecursionError) and running out of memory (a MemoryError) included.
+    """
+    try:
+        return _decode(data, path)
+    except RecursionError:
+        raise _error(path, "header is nested too deeply to be a program") from None
+    except MemoryError:
+        raise _out_of_memory(path) from None
+
+
+def _out_of_memory(path: str | os.PathLike[str]) -> NpubinError:
+    return _error(path, "out of memory while loading the program", "free memory, or check the file (a small "
+                  "file that needs more memory than this machine has is corrupt or hostile)")
+
+
+def _decode(data: bytes, path: str | os.PathLike[str]) -> CompiledProgram:
     header_len = _check_fixed_header(data, path)
     _check_checksum(data, path)
     header = _parse_header(data[_FIXED.size:_FIXED.size + header_len], path)
@@ -196,18 +217,22 @@ def _refuse_constant(name: str) -> None:
 
 def _parse_header(raw: bytes, path: Path | str) -> dict[str, Any]:
     # Strict JSON as the writer produces it: NaN/Infinity refused (parse_constant), and integers longer
-    # than Python's digit limit or nesting deeper than its recursion limit refused rather than crashing.
+    # than Python's digit limit refused rather than crashing (nesting deeper than its recursion limit: see
+    # decode_npubin).
     try:
         header = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as err:
         raise _error(path, f"header is not valid UTF-8 JSON (strict: no NaN or Infinity; {err})") from None
-    except RecursionError:
-        raise _error(path, "header is nested too deeply to be a program") from None
     if not isinstance(header, dict):
         raise _error(path, f"header is a JSON {type(header).__name__}, not an object")
     for name in REQUIRED_FIELDS:
         if name not in header:
             raise _error(path, f"header lacks required field {name!r}")
+    # The free-form fields are kept as they are: bounded in depth, so that no later walk over them (saving the
+    # program again, copying it) overflows the stack. The typed fields are checked by from_json and check.
+    for name in ("ir", "metadata"):
+        if nested_deeper_than(header[name], MAX_JSON_DEPTH):
+            raise _error(path, f"header field {name!r} is nested more than {MAX_JSON_DEPTH} lists or objects deep")
     return header
 
 

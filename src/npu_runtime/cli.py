@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from torch_ir.fileio import read_input
+from torch_ir.arrays import load_array
 
 from .device import RuntimeInputError
 
@@ -55,13 +54,9 @@ def _setup(args: argparse.Namespace):
 
 
 def _load_npy(name: str, path: str) -> np.ndarray:
-    """One ``.npy`` input, read as data only (no pickles), bounded by torch_ir.limits like every file."""
-    data = read_input(path, f"input file for {name!r}", "give a .npy file written by numpy.save")
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise RuntimeInputError(f"input file {path!r} for {name!r} is not a readable .npy array ({e}); "
-                                "write it with numpy.save (object arrays are refused)") from None
+    """One ``.npy`` input, by the toolkit's one array reader (``torch_ir.arrays``): a regular file within
+    torch_ir.limits, a numeric array (no pickles, strings or records), exactly as long as its header says."""
+    return load_array(path, f"input file for {name!r}")
 
 
 def _inputs(program, given: list[str], seed: int) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from npu_program.check import check_program
 from npu_program.kernels import kernels_for
-from npu_program.memory_check import resolve_alias
+from npu_program.memory_check import alias_roots
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 
@@ -99,8 +99,9 @@ class Executor:
         """Every activation (and view) at its offset in the arena."""
         memory, backend = self.program.memory, self.device.backend
         placed = {}
+        roots = alias_roots(memory.aliases)  # once: resolving each view on its own is quadratic in a chain
         for name, spec in self.program.tensors.items():
-            root = resolve_alias(name, memory.aliases)
+            root = roots.get(name, name)
             if root in memory.offsets:
                 placed[name] = backend.view(self.arena, memory.offsets[root], spec)
         return placed

@@ -183,7 +183,12 @@ class Generator:
 
 def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
     """The next token: the argmax at temperature 0, else a sample from softmax(logits / temperature) over the
-    ``top_k`` largest logits."""
+    ``top_k`` largest logits. NaN logits are refused: argmax would pick token 0 and sampling would fail later,
+    where eager generation gives no token either."""
+    if np.isnan(logits).any():
+        raise RuntimeInputError(f"the model's next-token logits hold {int(np.isnan(logits).sum())} NaN(s): the "
+                                "weights or a hyper-parameter are broken: check the checkpoint's weights and "
+                                "config.json (torch-ir bisect finds the op that makes them)")
     if temperature == 0:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / temperature

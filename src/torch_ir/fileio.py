@@ -62,7 +62,7 @@ _TEMP_STEM_BYTES = 64  # of the target's name kept in the temp name, so a long (
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | bytearray | memoryview | str | Writer, *,
-                 what: str = "file") -> None:
+                 what: str = "file", replace_links: bool = False) -> None:
     """Write ``data`` to ``path`` atomically; raise :class:`OutputWriteError` (naming ``path``) on failure.
 
     ``data`` is bytes, a str (written as UTF-8) or a callable given the open temporary file (binary mode);
@@ -70,17 +70,27 @@ def atomic_write(path: str | os.PathLike, data: bytes | bytearray | memoryview |
     file onto a name would replace a device such as ``/dev/null``). ``what`` names the file in messages
     ("IR file", "weights file", ...). An exception other than ``OSError`` raised by the callable (a serialization
     error, say) propagates unchanged, after the temporary file is removed.
+
+    ``replace_links``: a file the toolkit names inside an output directory (a report, a repro) never follows a
+    symbolic link planted there: the link itself is replaced by the new file (``os.replace`` renames over a
+    link, it does not write through it), even a link to a device or a FIFO. Without it, a path the user gave
+    is followed as the user made it (``-o /dev/stdout``, a link to a shared drive).
     """
     target = Path(path)
-    check_output_path(target, what)
+    if replace_links and os.path.islink(target):
+        check_writable_dir(target.parent, what, target=target)
+    else:
+        check_output_path(target, what)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    if _is_stream(target):  # /dev/null, /dev/stdout, a named pipe: write into it; never replace the node
+    # /dev/null, /dev/stdout, a named pipe: write into it, never replace the node (unless reached by a link
+    # planted in an output directory)
+    if _is_stream(target) and not (replace_links and os.path.islink(target)):
         _write_stream(target, payload, what)
         return
     tmp = target.with_name(_temp_name(target.name))
     created = False
     try:
-        mode = _existing_mode(target)
+        mode = None if os.path.islink(target) else _existing_mode(target)  # never a link target's bits
         with open(tmp, "xb") as handle:
             created = True
             if mode is not None:  # else a new file keeps what open() gave it: 0o666 & ~umask

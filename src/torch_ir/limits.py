@@ -1,11 +1,33 @@
 """Resource limits for what a file may ask of the machine.
 
-An IR, a ``.npubin`` program or an ONNX model is untrusted data: a few bytes can declare a tensor of
-10^24 bytes, an arena of a petabyte, or a constant that takes minutes to fold. Every allocation whose
-size comes from a file is checked against these limits *before* it is made, and refused with a
+An IR, a ``.npubin`` program, an ONNX model or a checkpoint's ``config.json`` is untrusted data: a few bytes
+can declare a tensor of 10^24 bytes, an arena of a petabyte, a constant that takes minutes to fold, or a
+model of 100,000 layers that takes minutes to build even on the meta device. Every allocation or count
+whose size comes from a file is checked against these limits *before* it is made, and refused with a
 :class:`~torch_ir.errors.LimitExceededError` that names the file, the field, the size and this module.
 
-The defaults fit a workstation; raise them for a larger machine, in the environment::
+=========================  =======  ==================================  ===================================
+limit                      default  environment variable                what it bounds
+=========================  =======  ==================================  ===================================
+``max_alloc_bytes``        16 GiB   ``TORCH_IR_MAX_ALLOC_BYTES``        one allocation a file causes: a
+                                                                        tensor, an arena, a file read
+                                                                        whole, one weight a config makes
+``max_fold_bytes``         64 MiB   ``TORCH_IR_MAX_FOLD_BYTES``         one constant made by constant
+                                                                        folding
+``max_dim``                2^40     ``TORCH_IR_MAX_DIM``                one dimension of any shape; each
+                                                                        width a ``config.json`` declares
+                                                                        (hidden, vocabulary, heads, ...)
+``max_layers``             1024     ``TORCH_IR_MAX_LAYERS``             the layers of the model a
+                                                                        ``config.json`` describes
+``max_experts``            1024     ``TORCH_IR_MAX_EXPERTS``            the experts per layer of a
+                                                                        mixture-of-experts ``config.json``
+``max_tokenizer_seconds``  30       ``TORCH_IR_MAX_TOKENIZER_SECONDS``  one call into a checkpoint's
+                                                                        tokenizer (loading it, encoding
+                                                                        a text)
+=========================  =======  ==================================  ===================================
+
+The defaults fit a workstation and every published model (Llama 3.1 405B has 126 layers; DeepSeek-V3
+256 experts); raise them for a larger machine, in the environment::
 
     TORCH_IR_MAX_ALLOC_BYTES=68719476736 torch-ir run big.npubin --weights big.safetensors
 
@@ -39,8 +61,16 @@ class Limits:
     #: Largest constant that constant folding (ONNX ``ConstantOfShape``, ``Range``, ...) may materialize;
     #: a larger one stays a graph node.
     max_fold_bytes: int = 64 * MiB
-    #: Largest size of one dimension anywhere in an IR or program (fits an int64 with room for products).
+    #: Largest size of one dimension anywhere in an IR or program (fits an int64 with room for products), and
+    #: of each width a model config declares.
     max_dim: int = 1 << 40
+    #: Most layers a model config may declare: a model is built (even on the meta device), traced and compiled
+    #: layer by layer, so a 700-byte config of 100,000 layers would take minutes and gigabytes.
+    max_layers: int = 1024
+    #: Most experts per layer a mixture-of-experts config may declare.
+    max_experts: int = 1024
+    #: Longest one call into a checkpoint's tokenizer may run (seconds) before it is abandoned as hostile.
+    max_tokenizer_seconds: int = 30
 
 
 _ENV = {f.name: f"TORCH_IR_{f.name.upper()}" for f in fields(Limits)}
@@ -55,7 +85,7 @@ def _from_env() -> Limits:
         try:
             values[name] = int(text.replace("_", ""))
         except ValueError:
-            raise LimitExceededError(f"environment variable {var}={text!r} is not an integer number of bytes; "
+            raise LimitExceededError(f"environment variable {var}={text!r} is not an integer; "
                                      f"write e.g. {var}={getattr(Limits(), name)}") from None
     return Limits(**values)
 
@@ -90,8 +120,10 @@ def limits(**changes: int) -> Iterator[Limits]:
         _current = previous
 
 
-def _how_to_raise(name: str) -> str:
-    return (f"if the file is trusted and the machine has the memory, raise the limit: set {_ENV[name]} or call "
+def how_to_raise(name: str) -> str:
+    """The sentence an error over the limit ``name`` ends with: how to raise it, for a trusted file."""
+    afford = "the time" if name == "max_tokenizer_seconds" else "the memory"
+    return (f"if the file is trusted and the machine has {afford}, raise the limit: set {_ENV[name]} or call "
             f"torch_ir.limits.set_limits({name}=...)")
 
 
@@ -102,7 +134,7 @@ def check_alloc(nbytes: int, what: str) -> int:
         raise LimitExceededError(f"{what}: negative size {nbytes} bytes")
     if nbytes > limit:
         raise LimitExceededError(f"{what} needs {_human(nbytes)} ({nbytes} bytes), over the {_human(limit)} "
-                                 f"limit on one allocation; {_how_to_raise('max_alloc_bytes')}")
+                                 f"limit on one allocation; {how_to_raise('max_alloc_bytes')}")
     return nbytes
 
 
@@ -115,8 +147,19 @@ def check_shape(shape: Iterable[int], itemsize: int, what: str) -> int:
             raise LimitExceededError(f"{what}: dimension {d!r} of shape {dims} is not a non-negative integer")
         if d > max_dim:
             raise LimitExceededError(f"{what}: dimension {d} of shape {dims} is over the {max_dim} limit on one "
-                                     f"dimension; {_how_to_raise('max_dim')}")
+                                     f"dimension; {how_to_raise('max_dim')}")
     return check_alloc(math.prod(dims) * itemsize, what)
+
+
+def check_count(count: int, limit: str, what: str) -> int:
+    """Refuse a count a file declares (layers, experts, a width) over the limit named ``limit``; returns it.
+
+    ``count`` must already be a non-negative integer: the caller knows the field and says what it must be.
+    """
+    bound = getattr(get_limits(), limit)
+    if count > bound:
+        raise LimitExceededError(f"{what} is {count}, over the {bound} limit ({limit}); {how_to_raise(limit)}")
+    return count
 
 
 def fold_allowed(nbytes: int) -> bool:
@@ -130,4 +173,5 @@ def _human(nbytes: int) -> str:
     return human_bytes(nbytes)
 
 
-__all__ = ["Limits", "check_alloc", "check_shape", "fold_allowed", "get_limits", "limits", "set_limits"]
+__all__ = ["Limits", "check_alloc", "check_count", "check_shape", "fold_allowed", "get_limits", "how_to_raise",
+           "limits", "set_limits"]

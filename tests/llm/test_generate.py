@@ -117,6 +117,16 @@ def test_pick_samples_only_among_the_top_k():
     assert seen == {1, 2, 4}
 
 
+def test_nan_logits_are_refused_not_read_as_token_0():
+    """np.argmax of NaN logits is 0: a model with a NaN rms_norm_eps used to generate token 0 for ever."""
+    logits = np.full(8, np.nan, np.float32)
+    for temperature in (0.0, 0.7):
+        with pytest.raises(RuntimeInputError, match="NaN"):
+            pick(logits, temperature, None, np.random.default_rng(0))
+    finite = np.array([0.0, -np.inf, 3.0], np.float32)  # -inf is a masked token, not an error
+    assert pick(finite, 0.0, None, np.random.default_rng(0)) == 2
+
+
 def test_streaming_and_end_of_sequence(fp32):
     _, _, gen = fp32
     prompt = prompt_of(4)

@@ -56,28 +56,17 @@ def _programs(source: str) -> dict[str, object]:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     """Run ``torch-ir cost``."""
-    from torch_ir.fileio import check_output_path, check_writable_dir, write_error
-
     from . import CostModelError, cost_lm, cost_program, load_hardware
     from .model import resolve_dtype
-    from .report import have_matplotlib, report_files, write_reports
+    from .report import have_matplotlib, write_reports
 
     if args.top < 0:
         raise CostModelError(f"--top {args.top}: must be 0 or more; fix: give a count of dispatches to list")
-    if args.output:  # made, or refused when it cannot be written, before costing, not after
-        try:
-            Path(args.output).mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise write_error(Path(args.output), err, "cost report directory") from None
-        check_writable_dir(args.output, "cost report directory")
-        png = have_matplotlib()
-        if not png:
-            print("note: matplotlib is not installed: the roofline is written as roofline.svg "
-                  "(pip install 'torch-ir[cost]' for roofline.png)")
-        for name in report_files(png):
-            check_output_path(Path(args.output) / name, f"cost report {name}")
     resolve_dtype(args.dtype)  # a bad --dtype is refused before compiling
-    hw = load_hardware(args.hw)
+    hw = load_hardware(args.hw)  # a bad hardware file is refused before anything is made on disk
+    png = bool(args.output) and have_matplotlib()
+    if args.output:  # made, or refused when it cannot be written, before costing, not after
+        _prepare_output(Path(args.output), png)
     programs = _programs(args.source)
     if "decode" in programs:
         lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=args.dtype)
@@ -88,11 +77,42 @@ def cmd_cost(args: argparse.Namespace) -> int:
         print(reports[""].summary(top=args.top))
     if args.output:
         for phase, report in reports.items():
-            directory = Path(args.output) / phase
-            directory.mkdir(exist_ok=True)
+            directory = _phase_directory(Path(args.output), phase)
             for path in write_reports(report, hw, directory, png=png):
                 print(f"wrote {path}")
     return 0
+
+
+def _prepare_output(output: Path, png: bool) -> None:
+    """Make the report directory and check that every report can be written into it."""
+    from torch_ir.fileio import check_writable_dir, write_error
+
+    from .report import check_report_paths
+
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise write_error(output, err, "cost report directory") from None
+    check_writable_dir(output, "cost report directory")
+    if not png:
+        print("note: matplotlib is not installed: the roofline is written as roofline.svg "
+              "(pip install 'torch-ir[cost]' for roofline.png)")
+    check_report_paths(output, png)
+
+
+def _phase_directory(output: Path, phase: str) -> Path:
+    """``output/phase`` (an LLM phase's reports), made if missing; ``output`` itself for ``phase == ""``. A link
+    planted there is replaced by a directory: the reports are never written where a link's author chose."""
+    from torch_ir.fileio import write_error
+
+    directory = output / phase if phase else output
+    try:
+        if phase and directory.is_symlink():
+            directory.unlink()
+        directory.mkdir(exist_ok=True)
+    except OSError as err:
+        raise write_error(directory, err, f"cost report directory ({phase})") from None
+    return directory
 
 
 __all__ = ["add_parser", "cmd_cost"]

@@ -37,17 +37,26 @@ A :class:`Hardware` is loaded from a TOML or JSON file (``load_hardware``), or f
     [dram]
     bandwidth_gbps = 17.0              # GB/s (1e9 bytes per second)
     latency_ns = 100                   # per dispatch (one DMA start-up)
+
+Every number must lie in its field's physical range (``RANGES``: a clock from 1 kHz to 100 GHz, memory from a
+byte to a petabyte, ...): a file is untrusted input, and a value outside those ranges (``clock_mhz = 1e308``, a
+denormal rate, a 5,000-digit integer) is refused with the field's name instead of overflowing the model or
+costing a program at a meaningless speed. The file itself must be a regular file of at most
+``MAX_FILE_BYTES``, UTF-8, strict (no duplicate keys), and at most a few tables deep.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from torch_ir.errors import TorchIRError
+from torch_ir.errors import InputReadError, LimitExceededError, TorchIRError
+from torch_ir.fileio import check_regular_file, read_input
 
 try:  # the standard library's from Python 3.11; tomli is the same parser for 3.10
     import tomllib as _toml
@@ -62,6 +71,13 @@ DATAFLOWS = ("output_stationary", "weight_stationary", "input_stationary")
 MAC_DTYPES = ("int8", "fp16", "bf16", "fp32")
 VECTOR_CLASSES = ("elementwise", "normalization", "softmax", "reduction", "movement")
 SPLIT_SRAM = ("weights_kib", "activations_kib", "accumulators_kib")
+#: A hardware file is a page of text (the presets are about 1 KiB): anything larger is refused unread.
+MAX_FILE_BYTES = 1 << 20
+#: Digits of the longest number literal read (a valid field needs at most about 15): a longer one is refused
+#: before it is converted, so that no file makes Python convert (or refuse, past 4300 digits) a huge integer.
+MAX_NUMBER_DIGITS = 100
+#: The longest hardware name: a label shown in reports, one line.
+MAX_NAME_CHARS = 200
 
 
 class HardwareError(TorchIRError, ValueError):
@@ -70,8 +86,50 @@ class HardwareError(TorchIRError, ValueError):
 
 
 @dataclass(frozen=True)
+class Range:
+    """The values one number of a hardware file may take: ``lo``..``hi`` (inclusive) in ``unit``, and also
+    exactly 0 where ``zero`` says what 0 means; ``integer``: whole numbers only."""
+
+    lo: float
+    hi: float
+    unit: str
+    words: str  # the range in plain words, for messages and the docs
+    integer: bool = False
+    zero: str = ""
+
+    def describe(self) -> str:
+        span = f"{self.lo:g}..{self.hi:g} {self.unit} ({self.words})"
+        return f"0 ({self.zero}) or {span}" if self.zero else span
+
+    def fix(self) -> str:
+        return f"write a value from {self.lo:g} to {self.hi:g} {self.unit}" + (" (or 0)" if self.zero else "")
+
+    def holds(self, value: float) -> bool:
+        return (value == 0 and bool(self.zero)) or self.lo <= value <= self.hi
+
+
+#: The range of every number of a hardware file, by field: the one place these bounds live (docs/cost_model.md
+#: shows the same table). Wide enough for any real part; narrow enough that every cycle count, rate and plot
+#: coordinate the model derives from them stays a finite, non-zero float (no overflow, no division by zero).
+RANGES: dict[str, Range] = {
+    "clock_mhz": Range(1e-3, 1e5, "MHz", "1 kHz to 100 GHz"),
+    "array.rows": Range(1, 65536, "PEs", "a whole number", integer=True),
+    "array.cols": Range(1, 65536, "PEs", "a whole number", integer=True),
+    **{f"macs_per_cycle.{d}": Range(1e-3, 1e3, "MACs per PE per cycle", "a thousandth to a thousand",
+                                    zero="unsupported") for d in MAC_DTYPES},
+    "vector.lanes": Range(1, 65536, "lanes", "a whole number", integer=True),
+    **{f"vector.ops_per_cycle.{c}": Range(1e-3, 1e3, "ops per lane per cycle", "a thousandth to a thousand")
+       for c in VECTOR_CLASSES},
+    **{f"sram.{k}": Range(1e-3, 1e12, "KiB", "a byte to a petabyte") for k in ("shared_kib", *SPLIT_SRAM)},
+    "dram.bandwidth_gbps": Range(1e-6, 1e6, "GB/s", "1 kB/s to 1 PB/s"),
+    "dram.latency_ns": Range(1e-3, 1e9, "ns", "a picosecond to a second", zero="no latency"),
+}
+
+
+@dataclass(frozen=True)
 class Hardware:
-    """One NPU (see the module docstring for the file format). Sizes are in bytes, rates per cycle."""
+    """One NPU (see the module docstring for the file format, ``RANGES`` for each number's range). Sizes are in
+    bytes, rates per cycle."""
 
     name: str
     rows: int
@@ -123,6 +181,8 @@ def presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+# -- reading a file -------------------------------------------------------------------------------------------------
+
 def load_hardware(name_or_path: str | Path) -> Hardware:
     """A preset by name (``presets()``) or a ``.toml``/``.json`` file; raises ``HardwareError`` naming the
     file, the field, the rule and the fix."""
@@ -131,7 +191,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         path = PRESET_DIR / f"{text}.toml"
     else:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not os.path.lexists(path):  # a dangling link exists: read_input says so
             raise HardwareError(
                 f"{text}: no such hardware file or preset; fix: give the path of a .toml or .json hardware file, "
                 f"or a preset name ({', '.join(presets())})")
@@ -142,62 +202,205 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     if suffix == ".toml" and _toml is None:  # pragma: no cover - Python 3.10 without tomli
         raise HardwareError(f"{path}: reading TOML needs Python 3.11 or the tomli package; fix: pip install tomli, "
                             f"or give the same description as a .json file")
-    decode_errors: tuple[type[Exception], ...] = (OSError, UnicodeDecodeError, json.JSONDecodeError)
-    if _toml is not None:
-        decode_errors += (_toml.TOMLDecodeError,)
-    try:
-        raw = path.read_bytes()
-        data = _toml.loads(raw.decode("utf-8")) if suffix == ".toml" else json.loads(raw)
-    except decode_errors as e:
-        raise HardwareError(f"{path}: cannot be read as {suffix[1:].upper()}: {e}; fix: correct the syntax") from None
+    text = _decode(_read(path), path)
+    data = _parse_toml(text, path) if suffix == ".toml" else _parse_json(text, path)
     return hardware_from_dict(data, str(path))
 
 
+def _read(path: Path) -> bytes:
+    """The file's bytes: a regular file (a FIFO, a device or a link to one is refused before it is opened) of
+    at most ``MAX_FILE_BYTES``, read with that bound."""
+    fix = "give the path of a regular .toml or .json hardware file"
+    try:
+        check_regular_file(path, "hardware file", fix)
+        _check_size(path, path.stat().st_size)
+        data = read_input(path, "hardware file", fix)
+    except (InputReadError, LimitExceededError) as err:
+        raise HardwareError(str(err)) from None
+    except OSError as err:  # removed or made unreadable between the checks
+        raise HardwareError(f"hardware file {path}: cannot be read ({err.strerror or err}); fix: {fix}") from None
+    _check_size(path, len(data))  # it grew after it was checked
+    return data
+
+
+def _check_size(path: Path, size: int) -> None:
+    if size > MAX_FILE_BYTES:
+        raise HardwareError(f"hardware file {path}: is {size:,} bytes, over the {MAX_FILE_BYTES:,} bytes a hardware "
+                            "description may take (one is about 1 KiB); fix: give the hardware description itself")
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise HardwareError(f"hardware file {path}: is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                            f"{err.start}); fix: save it as UTF-8") from None
+
+
+def _too_deep(path: Path) -> HardwareError:
+    return HardwareError(f"hardware file {path}: is nested too deeply to be a hardware description (it has at "
+                         "most three levels of tables); fix: correct the file")
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    """Strict JSON: a duplicate key is refused (json keeps the last one silently); NaN and Infinity are read,
+    for the field check to name them; an over-long number is kept unconverted (``_LongNumber``)."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_json_int, parse_float=_json_float)
+    except json.JSONDecodeError as err:
+        raise HardwareError(f"hardware file {path}: cannot be read as JSON (line {err.lineno}, column {err.colno}: "
+                            f"{err.msg}); fix: correct the syntax") from None
+    except _DuplicateKeyError as err:
+        raise HardwareError(f"hardware file {path}: key {_quote(err.key)} appears twice in one object (JSON "
+                            "readers disagree on which one wins); fix: keep one of them") from None
+    except RecursionError:
+        raise _too_deep(path) from None
+
+
+def _parse_toml(text: str, path: Path) -> Any:
+    """TOML (the parser refuses duplicate keys itself); an over-long number is refused, naming its field,
+    before the parser would convert it."""
+    long = _long_literal(text)
+    if long:
+        number, name = _LongNumber(long.group()), _toml_field_at(text, long.start())
+        if name is None:
+            raise HardwareError(f"hardware file {path}: line {text.count(chr(10), 0, long.start()) + 1}: {number} is "
+                                "longer than any number of a hardware file; fix: correct the value")
+        _Validator(str(path)).out_of_range(name, number)
+    try:
+        return _toml.loads(text)
+    except _toml.TOMLDecodeError as err:
+        raise HardwareError(f"hardware file {path}: cannot be read as TOML ({err}); fix: correct the syntax") from None
+    except ValueError as err:  # a value the parser could not convert (its own error names no line)
+        raise HardwareError(f"hardware file {path}: cannot be read as TOML ({err}); fix: correct the value") from None
+    except RecursionError:
+        raise _too_deep(path) from None
+
+
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in table:
+            raise _DuplicateKeyError(key)
+        table[key] = value
+    return table
+
+
+@dataclass(frozen=True)
+class _LongNumber:
+    """A number literal longer than ``MAX_NUMBER_DIGITS``, left unconverted: the field check refuses it by name."""
+
+    literal: str
+
+    def __str__(self) -> str:
+        return f"a number of {sum(c.isdigit() for c in self.literal):,} digits"
+
+
+#: A run of digits, with TOML's ``_`` between them.
+_DIGIT_RUN = re.compile(r"[0-9][0-9_]*")
+
+
+def _long_literal(text: str) -> re.Match[str] | None:
+    """The first run of more than ``MAX_NUMBER_DIGITS`` digits in ``text`` (one linear scan)."""
+    for run in _DIGIT_RUN.finditer(text):
+        if len(run.group()) > MAX_NUMBER_DIGITS and sum(c.isdigit() for c in run.group()) > MAX_NUMBER_DIGITS:
+            return run
+    return None
+
+
+def _json_int(literal: str) -> int | _LongNumber:
+    return _LongNumber(literal) if len(literal) > MAX_NUMBER_DIGITS else int(literal)
+
+
+def _json_float(literal: str) -> float | _LongNumber:
+    return _LongNumber(literal) if len(literal) > MAX_NUMBER_DIGITS else float(literal)
+
+
+#: A TOML key before its ``=`` (bare or quoted, dotted).
+_TOML_KEY = re.compile(r"([A-Za-z0-9_.\"'-]+)\s*=")
+
+
+def _toml_field_at(text: str, pos: int) -> str | None:
+    """The dotted field a TOML value at ``pos`` belongs to, as far as its line tells (for a message only): the
+    last ``[table]`` header above it and the last ``key =`` before it on its line. The text is hostile: the key
+    is looked for in the last 200 characters only and headers without a pattern, so that no line of a million
+    brackets or letters makes a regular expression backtrack quadratically."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    keys = _TOML_KEY.findall(text[max(line_start, pos - 200):pos])
+    header = next((line.strip().strip("[]").strip() for line in reversed(text[:line_start].splitlines())
+                   if line.lstrip().startswith("[")), "")
+    name = ".".join(part.strip("\"'") for part in (header, keys[-1] if keys else "") if part)
+    return name or None
+
+
+# -- checking the description ---------------------------------------------------------------------------------------
+
 def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
-    """Validate a parsed hardware description (the file format of the module docstring) and build it."""
+    """Validate a parsed hardware description (the file format of the module docstring, the ranges of
+    ``RANGES``) and build it."""
     v = _Validator(source)
     top = v.table(data, "", {"name", "clock_mhz", "dataflow", "dma_overlaps_compute", "array", "macs_per_cycle",
                              "vector", "sram", "dram"}, optional={"dma_overlaps_compute"})
-    name = top["name"]
-    if not isinstance(name, str) or not name.strip():
-        v.fail("name", "must be a non-empty string", 'write name = "my-npu"')
     dataflow = top["dataflow"]
-    if dataflow not in DATAFLOWS:
-        v.fail("dataflow", f"must be one of {', '.join(DATAFLOWS)}, not {dataflow!r}",
+    if not isinstance(dataflow, str) or dataflow not in DATAFLOWS:
+        v.fail("dataflow", f"= {_show(dataflow)} must be one of {', '.join(DATAFLOWS)}",
                'write dataflow = "output_stationary" (or one of the others)')
     overlap = top.get("dma_overlaps_compute", True)
     if not isinstance(overlap, bool):
-        v.fail("dma_overlaps_compute", f"must be true or false, not {overlap!r}", "write true or false")
+        v.fail("dma_overlaps_compute", f"= {_show(overlap)} must be true or false", "write true or false")
     array = v.table(top["array"], "array", {"rows", "cols"})
     macs = v.table(top["macs_per_cycle"], "macs_per_cycle", set(MAC_DTYPES))
-    rates = {d: v.number(macs[d], f"macs_per_cycle.{d}", allow_zero=True) for d in MAC_DTYPES}
+    rates = {d: v.number(macs[d], f"macs_per_cycle.{d}") for d in MAC_DTYPES}
     if not any(rates.values()):
-        v.fail("macs_per_cycle", "at least one dtype must have a rate above 0", "set int8 = 1.0 (say)")
+        v.fail("macs_per_cycle", "has no dtype with a rate above 0", "set int8 = 1.0 (say)")
     vector = v.table(top["vector"], "vector", {"lanes", "ops_per_cycle"})
     ops = v.table(vector["ops_per_cycle"], "vector.ops_per_cycle", set(VECTOR_CLASSES))
-    sram = v.table(top["sram"], "sram", {"shared_kib", *SPLIT_SRAM}, optional={"shared_kib", *SPLIT_SRAM})
-    if "shared_kib" in sram:
-        if set(sram) & set(SPLIT_SRAM):
-            v.fail("sram", "give either shared_kib or weights_kib, activations_kib and accumulators_kib, not both",
-                   "keep one of the two forms")
-        shared = _kib(v.number(sram["shared_kib"], "sram.shared_kib"))
-        sizes = (shared, shared, shared)
-    else:
-        missing = [k for k in SPLIT_SRAM if k not in sram]
-        if missing:
-            v.fail(f"sram.{missing[0]}", "is missing (a split SRAM needs weights_kib, activations_kib and "
-                   "accumulators_kib)", f"add {missing[0]} = <KiB>, or give one shared_kib instead")
-        sizes = tuple(_kib(v.number(sram[k], f"sram.{k}")) for k in SPLIT_SRAM)
     dram = v.table(top["dram"], "dram", {"bandwidth_gbps", "latency_ns"})
+    sizes = _sram_bytes(v, v.table(top["sram"], "sram", {"shared_kib", *SPLIT_SRAM},
+                                   optional={"shared_kib", *SPLIT_SRAM}))
     return Hardware(
-        name=name, rows=v.integer(array["rows"], "array.rows"), cols=v.integer(array["cols"], "array.cols"),
-        dataflow=dataflow, clock_mhz=v.number(top["clock_mhz"], "clock_mhz"), macs_per_cycle=rates,
+        name=_name(v, top["name"]), rows=v.integer(array["rows"], "array.rows"),
+        cols=v.integer(array["cols"], "array.cols"), dataflow=dataflow,
+        clock_mhz=v.number(top["clock_mhz"], "clock_mhz"), macs_per_cycle=rates,
         vector_lanes=v.integer(vector["lanes"], "vector.lanes"),
         vector_ops_per_cycle={c: v.number(ops[c], f"vector.ops_per_cycle.{c}") for c in VECTOR_CLASSES},
         sram_weights_bytes=sizes[0], sram_activations_bytes=sizes[1], sram_accumulators_bytes=sizes[2],
-        sram_shared="shared_kib" in sram, dram_bandwidth_gbps=v.number(dram["bandwidth_gbps"], "dram.bandwidth_gbps"),
-        dram_latency_ns=v.number(dram["latency_ns"], "dram.latency_ns", allow_zero=True),
+        sram_shared="shared_kib" in top["sram"],
+        dram_bandwidth_gbps=v.number(dram["bandwidth_gbps"], "dram.bandwidth_gbps"),
+        dram_latency_ns=v.number(dram["latency_ns"], "dram.latency_ns"),
         dma_overlaps_compute=overlap, source=source)
+
+
+def _name(v: _Validator, name: Any) -> str:
+    """A one-line label: reports and the summary print it as it is."""
+    if not isinstance(name, str) or not name.strip():
+        v.fail("name", f"= {_show(name)} must be a non-empty string", 'write name = "my-npu"')
+    if len(name) > MAX_NAME_CHARS or not name.isprintable():
+        v.fail("name", f"= {_show(name)} must be one line of at most {MAX_NAME_CHARS} printable characters "
+               "(no newlines or control characters)", 'write a short label, e.g. name = "my-npu"')
+    return name
+
+
+def _sram_bytes(v: _Validator, sram: dict[str, Any]) -> tuple[int, int, int]:
+    """(weights, activations, accumulators) in bytes; one shared size three times."""
+    if "shared_kib" in sram:
+        if set(sram) & set(SPLIT_SRAM):
+            v.fail("sram", "gives both shared_kib and weights_kib, activations_kib and accumulators_kib",
+                   "keep one of the two forms, not both")
+        shared = _kib(v.number(sram["shared_kib"], "sram.shared_kib"))
+        return shared, shared, shared
+    missing = [k for k in SPLIT_SRAM if k not in sram]
+    if missing:
+        v.fail(f"sram.{missing[0]}", "is missing (a split SRAM needs weights_kib, activations_kib and "
+               "accumulators_kib)", f"add {missing[0]} = <KiB>, or give one shared_kib instead")
+    w, a, acc = (_kib(v.number(sram[k], f"sram.{k}")) for k in SPLIT_SRAM)
+    return w, a, acc
 
 
 def _kib(value: float) -> int:
@@ -205,42 +408,92 @@ def _kib(value: float) -> int:
 
 
 class _Validator:
-    """Error messages of one file: ``<file>: field `x.y`: <rule>; fix: <fix>``."""
+    """Error messages of one file: ``hardware file <path>: field "x.y" = <value> <rule>; fix: <fix>``."""
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.label = f"hardware {source}" if source.startswith("<") else f"hardware file {source}"
 
-    def fail(self, name: str, rule: str, fix: str) -> None:
-        where = f"field `{name}`" if name else "the top level"
-        raise HardwareError(f"{self.source}: {where}: {rule}; fix: {fix}")
+    def fail(self, name: str, rule: str, fix: str) -> NoReturn:
+        where = f"field {_quote(name)}" if name else "the top level"
+        raise HardwareError(f"{self.label}: {where} {rule}; fix: {fix}")
 
     def table(self, value: Any, name: str, keys: set[str], optional: set[str] | frozenset[str] = frozenset()
               ) -> dict[str, Any]:
         if not isinstance(value, dict):
-            self.fail(name, f"must be a table, not {type(value).__name__}", f"write [{name}] with its keys")
+            self.fail(name, f"must be a table, not {_show(value)}", f"write [{name or 'the fields'}] with its keys")
         prefix = f"{name}." if name else ""
-        unknown = sorted(set(value) - keys)
+        unknown = sorted((k for k in value if k not in keys), key=str)
         if unknown:
-            self.fail(prefix + unknown[0], f"is not a known key (known here: {', '.join(sorted(keys))})",
+            self.fail(prefix + str(unknown[0]), f"is not a known key (known here: {', '.join(sorted(keys))})",
                       "remove it or correct its spelling")
         missing = sorted(keys - set(value) - set(optional))
         if missing:
             self.fail(prefix + missing[0], "is missing", f"add {missing[0]} (see npu_compiler.costmodel.hardware)")
         return value
 
-    def number(self, value: Any, name: str, allow_zero: bool = False) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(name, f"must be a number, not {value!r}", "write a finite number")
-        if value < 0 or (value == 0 and not allow_zero):
-            self.fail(name, f"must be {'zero or ' if allow_zero else ''}positive, not {value!r}",
-                      "write a positive value")
+    def number(self, value: Any, name: str) -> float:
+        """``value`` checked against ``RANGES[name]``: a finite number (not a boolean), whole where the range
+        is, within the range."""
+        rng = RANGES[name]
+        shown, fix = _show(value), rng.fix()
+        if isinstance(value, _LongNumber):
+            self.out_of_range(name, value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            kind = " (a boolean is not one)" if isinstance(value, bool) else ""
+            self.fail(name, f"= {shown} must be a number in {rng.describe()}{kind}", fix)
+        if isinstance(value, float) and not math.isfinite(value):  # (an int may be too large to convert)
+            self.fail(name, f"= {shown} must be a finite number in {rng.describe()}", fix)
+        if rng.integer and (not isinstance(value, int) or value < 1):
+            self.fail(name, f"= {shown} is not a positive integer ({rng.describe()})", "write a whole number above 0")
+        if value < 0 or (value == 0 and not rng.zero):
+            self.fail(name, f"= {shown} must be {'0 or ' if rng.zero else ''}positive: {rng.describe()}", fix)
+        if not rng.holds(value):
+            self.out_of_range(name, value)
         return float(value)
 
     def integer(self, value: Any, name: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            self.fail(name, f"must be a positive integer, not {value!r}", "write a whole number above 0")
-        return value
+        """``number`` for a field whose range is whole numbers."""
+        self.number(value, name)
+        return int(value)
+
+    def out_of_range(self, name: str, value: Any) -> NoReturn:
+        rng = RANGES.get(name)
+        if rng is None:  # an over-long number in a field without a range (an unknown or misplaced key)
+            self.fail(name, f"= {_show(value)} is longer than any number of a hardware file", "correct the value")
+        self.fail(name, f"= {_show(value)} is outside {rng.describe()}", rng.fix())
 
 
-__all__ = ["DATAFLOWS", "MAC_DTYPES", "VECTOR_CLASSES", "Hardware", "HardwareError", "hardware_from_dict",
-           "load_hardware", "presets"]
+def _quote(name: str) -> str:
+    """A field name in double quotes, with any newline or control character escaped and its length bounded
+    (an unknown key is the file's text)."""
+    text = json.dumps(name)
+    return text if len(text) <= 80 else text[:76] + '..."'
+
+
+def _show(value: Any) -> str:
+    """A value for a message, on one line and bounded: a 1,000-deep array or a 5,000-digit integer is
+    described, not printed (``str`` of such an integer raises, ``repr`` of such an array recurses)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if value.bit_length() > 64:
+            return f"an integer of about {math.floor(value.bit_length() * math.log10(2)) + 1:,} digits"
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return _quote(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return f"an array of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if value is None:
+        return "null"
+    if isinstance(value, _LongNumber):
+        return str(value)
+    return f"a {type(value).__name__} ({_quote(str(value))})"  # a TOML date or time
+
+
+__all__ = ["DATAFLOWS", "MAC_DTYPES", "MAX_FILE_BYTES", "RANGES", "VECTOR_CLASSES", "Hardware", "HardwareError",
+           "Range", "hardware_from_dict", "load_hardware", "presets"]

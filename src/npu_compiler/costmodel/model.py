@@ -79,6 +79,7 @@ from npu_program.dtypes import nbytes as dtype_nbytes
 from npu_program.kernels import KERNELS, get_kernel
 from npu_program.program import CompiledProgram, Dispatch, TensorSpec
 from torch_ir.errors import TorchIRError
+from torch_ir.report.cells import one_line
 
 from .hardware import MAC_DTYPES, Hardware
 
@@ -236,7 +237,9 @@ class CostReport:
                  "sram_reads": r.sram_reads, "sram_writes": r.sram_writes} for r in self.rows]
 
     def summary(self, top: int = 5) -> str:
-        """A few readable lines: totals, the bound mix, the heaviest dispatches, host and bind-time work."""
+        """A few readable lines: totals, the bound mix, the heaviest dispatches, host and bind-time work. Names
+        come from the program (untrusted): each line is made one plain line (``plain_line``), so a name cannot
+        forge a line or send escape sequences to a terminal."""
         hw = self.hardware
         lines = [
             f"{self.model_name} on {hw.name} ({hw.rows}x{hw.cols} {hw.dataflow}, {hw.clock_mhz:g} MHz, "
@@ -258,7 +261,7 @@ class CostReport:
         flags = sorted({f for r in self.rows for f in r.flags})
         lines += [f"note: {f}" for f in flags]
         lines += [f"host: {h.name} ({h.kernel}): {h.reason}" for h in self.host]
-        return "\n".join(lines)
+        return "\n".join(plain_line(line) for line in lines)
 
 
 # -- the model ----------------------------------------------------------------------------------------------------
@@ -284,6 +287,12 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         row = _cost_dispatch(index, d, ins, outs, hw, override, weights, _layer(d, weights, keys))
         (report.bind if d.at_bind else report.rows).append(row)
     return report
+
+
+def plain_line(text: str) -> str:
+    """``text`` as one line of plain text: line breaks become spaces and every other unprintable character
+    (an ANSI escape, a bidirectional override, ...) is shown escaped, as ``\\x1b``."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in one_line(text))
 
 
 def resolve_dtype(dtype: str | None) -> str | None:
@@ -563,4 +572,4 @@ def _mapping(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec],
 
 
 __all__ = ["CSV_COLUMNS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost", "HostDispatch", "LayerCost",
-           "cost_program", "gemm_on_array"]
+           "cost_program", "gemm_on_array", "plain_line"]

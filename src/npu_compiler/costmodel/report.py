@@ -5,9 +5,15 @@ inline PNG and the per-layer and per-dispatch tables).
 matplotlib is optional (``pip install 'torch-ir[cost]'``): without it the roofline is written as plain SVG text,
 ``roofline.svg`` (``SVG_REPORT_FILES``), and inlined into the page as SVG.
 
-Every string that comes from the program or the hardware file (names, kernels, layers) is escaped: a program is
-untrusted input. Each file is written with ``torch_ir.fileio.atomic_write`` (whole or not at all), after every
-target path has been checked, so a failed run leaves no half-written report.
+Every string that comes from the program or the hardware file (names, kernels, layers) is made harmless: a program
+is untrusted input. HTML and SVG text and attributes go through ``html.escape`` (quotes included), every string
+cell of ``cost.csv`` through ``torch_ir.report.cells.csv_cell`` (a name starting with ``=`` is not a formula);
+each is first made one plain line (``model.plain_line``: no newline, no control character), as is every line of
+the text summary.
+
+Each file is written with ``torch_ir.fileio.atomic_write`` (whole or not at all), after every target path has
+been checked, so a failed run leaves no half-written report; a symbolic link planted in the output directory
+under a report's name is replaced by the report, never written through.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
-from torch_ir.fileio import atomic_write, check_output_path
+from torch_ir.fileio import atomic_write, check_output_path, check_writable_dir, write_error
+from torch_ir.report.cells import csv_cell
 
 from .hardware import Hardware
-from .model import CSV_COLUMNS, CostReport, DispatchCost, _rate
+from .model import CSV_COLUMNS, CostReport, DispatchCost, _rate, plain_line
 
 REPORT_FILES = ("cost.csv", "roofline.png", "report.html")
 #: What is written when matplotlib cannot be imported.
@@ -52,11 +59,8 @@ def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path, png: bo
     """Write ``cost.csv``, ``roofline.png`` (``roofline.svg`` without matplotlib, or with ``png=False``) and
     ``report.html`` into ``out_dir`` (which must exist); return their paths. Every path is checked before anything
     is written."""
-    out = Path(out_dir)
     names = report_files(png)
-    paths = [out / name for name in names]
-    for path in paths:
-        check_output_path(path, f"cost report {path.name}")
+    paths = check_report_paths(out_dir, png)
     if names == REPORT_FILES:
         plot: str | bytes = roofline_png(report, hw)
         figure = _png_img(plot, report, hw)
@@ -64,17 +68,55 @@ def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path, png: bo
         plot = figure = roofline_svg(report, hw)
     payloads = [cost_csv(report), plot, report_html(report, hw, figure)]
     for path, data in zip(paths, payloads):
-        atomic_write(path, data, what=f"cost report {path.name}")
+        _write(path, data)
     return paths
 
 
+def check_report_paths(out_dir: str | Path, png: bool | None = None) -> list[Path]:
+    """The paths ``write_reports`` writes into ``out_dir``, each checked (``OutputWriteError`` before anything is
+    written). A symbolic link under a report's name is not followed to check its target: it is replaced."""
+    paths = [Path(out_dir) / name for name in report_files(png)]
+    for path in paths:
+        if path.is_symlink():
+            check_writable_dir(path.parent, f"cost report {path.name}", target=path)
+        else:
+            check_output_path(path, f"cost report {path.name}")
+    return paths
+
+
+def _write(path: Path, data: str | bytes) -> None:
+    """``atomic_write``, replacing a link planted at ``path`` rather than writing through it: atomic_write renames
+    over a link to a regular file, but writes in place into a FIFO or a device, and a link to one would lead it
+    there (a report's content then lands wherever the link's author chose)."""
+    what = f"cost report {path.name}"
+    if path.is_symlink():
+        try:
+            path.unlink()
+        except OSError as err:
+            raise write_error(path, err, what) from None
+    atomic_write(path, data, what=what)
+
+
 def cost_csv(report: CostReport) -> str:
-    """The per-dispatch table (``CSV_COLUMNS``) as CSV text."""
+    """The per-dispatch table (``CSV_COLUMNS``) as CSV text; every string cell is one plain line, through
+    ``csv_cell`` (a name a spreadsheet would evaluate, ``=HYPERLINK(...)``, is shown as text)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(report.to_csv_rows())
+    writer.writerows({key: _csv_value(value) for key, value in row.items()} for row in report.to_csv_rows())
     return buffer.getvalue()
+
+
+def _csv_value(value: object) -> object:
+    """A cell: a string as one plain line (no control characters: ``cat cost.csv`` must not drive the terminal),
+    then neutralized for spreadsheets; a number as it is."""
+    return csv_cell(plain_line(value)) if isinstance(value, str) else value
+
+
+def _text(value: object) -> str:
+    """Untrusted text for HTML or SVG, as element text or inside a quoted attribute: one plain line (no control
+    characters, which XML forbids in the SVG), then escaped, quotes included."""
+    return escape(plain_line(str(value)), quote=True)
 
 
 # -- roofline -------------------------------------------------------------------------------------------------------
@@ -154,7 +196,7 @@ def roofline_png(report: CostReport, hw: Hardware, dpi: int = 110) -> bytes:
     ax.set_xlabel("arithmetic intensity (FLOPs per DRAM byte)")
     ax.set_ylabel("achieved throughput (FLOPs per second)")
     # names come from the program: never let matplotlib read them as mathtext ($...$)
-    ax.set_title(f"Roofline: {report.model_name} on {hw.name} ({dtype})", parse_math=False)
+    ax.set_title(plain_line(f"Roofline: {report.model_name} on {hw.name} ({dtype})"), parse_math=False)
     legend = ax.legend(loc="lower right", fontsize=8)
     for text in legend.get_texts():
         text.set_parse_math(False)
@@ -166,7 +208,7 @@ def roofline_png(report: CostReport, hw: Hardware, dpi: int = 110) -> bytes:
 
 def _png_img(png: bytes, report: CostReport, hw: Hardware) -> str:
     """An ``<img>`` carrying ``png`` inline (a data URI), so the page stays one self-contained file."""
-    alt = escape(f"Roofline of {report.model_name} on {hw.name}", quote=True)
+    alt = _text(f"Roofline of {report.model_name} on {hw.name}")
     return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
 
 
@@ -188,10 +230,10 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
     title = f"Roofline: {report.model_name} on {hw.name} ({dtype})"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
            f'font-family="sans-serif" font-size="11">',
-           f"<title>{escape(title)}</title>",
+           f"<title>{_text(title)}</title>",
            f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="white"/>',
            f'<text x="{_W / 2:.1f}" y="24" text-anchor="middle" font-size="14" font-weight="bold">'
-           f"{escape(title)}</text>",
+           f"{_text(title)}</text>",
            f'<rect x="{_L}" y="{_T}" width="{pw}" height="{ph}" fill="none" stroke="black"/>']
     for e in range(x0, x1 + 1):  # ticks and grid at powers of ten
         x = px(10.0 ** e)
@@ -217,8 +259,8 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
     for r, x, y in points:
         colour = BOUND_COLOURS.get(r.bound, "#7f7f7f")
         out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}" fill-opacity="0.75">'
-                   f"<title>{escape(r.name)} ({escape(r.kernel)}): {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s, "
-                   f"{escape(r.bound)}-bound</title></circle>")
+                   f"<title>{_text(r.name)} ({_text(r.kernel)}): {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s, "
+                   f"{_text(r.bound)}-bound</title></circle>")
     legend = [("line", "#ff7f0e", f"compute roof {_fmt(peak)} FLOPs/s"),
               ("line", "#2ca02c", f"bandwidth roof {_fmt(bandwidth)} B/s"),
               ("dot", BOUND_COLOURS["compute"], "compute-bound dispatch"),
@@ -246,11 +288,11 @@ pre{background:#f7f7f7;padding:1em}"""
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    head = "".join(f"<th>{_text(h)}</th>" for h in headers)
     body = []
     for row in rows:
         cells = "".join(f'<td class="n">{v:,}</td>' if isinstance(v, int) and not isinstance(v, bool)
-                        else f"<td>{escape(str(v))}</td>" for v in row)
+                        else f"<td>{_text(v)}</td>" for v in row)
         body.append(f"<tr>{cells}</tr>")
     return f"<table><tr>{head}</tr>\n" + "\n".join(body) + "</table>"
 
@@ -292,8 +334,8 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
                    r.bound, r.tiling, r.mapping, "; ".join(r.flags)) for r in report.rows]
     title = f"Cost of {report.model_name} on {hw.name}"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
-             f"<h1>{escape(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
+             f"<title>{_text(title)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>{_text(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
              "<h2>Hardware</h2>", _table(("field", "value"), _hardware_rows(hw)),
              "<h2>Roofline</h2>", figure,
              "<h2>Per layer</h2>",
@@ -313,5 +355,6 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
     return "\n".join(parts) + "\n"
 
 
-__all__ = ["REPORT_FILES", "SVG_REPORT_FILES", "cost_csv", "have_matplotlib", "peak_flops", "program_dtype",
-           "report_files", "report_html", "roofline_png", "roofline_points", "roofline_svg", "write_reports"]
+__all__ = ["REPORT_FILES", "SVG_REPORT_FILES", "check_report_paths", "cost_csv", "have_matplotlib", "peak_flops",
+           "program_dtype", "report_files", "report_html", "roofline_png", "roofline_points", "roofline_svg",
+           "write_reports"]

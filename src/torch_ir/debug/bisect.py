@@ -39,9 +39,12 @@ import torch
 
 from ..errors import TorchIRError
 from ..ir import NPU_IR, OpNode, provenance_of
+from ..report.cells import one_line
 from ..verify.compare import TensorDiff, compare_tensors
 from .drift import Step, Verdict, error_series, judge
-from .report import BisectReport, Finding, StageRow
+from .outdir import REPRO_DIR, check_output_dir, make_dir_inside
+from .report import BisectReport, Finding, StageRow, code_span
+from .repro import FILES
 from .stages import REWRITE_STAGES, Pipeline, StageResult, check_stages
 from .subject import Subject
 
@@ -57,7 +60,8 @@ def bisect(source: Any, *, inputs: Sequence[Any] | None = None, weights: Any = N
     seeded random ones; ``stages`` picks stages by name (``torch_ir.debug.stages.STAGE_NAMES``); ``rtol`` and
     ``atol`` override the dtype's default tolerance. Stages after the first divergent one are not run unless
     ``keep_going``. ``progress`` prints a line per stage on stderr. With ``out_dir`` the report (JSON, Markdown,
-    HTML, plot) and the repro directory (``out_dir/repro``) are written there.
+    HTML, plot) and the repro directory (``out_dir/repro``) are written there; an entry of ``out_dir`` that bisect
+    would write and that is a link or a special file is refused before anything runs (``torch_ir.debug.outdir``).
 
     Example::
 
@@ -66,6 +70,8 @@ def bisect(source: Any, *, inputs: Sequence[Any] | None = None, weights: Any = N
     """
     started = time.perf_counter()
     say = _printer(progress)
+    if out_dir is not None:  # before the model is loaded: a bad or planted output directory costs nothing
+        check_output_dir(out_dir, FILES)
     subject = source if isinstance(source, Subject) else _load(source, inputs, weights, seed)
     chosen = check_stages(stages)
     pipe = Pipeline(subject)
@@ -91,8 +97,9 @@ def bisect(source: Any, *, inputs: Sequence[Any] | None = None, weights: Any = N
             finding.notes.append("the error grows smoothly along the graph (drift): this node is only where it "
                                  "first crosses the tolerance")
         if case is not None and out_dir is not None:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            report.repro = _write_repro(Path(out_dir) / "repro", case, finding)
+            root = Path(out_dir)
+            root.mkdir(parents=True, exist_ok=True)
+            report.repro = _write_repro(make_dir_inside(root, root / REPRO_DIR), case, finding)
         say(f"located in {time.perf_counter() - t0:.2f} s: {finding.title}")
     report.seconds = time.perf_counter() - started
     if out_dir is not None:
@@ -462,12 +469,13 @@ def _write_repro(out: Path, spec: ReproSpec, finding: Finding) -> Path | None:
     inputs = _values_for([t.name for t in small.graph_inputs], *spec["input_sources"])
     expected = _values_for([t.name for t in small.graph_outputs], *spec["expected_sources"])
     weights = sub_weights(small, spec["pipe"].subject.weights)
-    details = "\n".join([f"- stage: `{finding.stage}`", *(f"- {k}: `{v}`" for k, v in _repro_fields(finding))])
+    details = "\n".join([f"- stage: {code_span(finding.stage)}",
+                         *(f"- {k}: {code_span(v)}" for k, v in _repro_fields(finding))])
     subject = spec["pipe"].subject
     trusted = {"frontend": subject.trusted, "rule": "the IR before the rule application",
                "kernel": "the kernel-fused IR (reference executor)",
                "lowering": "the kernel-fused IR (reference executor)"}
-    case = ReproCase(kind=spec["kind"], title=spec["title"], ir=small, weights=weights, inputs=inputs,
+    case = ReproCase(kind=spec["kind"], title=one_line(spec["title"]), ir=small, weights=weights, inputs=inputs,
                      expected=expected, rule=spec["rule"], backend=spec["backend"], rtol=spec["rtol"],
                      atol=spec["atol"], details=details, rule_source=spec.get("rule_source"),
                      onnx_model=getattr(subject, "onnx_model", None) if spec["kind"] == "frontend" else None,

@@ -42,12 +42,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     """Run ``torch-ir bisect``."""
-    from ..fileio import check_writable_dir
     from .bisect import bisect
+    from .outdir import check_output_dir
+    from .repro import FILES
 
-    if args.output:
-        out = Path(args.output)
-        check_writable_dir(out if out.exists() else out.parent, "bisect output directory", target=out)
+    if args.output:  # before the inputs are read and the model is loaded
+        check_output_dir(args.output, FILES)
     inputs = _read_inputs(args.inputs) if args.inputs else None
     report = bisect(args.source, inputs=inputs, weights=args.weights, seed=args.seed, stages=args.stage,
                     rtol=args.rtol, atol=args.atol, out_dir=args.output, keep_going=args.keep_going)
@@ -59,17 +59,21 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 def _read_inputs(path: str) -> list[Any]:
     """The arrays of an .npz file as tensors, in graph-input order: by index when named input_<i>, else in the order
-    the file stores them (numpy.savez keeps the order of its keyword arguments)."""
-    import numpy as np
+    the file stores them (numpy.savez keeps the order of its keyword arguments). The file is read by
+    ``torch_ir.arrays.load_arrays``: numeric arrays only, sized before anything is decompressed."""
     import torch
 
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: torch.from_numpy(np.array(data[k])) for k in data.files}
-    except (OSError, ValueError) as e:
-        raise InputMismatchError(f"cannot read inputs from {path!r}: {e}; give an .npz file (numpy.savez) with one "
-                                 "array per graph input") from None
+    from ..arrays import load_arrays
+
+    arrays = load_arrays(path, "bisect inputs file")
     positional = [f"input_{i}" for i in range(len(arrays))]
-    if sorted(arrays) == sorted(positional):
-        return [arrays[k] for k in positional]
-    return list(arrays.values())
+    order = positional if sorted(arrays) == sorted(positional) else list(arrays)
+    tensors = []
+    for name in order:
+        try:
+            tensors.append(torch.from_numpy(arrays[name]))
+        except TypeError as e:  # a numeric dtype torch has no tensor for
+            raise InputMismatchError(f"bisect inputs file {path!r}, array {name!r}: dtype {arrays[name].dtype} has "
+                                     f"no torch tensor type ({e}); save it as a dtype torch has (float32, int64, "
+                                     "...)") from None
+    return tensors

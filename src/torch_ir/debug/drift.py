@@ -11,6 +11,7 @@ tolerance or a precision, not a bug hunt. The per-layer error (nodes grouped by 
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..fileio import atomic_write
+from ..report.cells import one_line
 from ..verify.compare import compare_tensors
 
 #: A node's error must exceed this many times its inputs' error to count as a jump (a fault).
@@ -168,9 +171,19 @@ def per_layer(series: Sequence[NodeError]) -> list[tuple[str, float]]:
     return list(layers.items())
 
 
+#: The plot's width in inches grows with the layers up to this: a file with 10^5 module paths must not ask
+#: matplotlib for an image wider than it can make (2^16 pixels) or than memory holds.
+MAX_PLOT_INCHES = 60.0
+MAX_TICK_LABELS = 200
+
+
 def plot(verdict: Verdict, path: str | Path, *, title: str = "", tolerance: float | None = None) -> Path:
     """The per-layer error as a PNG (matplotlib) or, without matplotlib, an SVG written by hand (the suffix of
-    ``path`` is changed to match). Returns the path written."""
+    ``path`` is changed to match). Returns the path written.
+
+    Written atomically (``torch_ir.fileio.atomic_write``: a link at the path is replaced, never written through).
+    Layer and node names come from a file: matplotlib shows them as plain text (no ``$...$`` math, which a
+    hostile name could make fail), each on one line."""
     path = Path(path)
     try:
         import matplotlib
@@ -179,28 +192,32 @@ def plot(verdict: Verdict, path: str | Path, *, title: str = "", tolerance: floa
         import matplotlib.pyplot as plt
     except ImportError:
         svg = path.with_suffix(".svg")
-        svg.write_text(_svg(verdict, title, tolerance))
+        atomic_write(svg, _svg(verdict, title, tolerance), what="bisect error plot")
         return svg
-    names = [name for name, _ in verdict.layers]
+    names = [one_line(name) for name, _ in verdict.layers]
     errors = [max(err, 1e-12) if math.isfinite(err) else 1e3 for _, err in verdict.layers]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(names) + 3), 3.6))
-    ax.semilogy(range(len(names)), errors, marker="o", markersize=3, label="max relative error")
-    if tolerance:
-        ax.axhline(tolerance, color="grey", linestyle="--", linewidth=1, label="tolerance (rtol)")
-    if verdict.jump is not None:
-        layer = layer_of(verdict.jump.module)
-        if layer in names:
-            i = names.index(layer)
-            ax.plot([i], [errors[i]], "rx", markersize=10, label=f"jump: {verdict.jump.node}")
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=90, fontsize=6)
-    ax.set_ylabel("relative error")
-    ax.set_title(title or f"per-layer error ({verdict.kind})", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    png = path.with_suffix(".png")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(min(MAX_PLOT_INCHES, max(6.0, 0.25 * len(names) + 3)), 3.6))
+    try:
+        ax.semilogy(range(len(names)), errors, marker="o", markersize=3, label="max relative error")
+        if tolerance:
+            ax.axhline(tolerance, color="grey", linestyle="--", linewidth=1, label="tolerance (rtol)")
+        if verdict.jump is not None:
+            layer = one_line(layer_of(verdict.jump.module))
+            if layer in names:
+                i = names.index(layer)
+                ax.plot([i], [errors[i]], "rx", markersize=10, label=f"jump: {one_line(verdict.jump.node)}")
+        step = max(1, -(-len(names) // MAX_TICK_LABELS))  # every step-th layer named: the labels stay legible
+        ax.set_xticks(range(0, len(names), step))
+        ax.set_xticklabels(names[::step], rotation=90, fontsize=6, parse_math=False)
+        ax.set_ylabel("relative error")
+        ax.set_title(one_line(title) or f"per-layer error ({verdict.kind})", fontsize=9, parse_math=False)
+        for text in ax.legend(fontsize=7).get_texts():
+            text.set_parse_math(False)
+        fig.tight_layout()
+        png = path.with_suffix(".png")
+        atomic_write(png, lambda handle: fig.savefig(handle, format="png", dpi=110), what="bisect error plot")
+    finally:
+        plt.close(fig)
     return png
 
 
@@ -235,7 +252,7 @@ def _svg(verdict: Verdict, title: str, tolerance: float | None) -> str:
 
 
 def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return html.escape(one_line(text))
 
 
 def _in(module: str | None) -> str:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..fileio import atomic_write
+from ..report.cells import one_line
 from ..report.markdown import cell
 from ..verify.compare import TABLE_HEADER, TensorDiff
 from ..verify.result import md_table, text_table
@@ -80,6 +83,11 @@ class Finding:
     outputs: list[TensorDiff] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # the title quotes node names read from a file; it is one line wherever it is shown (a repro's README
+        # heading, a progress line), so a name with a newline cannot end it or start a heading of its own
+        self.title = one_line(self.title)
+
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in vars(self).items() if k not in ("inputs", "outputs")}
         data["inputs"] = [_diff(d) for d in self.inputs]
@@ -146,9 +154,10 @@ class BisectReport:
         }
 
     def markdown(self, plot_name: str | None = None) -> str:
-        lines = [f"# bisect: {self.subject}", "", f"Trusted source: {self.trusted}. Tolerance: rtol={_tol(self.rtol)}, "
-                 f"atol={_tol(self.atol)}. Time: {self.seconds:.1f} s.", "", "| stage | status | max abs err | "
-                 "max rel err | seconds |", "|---|---|---:|---:|---:|"]
+        """The report as Markdown; every name read from a file is escaped (``cell``) or in a code span."""
+        lines = [f"# bisect: {cell(self.subject)}", "", f"Trusted source: {cell(self.trusted)}. Tolerance: "
+                 f"rtol={_tol(self.rtol)}, atol={_tol(self.atol)}. Time: {self.seconds:.1f} s.", "",
+                 "| stage | status | max abs err | max rel err | seconds |", "|---|---|---:|---:|---:|"]
         for r in self.stages:
             why = f" ({r.skipped or r.error})" if r.skipped or r.error else ""
             lines.append(f"| {r.name} | {r.status}{cell(why)} | {_num(r.max_abs)} | {_num(r.max_rel)} "
@@ -160,7 +169,7 @@ class BisectReport:
         lines += [f"**First stage that diverges: {self.first_bad}**", ""]
         if self.finding is not None:
             lines += [f"## Finding ({self.finding.kind})", "", cell(self.finding.title), ""]
-            lines += [f"- {k}: `{_code(v)}`" for k, v in _finding_fields(self.finding)]
+            lines += [f"- {k}: {code_span(v)}" for k, v in _finding_fields(self.finding)]
             lines += [f"- note: {cell(n)}" for n in self.finding.notes]
             for title, diffs in (("Inputs", self.finding.inputs), ("Outputs", self.finding.outputs)):
                 if diffs:
@@ -171,8 +180,8 @@ class BisectReport:
             if plot_name:
                 lines += [f"![per-layer error]({plot_name})", ""]
         if self.repro is not None:
-            lines += ["## Repro", "", f"`{self.repro}`: `python repro.py` runs the faulty path (exit 1 while the "
-                      "fault is there), `python repro.py --reference` the reference path (exit 0).", ""]
+            lines += ["## Repro", "", f"{code_span(self.repro)}: `python repro.py` runs the faulty path (exit 1 while "
+                      "the fault is there), `python repro.py --reference` the reference path (exit 0).", ""]
         return "\n".join(lines) + "\n"
 
     def html(self, plot_name: str | None = None) -> str:
@@ -214,11 +223,17 @@ class BisectReport:
                 f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
     def write(self, out_dir: str | Path) -> list[Path]:
-        """Write report.json, report.md, report.html and the plot into ``out_dir``; returns the paths."""
+        """Write report.json, report.md, report.html and the plot into ``out_dir``; returns the paths.
+
+        Each file is written atomically, and an entry of ``out_dir`` that is a link or a special file is refused
+        (``torch_ir.debug.outdir``): nothing is written through a link planted there."""
         from .drift import plot
+        from .outdir import REPORT_FILES, check_entry, check_inside
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        for name in REPORT_FILES:  # all before the first write: a planted link leaves no half-written report
+            check_entry(out / name, "file")
         files: list[Path] = []
         plot_name = None
         if self.verdict is not None and self.verdict.layers:
@@ -227,11 +242,12 @@ class BisectReport:
                            tolerance=tolerance)
             files.append(picture)
             plot_name = picture.name
-        for name, text in (("report.md", self.markdown(plot_name)), ("report.html", self.html(plot_name))):
-            (out / name).write_text(text)
-            files.append(out / name)
-        self.files = [*files, out / "report.json"]
-        (out / "report.json").write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
+        self.files = [*files, out / "report.md", out / "report.html", out / "report.json"]
+        texts = {"report.md": self.markdown(plot_name), "report.html": self.html(plot_name),
+                 "report.json": json.dumps(self.to_dict(), indent=1, default=str) + "\n"}
+        for name, text in texts.items():
+            check_inside(out, out / name)
+            atomic_write(out / name, text, what=f"bisect {name}")
         return self.files
 
 
@@ -271,13 +287,24 @@ def _tol(v: float | None) -> str:
     return "dtype default" if v is None else f"{v:g}"
 
 
-def _code(value: Any) -> str:
-    """A value inside a Markdown code span: nothing is markup there, but a backtick would end it."""
-    return str(value).replace("`", "'")
+def code_span(value: Any) -> str:
+    """``value`` as a Markdown code span, outside tables (in a table cell use ``markdown.cell``): nothing is
+    markup inside one, but a backtick would end it and a line break could start a new block (a heading, a
+    fence), so both are replaced."""
+    return "`" + one_line(str(value)).replace("`", "'") + "`"
+
+
+def fenced(lines: list[str]) -> list[str]:
+    """``lines`` as a fenced Markdown code block that none of them can close: each on one line, and the fence
+    longer than any run of backticks in them."""
+    body = [one_line(line) for line in lines]
+    longest = max((len(run) for line in body for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *body, fence]
 
 
 def _h(text: str) -> str:
     return html.escape(str(text))
 
 
-__all__ = ["BisectReport", "Finding", "StageRow"]
+__all__ = ["BisectReport", "Finding", "StageRow", "code_span", "fenced"]

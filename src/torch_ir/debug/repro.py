@@ -38,6 +38,9 @@ from ..errors import OutputWriteError, TorchIRError
 from ..fileio import atomic_write, check_writable_dir
 from ..ir import NPU_IR, OpNode, TensorMeta, check_integrity, provenance_of, subgraph
 from ..ops.values import dtype_name
+from ..report.markdown import cell
+from .outdir import check_entry, check_inside, check_same_directory, identity
+from .report import code_span, fenced
 
 KINDS = ("frontend", "rule", "kernel", "lowering")
 BACKENDS = ("cpu", "webgpu")
@@ -136,11 +139,17 @@ def write_repro(out_dir: str | os.PathLike, case: ReproCase, *, overwrite: bool 
 
     Everything is checked before anything is written. Each file is written atomically; a directory that
     exists and is not empty is refused unless ``overwrite`` (then only this module's files are replaced, and
-    those the new case does not have are removed).
+    those the new case does not have are removed). ``out_dir`` itself is the caller's path; a file of the repro
+    in it that is a link (or not a regular file) is refused (``torch_ir.debug.outdir.PlantedOutputError``),
+    before the first write and again before each, and so is ``out_dir`` swapped for another directory meanwhile.
+    Names from the IR are inert text in the README (escaped, or in code spans and fences they cannot close).
     """
     _check_case(case)
     out = Path(out_dir)
     _prepare_dir(out, overwrite)
+    for name in FILES:  # all before the first write: a link planted in the directory leaves nothing half-written
+        check_entry(out / name, "file")
+    target = _Targets(out)
     inputs = [case.inputs[t.name] for t in case.ir.graph_inputs]
     expected = [case.expected[t.name] for t in case.ir.graph_outputs]
     input_entries, input_arrays = _arrays("input", case.ir.graph_inputs, inputs)
@@ -156,21 +165,36 @@ def write_repro(out_dir: str | os.PathLike, case: ReproCase, *, overwrite: bool 
     }
     from ..weights import save_weights
 
-    case.ir.save(str(out / "ir.json"), indent=1)
+    readme = _readme(case, manifest, onnx_bytes is not None, onnx_note)
+    case.ir.save(str(target("ir.json")), indent=1)
     if case.weights:
-        save_weights({k: v.detach().cpu().contiguous() for k, v in case.weights.items()}, out / "weights.safetensors")
+        save_weights({k: v.detach().cpu().contiguous() for k, v in case.weights.items()},
+                     target("weights.safetensors"))
     else:
-        _remove(out / "weights.safetensors")
-    atomic_write(out / "inputs.npz", lambda f: np.savez(f, **input_arrays), what="repro inputs file")
-    atomic_write(out / "expected.npz", lambda f: np.savez(f, **output_arrays), what="repro expected file")
-    atomic_write(out / "case.json", json.dumps(manifest, indent=1) + "\n", what="repro case file")
+        _remove(target("weights.safetensors"))
+    atomic_write(target("inputs.npz"), lambda f: np.savez(f, **input_arrays), what="repro inputs file")
+    atomic_write(target("expected.npz"), lambda f: np.savez(f, **output_arrays), what="repro expected file")
+    atomic_write(target("case.json"), json.dumps(manifest, indent=1) + "\n", what="repro case file")
     if onnx_bytes is not None:
-        atomic_write(out / "model.onnx", onnx_bytes, what="repro ONNX model")
+        atomic_write(target("model.onnx"), onnx_bytes, what="repro ONNX model")
     else:
-        _remove(out / "model.onnx")
-    atomic_write(out / "README.md", _readme(case, manifest, onnx_bytes is not None, onnx_note), what="repro README")
-    atomic_write(out / "repro.py", SCRIPT, what="repro script")
+        _remove(target("model.onnx"))
+    atomic_write(target("README.md"), readme, what="repro README")
+    atomic_write(target("repro.py"), SCRIPT, what="repro script")
     return out
+
+
+class _Targets:
+    """The files of one repro directory, each checked again right before it is written: the directory is still
+    the one checked at the start (not swapped for a link to another), and the file is not a link planted since."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.identity = out, identity(out)
+
+    def __call__(self, name: str) -> Path:
+        check_same_directory(self.out, self.identity)
+        check_inside(self.out, self.out / name)
+        return self.out / name
 
 
 def _check_case(case: ReproCase) -> None:
@@ -206,6 +230,8 @@ def _builtin_rules(name: str) -> list[Any]:
 
 
 def _prepare_dir(out: Path, overwrite: bool) -> None:
+    """``out`` itself is the caller's path (a link the caller made to a directory is followed); its entries are
+    checked by ``write_repro``."""
     if out.exists():
         if not out.is_dir():
             raise OutputWriteError(f"cannot write the repro directory {str(out)!r}: it is a file; choose a new path")
@@ -222,7 +248,7 @@ def _prepare_dir(out: Path, overwrite: bool) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_file():  # a file of an earlier repro in the same directory (overwrite=True)
+    if path.exists():  # a file of an earlier repro in the same directory (overwrite=True); checked by _Targets
         path.unlink()
 
 
@@ -274,7 +300,7 @@ _RUNS = {
     "frontend": ("the minimal IR on the reference executor (`IRExecutor`): the frontend's translation",
                  "the trusted framework's values in expected.npz; with model.onnx, onnxruntime runs the ONNX "
                  "node itself"),
-    "rule": ("the rule `{rule}` rewrites the minimal IR, then `IRExecutor` runs the result",
+    "rule": ("the rule {rule} rewrites the minimal IR, then `IRExecutor` runs the result",
              "`IRExecutor` on the minimal IR as it was before the rule"),
     "kernel": ("`npu_compiler.compile(ir, target='{backend}')` (no normalization, no fusion), run by "
                "`npu_runtime.Executor` on the {backend} backend",
@@ -286,34 +312,47 @@ _RUNS = {
 
 
 def _readme(case: ReproCase, manifest: dict, has_onnx: bool, onnx_note: str | None) -> str:
-    faulty, reference = (s.format(rule=case.rule, backend=case.backend) for s in _RUNS[case.kind])
-    lines = [f"# {case.title}", "", f"Kind: **{case.kind}**" + (f", rule `{case.rule}`" if case.rule else "")
-             + (f", backend `{case.backend}`" if case.backend else "") + ".", ""]
+    """The README. Node, tensor, module and rule names come from a file (the model's IR): each is escaped
+    (``markdown.cell``) or in a code span, and on one line, so no name is live markup (``<script>``, a link)
+    or ends its line, row or code block. ``case.details`` is Markdown its caller wrote and escaped."""
+    faulty, reference = (s.format(rule=code_span(case.rule), backend=case.backend) for s in _RUNS[case.kind])
+    lines = [f"# {cell(case.title)}", "", f"Kind: **{case.kind}**"
+             + (f", rule {code_span(case.rule)}" if case.rule else "")
+             + (f", backend {code_span(case.backend)}" if case.backend else "") + ".", ""]
     if case.details.strip():
         lines += [case.details.strip(), ""]
-    lines += ["## The minimal IR", "", "```"]
-    lines += [str(n) for n in case.ir.nodes]
-    lines += ["```", ""]
+    lines += ["## The minimal IR", "", *fenced([str(n) for n in case.ir.nodes]), ""]
     for node in case.ir.nodes:
-        lines.append(f"- `{node.name}`: {_provenance_text(node)}")
+        lines.append(f"- {code_span(node.name)}: {cell(_provenance_text(node))}")
     lines += ["", "## How to run", "", "```", "python repro.py              # the faulty path: exits 1 when it "
               "differs from expected.npz", "python repro.py --reference  # the reference path: exits 0 when it "
               "matches", "```", "", f"- faulty path: {faulty}.", f"- reference path: {reference}.",
               "- exit codes: 0 the values match expected.npz within tolerance, 1 they differ, 2 the path could not "
               "run here (no GPU adapter, onnxruntime missing).", "",
-              f"Expected values come from {case.trusted or 'the trusted (last good) stage'}. Tolerances: "
+              f"Expected values come from {cell(case.trusted or 'the trusted (last good) stage')}. Tolerances: "
               + (f"rtol={case.rtol}, atol={case.atol}" if case.rtol is not None or case.atol is not None
                  else "the dtype's defaults (torch_ir.verify.tolerance)") + ".",
               "", "It needs only the installed toolkit (torch_ir, npu_compiler, npu_runtime), torch and numpy"
               + (" (and onnxruntime for the reference path)" if has_onnx else "") + ".", ""]
     if case.kind == "frontend" and not has_onnx:
-        lines += ["There is no standalone trusted model here" + (f" ({onnx_note})" if onnx_note else "")
+        lines += ["There is no standalone trusted model here" + (f" ({cell(onnx_note)})" if onnx_note else "")
                   + ": the reference path only checks expected.npz, which holds the trusted framework's values.",
                   ""]
     if case.rule_source:
-        lines += [f"The rule is imported from `{case.rule_source}`: that module must be importable.", ""]
-    lines += ["## Files", "", "| file | what |", "|---|---|",
-              "| `ir.json` | the minimal IR: only the faulty node(s) |"]
+        lines += [f"The rule is imported from {code_span(case.rule_source)}: that module must be importable.", ""]
+    lines += _files_section(case, has_onnx)
+    widened = [e["name"] for e in manifest["inputs"] + manifest["outputs"] if e["stored"] != e["dtype"]]
+    if widened:
+        lines += [f"npz has no bfloat16: {cell(', '.join(widened))} are stored as float32 (exactly: every bfloat16 "
+                  "is a float32) and `repro.py` casts them back to the dtype in case.json.", ""]
+    lines += ["## Inputs and expected outputs", "", "| array | tensor | dtype | shape |", "|---|---|---|---|"]
+    lines += [f"| {e['key']} | {cell(e['name'])} | {e['dtype']} | {e['shape']} |"
+              for e in manifest["inputs"] + manifest["outputs"]]
+    return "\n".join(lines) + "\n"
+
+
+def _files_section(case: ReproCase, has_onnx: bool) -> list[str]:
+    lines = ["## Files", "", "| file | what |", "|---|---|", "| `ir.json` | the minimal IR: only the faulty node(s) |"]
     if case.weights:
         lines.append("| `weights.safetensors` | the weights it reads, by state-dict key |")
     lines += ["| `inputs.npz` | its graph inputs (`input_<i>`, graph order) |",
@@ -321,15 +360,7 @@ def _readme(case: ReproCase, manifest: dict, has_onnx: bool, onnx_note: str | No
               "| `case.json` | kind, rule, backend, tolerances; each array's tensor name and dtype |"]
     if has_onnx:
         lines.append("| `model.onnx` | the trusted ONNX node(s) alone, run by onnxruntime |")
-    lines += ["| `repro.py` | runs the faulty or the reference path and compares |", ""]
-    widened = [e["name"] for e in manifest["inputs"] + manifest["outputs"] if e["stored"] != e["dtype"]]
-    if widened:
-        lines += [f"npz has no bfloat16: {', '.join(widened)} are stored as float32 (exactly: every bfloat16 is a "
-                  "float32) and `repro.py` casts them back to the dtype in case.json.", ""]
-    lines += ["## Inputs and expected outputs", "", "| array | tensor | dtype | shape |", "|---|---|---|---|"]
-    lines += [f"| {e['key']} | `{e['name']}` | {e['dtype']} | {e['shape']} |"
-              for e in manifest["inputs"] + manifest["outputs"]]
-    return "\n".join(lines) + "\n"
+    return [*lines, "| `repro.py` | runs the faulty or the reference path and compares |", ""]
 
 
 def _provenance_text(node: OpNode) -> str:
@@ -364,6 +395,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torch_ir.arrays import load_arrays as read_npz
 from torch_ir.executor import IRExecutor
 from torch_ir.ir import load_ir
 from torch_ir.ops.values import dtype_from_name
@@ -378,9 +410,10 @@ class CannotRunError(Exception):
 
 
 def load_arrays(file, entries):
-    """The tensors of an npz file in graph order, in their own dtype (bfloat16 was stored as float32)."""
-    with np.load(HERE / file, allow_pickle=False) as data:
-        return [torch.from_numpy(data[e["key"]]).to(dtype_from_name(e["dtype"])) for e in entries]
+    """The tensors of an npz file in graph order, in their own dtype (bfloat16 was stored as float32); read by
+    the toolkit's reader (numeric arrays only, sized before they are decompressed)."""
+    data = read_npz(HERE / file, f"repro {file}")
+    return [torch.from_numpy(data[e["key"]]).to(dtype_from_name(e["dtype"])) for e in entries]
 
 
 def ir_reference(ir, weights, inputs):

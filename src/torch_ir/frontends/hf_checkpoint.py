@@ -16,9 +16,21 @@ The directory is untrusted data (docs/security.md), like every file the toolkit 
 * weights are read from safetensors only; ``pytorch_model.bin`` pickles are refused with the command that
   converts them, since unpickling can run code;
 * the shard index may only name plain file names inside the directory (no ``../x``, no absolute paths);
+* every file read, here or by a library that opens it by name (safetensors, tokenizers, transformers), is first
+  checked to be a regular file: a FIFO would block forever, a link to ``/dev/zero`` never end. The tokenizer is
+  made from private copies of the few files it needs (read with a bound), so transformers cannot open any other
+  file of the directory;
+* every model size in ``config.json`` (layers, experts, widths, under any name transformers reads them by) is a
+  positive integer within ``torch_ir.limits`` (``max_layers``, ``max_experts``, ``max_dim``), checked before
+  anything is built, so a hostile config costs milliseconds. Every number in it is finite (Python's JSON reads
+  ``NaN`` and ``Infinity``), norm epsilons are not negative and ``rope_theta`` is positive: each of those would
+  make every logit NaN;
 * every tensor's size is checked against ``torch_ir.limits`` before it is read, and the headers are checked
   against the model the config describes (names and shapes) before any weight is used, so a config and
-  weights that do not belong together are refused with every difference listed, not found later as garbage.
+  weights that do not belong together are refused with every difference listed, not found later as garbage;
+* every call into the tokenizer library (loading, encoding, decoding) ends in a result or one error naming
+  ``tokenizer.json``: its Rust panics are caught, and a call is abandoned after ``max_tokenizer_seconds``
+  (see :func:`_tokenizer_call` for why a regex can otherwise take hours).
 
 Every refusal is a :class:`CheckpointError` (a ``TorchIRError``) that names the directory, the file and the
 fix; sizes over the limits raise ``LimitExceededError`` as elsewhere. transformers is imported only here.
@@ -28,19 +40,23 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from ..errors import InputNotFoundError, InputReadError, UnsafeInputError, WeightsMismatchError
-from ..fileio import read_input
-from ..limits import check_alloc, check_shape
+from ..errors import InputNotFoundError, InputReadError, LimitExceededError, UnsafeInputError, WeightsMismatchError
+from ..fileio import check_regular_file, read_input
+from ..limits import check_alloc, check_count, check_shape, get_limits, how_to_raise
 from .constants import build_on_meta as recording_meta_device
 from .constants import known_value
 
@@ -53,6 +69,19 @@ INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+ADDED_TOKENS = "added_tokens.json"
+
+#: The files the tokenizer is made from. ``AutoTokenizer.from_pretrained`` opens a dozen names by itself (these,
+#: vocab.json, merges.txt, tokenizer.model, chat templates, ... by class and version); it is given a private
+#: directory holding copies of these only. transformers 5 builds a fast tokenizer from tokenizer.json alone (the
+#: vocabulary files beside it change nothing), and picks its class by config.json's model_type.
+_TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS, CONFIG)
+
+_T = TypeVar("_T")
+
+_TOKENIZER_FIX = (f"replace {TOKENIZER} and {TOKENIZER_CONFIG} with the model's own (tokenizer.save_pretrained(dir) "
+                  "writes both), or delete them to load the checkpoint without a tokenizer")
 
 #: Model types whose loading is tested end to end (logits equal to ``from_pretrained``'s). Any other model type
 #: with an ``AutoModelForCausalLM`` class loads too when its checkpoint keys are the module's own names.
@@ -75,6 +104,24 @@ _CONFIG_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32
 _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "tie_word_embeddings")
 
+#: Config fields that size the model: name -> (the limit it is checked against, its smallest value). The names are
+#: transformers' canonical ones and those configs use for them (GPT-2's n_layer, BART's d_model, ...); a config
+#: class's ``attribute_map`` adds its own. A field may hold one size or a list of them (one per layer).
+_SIZE_RULES: dict[str, tuple[str, int]] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "encoder_layers",
+                     "num_decoder_layers", "num_encoder_layers"), ("max_layers", 1)),
+    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+                     "num_experts_per_tok", "n_shared_experts", "num_shared_experts"), ("max_experts", 0)),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim",
+                     "decoder_ffn_dim", "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "vocab_size", "max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
+                     "head_dim", "kv_channels", "num_attention_heads", "num_key_value_heads", "n_head", "n_heads",
+                     "num_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "encoder_attention_heads",
+                     "decoder_attention_heads"), ("max_dim", 1)),
+}
+#: The canonical sizes read back from the parsed config (transformers' defaults and aliases applied).
+_MODEL_SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "max_position_embeddings",
+                "head_dim", "num_attention_heads", "num_key_value_heads")
 _CONVERT_HINT = ("convert it to safetensors where the file is trusted: "
                  "AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir) writes model.safetensors "
                  "(pickled weights can run code when they are loaded, so torch_ir never opens them)")
@@ -296,12 +343,19 @@ class HFCheckpoint:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, through the checkpoint's tokenizer (special tokens as the tokenizer adds them,
-        e.g. Llama's BOS)."""
-        return [int(i) for i in self._tokenizer().encode(text, add_special_tokens=add_special_tokens)]
+        e.g. Llama's BOS). A tokenizer that fails or takes over ``max_tokenizer_seconds`` is a CheckpointError."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, not {type(text).__name__}")
+        tokenizer = self._tokenizer()
+        ids = _tokenizer_call(self.path, f"used to encode a text of {len(text)} characters",
+                              lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return [int(i) for i in ids]
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
         """The text of token ids; special tokens (EOS, padding) are left out unless ``skip_special_tokens=False``."""
-        return str(self._tokenizer().decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
+        tokenizer, tokens = self._tokenizer(), [int(i) for i in ids]
+        return str(_tokenizer_call(self.path, f"used to decode {len(tokens)} tokens",
+                                   lambda: tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)))
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -344,7 +398,8 @@ def is_checkpoint_dir(path: str | os.PathLike) -> bool:
     (anything else is a file: an IR, a program, an ONNX model)."""
     try:
         root = Path(path)
-        return root.is_dir() and (root / CONFIG).is_file()
+        # lexists, not is_file: a config.json that is a FIFO or a link to a device is a checkpoint's, to refuse
+        return root.is_dir() and os.path.lexists(root / CONFIG)
     except (OSError, TypeError, ValueError):
         return False
 
@@ -354,8 +409,10 @@ def load_checkpoint(path: str | os.PathLike, *, check_weights: bool = True) -> H
 
     Checks, each failure a :class:`CheckpointError` naming the file and the fix, and nothing returned half-done:
 
-    1. the directory and its ``config.json`` (a JSON object with a ``model_type``);
-    2. the config: a model type transformers knows, with an ``AutoModelForCausalLM`` class, not quantized;
+    1. the directory and its ``config.json`` (a JSON object with a ``model_type``); every file read is a regular
+       file (no FIFO, no device, no link to one), checked before anything opens it;
+    2. the config: a model type transformers knows, with an ``AutoModelForCausalLM`` class, not quantized; every
+       size within ``torch_ir.limits``, every number finite (before anything is built);
     3. the weights: ``model.safetensors``, or ``model.safetensors.index.json`` and every shard it names (plain
        file names in the directory only); ``pytorch_model.bin`` alone is refused with the conversion command;
     4. with ``check_weights`` (the default), the safetensors headers against the config's model: names,
@@ -384,7 +441,7 @@ def _checkpoint_dir(path: str | os.PathLike) -> Path:
         raise CheckpointError(
             f"checkpoint {str(root)!r} is a file, not a directory; pass the directory that holds {CONFIG} and the "
             f"weights{f' ({root.parent})' if root.name in (CONFIG, WEIGHTS, INDEX) else ''}")
-    if not (root / CONFIG).is_file():
+    if not os.path.lexists(root / CONFIG):  # anything else by that name is refused when it is read
         raise CheckpointNotFoundError(
             f"checkpoint {root}: no {CONFIG} in the directory; a Hugging Face checkpoint holds {CONFIG} (the "
             "architecture) beside its weights: copy it from where the weights came from, or save the model "
@@ -392,14 +449,32 @@ def _checkpoint_dir(path: str | os.PathLike) -> Path:
     return root
 
 
-def _read_json(root: Path, name: str, fix: str) -> Any:
-    """The parsed JSON of ``root/name``; its size is checked before it is read (``torch_ir.limits``)."""
+@contextmanager
+def _as_checkpoint_error() -> Iterator[None]:
+    """``fileio``'s refusals of a checkpoint's file (missing, not a regular file, unreadable) as CheckpointErrors,
+    with the same message, so one ``except CheckpointError`` covers a bad directory."""
     try:
-        data = read_input(root / name, f"checkpoint file {name}", fix)
+        yield
+    except CheckpointError:
+        raise
     except InputNotFoundError as e:
         raise CheckpointNotFoundError(str(e)) from None
-    except InputReadError as e:  # unreadable, a directory: the same message, as a checkpoint problem
+    except InputReadError as e:
         raise CheckpointError(str(e)) from None
+
+
+def _read_bytes(root: Path, name: str, fix: str) -> bytes:
+    """The bytes of ``root/name``: a regular file (checked before it is opened), read with a bound."""
+    with _as_checkpoint_error():
+        return read_input(root / name, f"checkpoint file {name}", fix)
+
+
+def _read_json(root: Path, name: str, fix: str) -> Any:
+    """The parsed JSON of ``root/name``; its size is checked before it is read (``torch_ir.limits``)."""
+    return _parse_json(root, name, _read_bytes(root, name, fix), fix)
+
+
+def _parse_json(root: Path, name: str, data: bytes, fix: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -408,7 +483,11 @@ def _read_json(root: Path, name: str, fix: str) -> Any:
 
 
 def _read_json_object(root: Path, name: str, fix: str) -> dict[str, Any]:
-    value = _read_json(root, name, fix)
+    return _parse_json_object(root, name, _read_bytes(root, name, fix), fix)
+
+
+def _parse_json_object(root: Path, name: str, data: bytes, fix: str) -> dict[str, Any]:
+    value = _parse_json(root, name, data, fix)
     if not isinstance(value, dict):
         raise CheckpointError(f"checkpoint {root}: {name} holds a JSON {type(value).__name__}, not an object; {fix}")
     return value
@@ -431,12 +510,18 @@ def _load_config(root: Path) -> transformers.PretrainedConfig:
             "weights are not supported; use the model's unquantized (float16/bfloat16/float32) checkpoint")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    config_class = CONFIG_MAPPING[model_type]
+    where = f"checkpoint {root}: {CONFIG} (model_type {model_type!r})"
+    # Before from_dict: parsing a config already loops over its layers (layer_types), and NaN would pass through.
+    _check_numbers(raw, where)
+    _check_sizes(raw, _size_aliases(config_class), where)
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(raw)
+        config = config_class.from_dict(raw)
     except Exception as e:  # the values are the file's; transformers raises many kinds on bad ones
         raise CheckpointError(
             f"checkpoint {root}: transformers cannot read {CONFIG} as a {model_type!r} config "
             f"({type(e).__name__}: {e}); {fix}") from None
+    _check_model_sizes(config, where)
     _config_dtype(config, root)  # refuse a dtype we cannot build now, not when the model is first built
     _token_ids(getattr(config, "eos_token_id", None), f"checkpoint {root}: {CONFIG}")
     return config
@@ -493,20 +578,101 @@ def _token_ids(value: Any, where: str | None = None) -> list[int] | None:
 
 
 def _generation_eos(root: Path) -> list[int] | None:
-    if not (root / GENERATION_CONFIG).exists():
+    if not os.path.lexists(root / GENERATION_CONFIG):  # exists() would hide a dangling link; reading names it
         return None
     fix = f"fix it or delete it ({CONFIG}'s eos_token_id is used then)"
     raw = _read_json_object(root, GENERATION_CONFIG, fix)
+    _check_numbers(raw, f"checkpoint {root}: {GENERATION_CONFIG}")
     return _token_ids(raw.get("eos_token_id"), f"checkpoint {root}: {GENERATION_CONFIG}")
+
+
+# -- config values: every number finite, every size within the limits ---------------------------------------
+
+def _entries(doc: Any) -> Iterator[tuple[str, str, Any]]:
+    """``(place, field, value)`` of every value inside a parsed JSON document, containers included: ``field`` is
+    the name of the nearest object member (a list's items share their list's), ``place`` the full path
+    (``rope_scaling.long_factor[3]``). Iterative: a file may nest as deep as the JSON parser allows."""
+    stack: list[tuple[str, str, Any]] = [("", "", doc)]
+    while stack:
+        place, name, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{place}.{k}" if place else str(k), str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{place}[{i}]", name, v) for i, v in reversed(list(enumerate(value))))
+        if place:
+            yield place, name, value
+
+
+def _check_numbers(raw: dict[str, Any], where: str) -> None:
+    """Refuse a non-finite number anywhere (``NaN``, ``Infinity``, ``1e999``: Python's JSON reads them all, and
+    an integer of 400 digits is infinite as soon as it is used as a float), a negative norm epsilon and a
+    non-positive ``rope_theta``: each makes every logit NaN (or turns the rotary embedding off), and generation
+    would then emit token 0 as if it were the model's answer."""
+    fix = f"write the value the model was trained with (the {CONFIG} saved with the weights has it)"
+    for place, name, value in _entries(raw):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if not _finite(value):
+            text = json.dumps(value)
+            raise CheckpointError(f"{where}: {place} is {text[:40]}{'...' if len(text) > 40 else ''}; a model "
+                                  f"hyper-parameter must be a finite number: {fix}")
+        if name.endswith(("eps", "epsilon")) and value < 0:
+            raise CheckpointError(f"{where}: {place} is {value!r}; a norm epsilon must not be negative (it would "
+                                  f"take the square root of a negative number): {fix}")
+        if name == "rope_theta" and value <= 0:
+            raise CheckpointError(f"{where}: {place} is {value!r}; the rotary base rope_theta must be positive: {fix}")
+
+
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a finite double (an int is compared exactly: ``math.isfinite`` would overflow)."""
+    return math.isfinite(value) if isinstance(value, float) else abs(value) <= sys.float_info.max
+
+
+def _size_aliases(config_class: type) -> dict[str, str]:
+    """Field name -> the size rule's name for the names a config class stores sizes under (its ``attribute_map``
+    maps canonical names to them: GPT-2 keeps num_hidden_layers as n_layer), with those of its sub-configs."""
+    aliases: dict[str, str] = {}
+    for cls in [config_class, *getattr(config_class, "sub_configs", {}).values()]:
+        aliases.update({stored: canonical for canonical, stored in getattr(cls, "attribute_map", {}).items()})
+    return aliases
+
+
+def _check_sizes(raw: dict[str, Any], aliases: Mapping[str, str], where: str) -> None:
+    """Every size field of the file, at any depth (``text_config`` too), before transformers reads any of them."""
+    for place, name, value in _entries(raw):
+        rule = _SIZE_RULES.get(name) or _SIZE_RULES.get(aliases.get(name, ""))
+        if rule is not None and value is not None and not isinstance(value, list):  # a list's items come next
+            _check_size(value, place, *rule, where)
+
+
+def _check_size(value: Any, place: str, limit: str, minimum: int, where: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        wanted = "a positive integer" if minimum > 0 else "a non-negative integer"
+        raise CheckpointError(f"{where}: {place} is {json.dumps(value)[:80]}, not {wanted}; a model size must be "
+                              f"{wanted}: use the {CONFIG} saved with the weights")
+    check_count(value, limit, f"{where}: {place}")
+
+
+def _check_model_sizes(config: Any, where: str) -> None:
+    """The sizes as transformers reads them (its defaults and aliases applied), before anything is built. (The
+    weights they make are checked against ``max_alloc_bytes`` right after the build on the meta device, which
+    takes milliseconds once the layers are bounded, and before any file is read against them.)"""
+    text = config.get_text_config(decoder=True)
+    for name in _MODEL_SIZES:
+        value = getattr(text, name, None)
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                _check_size(item, name, *_SIZE_RULES[name], where)
 
 
 # -- weight files -------------------------------------------------------------------------------------------
 
 def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The safetensors files, in the order ``from_pretrained`` looks: one file first, then a shard index."""
-    if (root / WEIGHTS).is_file():
+    if os.path.lexists(root / WEIGHTS):
+        _check_weights_file(root / WEIGHTS)
         return [root / WEIGHTS], None
-    if (root / INDEX).exists():
+    if os.path.lexists(root / INDEX):
         return _shards(root)
     raise _no_weights(root)
 
@@ -524,12 +690,14 @@ def _shards(root: Path) -> tuple[list[Path], dict[str, str]]:
             f"checkpoint {root}: {INDEX} maps {bad[0][0]!r:.80} to {bad[0][1]!r:.80}, not a file name; {fix}")
     names = sorted(set(weight_map.values()))
     files = [_shard_path(root, name) for name in names]
-    missing = [name for name, file in zip(names, files) if not file.is_file()]
+    missing = [name for name, file in zip(names, files) if not os.path.lexists(file)]
     if missing:
         shown = ", ".join(missing[:_SHOWN]) + (f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else "")
         raise CheckpointNotFoundError(
             f"checkpoint {root}: {INDEX} lists shard(s) that are not in the directory: {shown}; download the "
             f"missing shard(s): every one of the {len(names)} files the index names is needed")
+    for file in files:
+        _check_weights_file(file)
     return files, dict(weight_map)
 
 
@@ -569,11 +737,23 @@ def _no_weights(root: Path) -> CheckpointError:
         "model's safetensors files beside its config.json (save_pretrained writes them)")
 
 
+def _check_weights_file(file: Path) -> None:
+    """Refuse a weights file that is not a regular file (safetensors opens it by name and maps it: a FIFO would
+    block, a device never end). Its size is not an allocation: each tensor's size is checked when it is read."""
+    fix = "download it again, or save the weights with save_pretrained"
+    try:
+        with _as_checkpoint_error():
+            check_regular_file(file, f"checkpoint weights file {file.name}", fix)
+    except LimitExceededError:
+        pass  # over max_alloc_bytes as a whole, which is fine for a file that is mapped, never read whole
+
+
 @contextmanager
 def _opened(file: Path, root: Path) -> Iterator[Any]:
     """``safe_open`` a weights file, its failures (bad header, truncated file) as CheckpointWeightsError."""
     from safetensors import SafetensorError, safe_open
 
+    _check_weights_file(file)  # again: state_dict() opens the files long after load_checkpoint checked them
     try:
         handle = safe_open(str(file), framework="pt", device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -707,24 +887,27 @@ def _conversion_hint(model_type: str) -> str:
 # -- the tokenizer and the reference model's leftovers --------------------------------------------------------
 
 def _load_tokenizer(root: Path, config: Any) -> Any | None:
-    """The fast tokenizer of ``tokenizer.json`` (None without one), checked against the config's vocabulary."""
-    if not (root / TOKENIZER).exists():
-        return None
-    fix = (f"replace {TOKENIZER} and {TOKENIZER_CONFIG} with the model's own (tokenizer.save_pretrained(dir) "
-           "writes both), or delete them to load the checkpoint without a tokenizer")
-    check_alloc(os.stat(root / TOKENIZER).st_size, f"checkpoint {root}: {TOKENIZER}")
-    custom = (root / TOKENIZER_CONFIG).exists() and "auto_map" in _read_json_object(root, TOKENIZER_CONFIG, fix)
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The fast tokenizer of ``tokenizer.json`` (None without one), checked against the config's vocabulary.
 
-    try:
-        if custom:  # tokenizer code of the model's own: never run; tokenizer.json alone describes the tokenizer
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(root), local_files_only=True)
-        else:  # the class transformers' table gives for tokenizer_config.json, as from_pretrained users get
-            tokenizer = AutoTokenizer.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
-    except Exception as e:  # tokenizers raises many kinds (JSON, missing keys, Rust errors) on a bad file
-        raise CheckpointError(
-            f"checkpoint {root}: {TOKENIZER} cannot be loaded as a tokenizer ({type(e).__name__}: {str(e)[:300]}); "
-            f"{fix}") from None
+    transformers loads it from a private directory holding copies of :data:`_TOKENIZER_FILES` (each a regular
+    file of the checkpoint, read with a bound): whatever names from_pretrained opens, it finds only those.
+    """
+    if not os.path.lexists(root / TOKENIZER):
+        return None
+    files = {name: _read_bytes(root, name, _TOKENIZER_FIX) for name in _TOKENIZER_FILES
+             if os.path.lexists(root / name)}
+    settings = (_parse_json_object(root, TOKENIZER_CONFIG, files[TOKENIZER_CONFIG], _TOKENIZER_FIX)
+                if TOKENIZER_CONFIG in files else {})
+    with tempfile.TemporaryDirectory(prefix="torch_ir_tokenizer_") as private:
+        for name, data in files.items():
+            (Path(private) / name).write_bytes(data)
+        try:
+            tokenizer = _tokenizer_call(root, "loaded as a tokenizer",
+                                        lambda: _tokenizer_from(private, "auto_map" in settings))
+        except CheckpointError as e:  # the library's message names the copy; the user knows the original
+            raise type(e)(str(e).replace(private, str(root))) from None
+    tokenizer.name_or_path = str(root)
+    _check_decoder(root, tokenizer)
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise CheckpointError(
@@ -732,6 +915,128 @@ def _load_tokenizer(root: Path, config: Any) -> Any | None:
             f"vocab_size={vocab}: ids up to {len(tokenizer) - 1} cannot be embedded; use the tokenizer that "
             f"belongs to these weights, or the {CONFIG} that does")
     return tokenizer
+
+
+def _tokenizer_from(directory: str, custom: bool) -> Any:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if custom:  # tokenizer code of the model's own: never run; tokenizer.json alone describes the tokenizer
+        return PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
+    # the class transformers' table gives, as from_pretrained users get
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+
+
+def _check_decoder(root: Path, tokenizer: Any) -> None:
+    """Refuse a regular expression in the decoder the tokenizer was loaded with: decoding runs every token through
+    it while holding the GIL, so its time could not be bounded as encoding's is (:func:`_tokenizer_call`). Real
+    tokenizers' decoders replace plain strings (``"\u2581"`` -> ``" "``)."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
+        return
+    for place, name, value in _entries(json.loads(decoder.__getstate__())):
+        if name == "Regex":
+            raise CheckpointError(
+                f"checkpoint {root}: {TOKENIZER}: decoder.{place} is the regular expression {json.dumps(value)[:80]}; "
+                f"a decoder may only replace plain strings (a regex could take hours on one token); {_TOKENIZER_FIX}")
+
+
+def _tokenizer_call(root: Path, action: str, call: Callable[[], _T]) -> _T:
+    """``call()``, a call into the tokenizers library, ending in its result or one :class:`CheckpointError` that
+    names ``tokenizer.json`` and says it cannot be ``action`` ("loaded as a tokenizer", "used to ...").
+
+    A hostile ``tokenizer.json`` defeats a plain ``try`` two ways:
+
+    * the Rust library panics on some files and texts: ``pyo3_runtime.PanicException`` derives from
+      ``BaseException``, which ``except Exception`` misses, and the panic hook first prints to file descriptor 2
+      (with ``RUST_BACKTRACE``, a whole backtrace), which would break the command line's one-line error: fd 2 is
+      held meanwhile (:class:`_HeldStderr`);
+    * a regular expression of its normalizer or pre-tokenizer backtracks catastrophically (``(a+)+$``).
+      Oniguruma, the library's regex engine, gives up one match after 10^7 steps (``retry-limit-in-match``:
+      the panic above, in 0.2 s), but a search tries every start position, and a text of many near misses
+      (``"a" * 21 + "!"`` repeated) costs just under that limit at each: 22 KB took 46 s. No rule on a pattern's
+      text tells such regexes from the intricate ones real tokenizers use, so the call itself is bounded: it
+      runs in a worker thread, abandoned after ``max_tokenizer_seconds``. Encoding releases the GIL inside the
+      library (``encode_batch``), so the deadline holds; the abandoned thread runs on until the library returns
+      (a command line exits, which ends it). Decoding holds the GIL, so a decoder may not use a regex at all
+      (:func:`_check_decoder`).
+    """
+    seconds = get_limits().max_tokenizer_seconds
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException; reported by the caller's thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name="torch_ir tokenizer", daemon=True)
+    with _HeldStderr() as held:
+        worker.start()
+        worker.join(seconds)
+        held.keep = not worker.is_alive() and "error" not in outcome  # a library's warnings survive a success
+    if worker.is_alive():
+        raise CheckpointError(
+            f"checkpoint {root}: {TOKENIZER} could not be {action} within {seconds} s, the limit on one call into a "
+            f"tokenizer (max_tokenizer_seconds): a regular expression of it backtracks catastrophically; "
+            f"{_TOKENIZER_FIX}; {how_to_raise('max_tokenizer_seconds')}")
+    if "error" in outcome:
+        e = outcome["error"]
+        detail = " ".join(str(e).split())[:300]  # a panic's message spans lines
+        raise CheckpointError(f"checkpoint {root}: {TOKENIZER} cannot be {action} ({type(e).__name__}: {detail}); "
+                              f"{_TOKENIZER_FIX}")
+    return outcome["value"]
+
+
+class _HeldStderr:
+    """File descriptor 2 sent to a temporary file for a ``with`` block; what was written there goes back to stderr
+    at the end when ``keep`` is set, and is dropped otherwise (a panic's message: the error says what happened).
+
+    fd 2 belongs to the process, so blocks are serialized; another thread's stderr output in the meantime is
+    delayed (or, when the call fails, dropped).
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.keep = False
+        self._saved: int | None = None
+
+    def __enter__(self) -> _HeldStderr:
+        self._file = tempfile.TemporaryFile()
+        self._lock.acquire()
+        _flush_stderr()
+        try:
+            self._saved = os.dup(2)
+        except OSError:  # no fd 2 at all (a daemon): nothing to hold
+            return self
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._saved is not None:
+                _flush_stderr()
+                os.dup2(self._saved, 2)
+                os.close(self._saved)
+                if self.keep:
+                    self._replay()
+        finally:
+            self._file.close()
+            self._lock.release()
+
+    def _replay(self) -> None:
+        self._file.seek(0)
+        while chunk := self._file.read(1 << 16):
+            while chunk:
+                chunk = chunk[os.write(2, chunk):]
+
+
+def _flush_stderr() -> None:
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+    except (OSError, ValueError):  # closed or broken: nothing buffered can be saved
+        pass
 
 
 def _fill_known_values(model: torch.nn.Module, root: Path) -> None:

@@ -148,12 +148,28 @@ def save_ir(ir: NPU_IR, path: str | os.PathLike, *, indent: int | None = None) -
 
 
 def load_ir(path: str | os.PathLike) -> NPU_IR:
-    """Read an IR JSON file written by :meth:`NPU_IR.save`, checking it field by field."""
+    """Read an IR JSON file written by :meth:`NPU_IR.save`, checking it field by field.
+
+    Every failure is one ``TorchIRError`` naming the file: a malformed document, JSON nested deeper than
+    Python can parse or check (a RecursionError), and running out of memory (a MemoryError) included.
+    """
     path = Path(path)
-    data = read_input(path, "IR file", "extract or save the IR again")
     try:
+        data = read_input(path, "IR file", "extract or save the IR again")
         with _gc_paused():
-            doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+            return ir_from_dict(_parse_json(data, path), source=str(path))
+    except RecursionError:
+        raise IRValidationError(f"{path}: nested too deeply to be an IR file; extract or save the IR again") from None
+    except MemoryError:
+        raise IRValidationError(
+            f"{path}: out of memory while loading the IR file; free memory, or check the file (a JSON file needs "
+            "a few times its size to load: a small file that needs more is corrupt or hostile)") from None
+
+
+def _parse_json(data: bytes, path: Path) -> Any:
+    """The JSON document of an IR file, strictly (no NaN/Infinity literals)."""
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise IRValidationError(f"{path}: not a text (UTF-8) file: {e}") from None
     except json.JSONDecodeError as e:
@@ -163,13 +179,6 @@ def load_ir(path: str | os.PathLike) -> NPU_IR:
         ) from None
     except ValueError as e:  # NaN/Infinity literals, integers past Python's digit limit
         raise IRValidationError(f"{path}: not strict JSON ({e}); extract or save the IR again") from None
-    except RecursionError:
-        raise IRValidationError(f"{path}: nested too deeply to be an IR file; extract or save the IR again") from None
-    try:
-        with _gc_paused():
-            return ir_from_dict(doc, source=str(path))
-    except RecursionError:
-        raise IRValidationError(f"{path}: nested too deeply to be an IR file; extract or save the IR again") from None
 
 
 def _refuse_constant(name: str) -> None:

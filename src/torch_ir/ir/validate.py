@@ -22,6 +22,13 @@ from .core import NPU_IR, ROLES, OpNode
 
 SUPPORTED_MAJOR = 1
 
+#: How deep a free-form value of a file may nest lists and objects: an IR's ``metadata``, ``producer`` and
+#: tensors' ``quant``, a program's ``metadata`` and embedded ``ir`` (whose tensor values nest up to
+#: ``MAX_VALUE_RANK`` deep). JSON parsing stops near Python's recursion limit, so a value that just parses
+#: would make a later walk over it (``copy.deepcopy``, ``json.dumps`` when the file is saved again) raise a
+#: RecursionError naming no file; within this bound those walks have room to spare.
+MAX_JSON_DEPTH = 100
+
 
 def _fail(source: str, path: str, rule: str) -> None:
     raise IRValidationError(f"{source}: {path}: {rule}")
@@ -53,6 +60,35 @@ def _check_tensor(t: Any, path: str, source: str) -> None:
     role = t.get("role")
     if role is not None and role not in ROLES:
         _fail(source, f"{path}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+    quant = t.get("quant")
+    if quant is not None:
+        if not isinstance(quant, dict):
+            _fail(source, f"{path}.quant", f"expected an object (a quantization annotation) or null, got "
+                                           f"{type(quant).__name__}")
+        _check_nesting(quant, f"{path}.quant", source)
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep (a scalar: 0, ``[]``: 1).
+
+    Iterative, so it cannot itself overflow the stack; it stops at the first container past ``limit``.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _check_nesting(value: Any, path: str, source: str) -> None:
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
+        _fail(source, path, f"nested more than {MAX_JSON_DEPTH} lists or objects deep; not a value a "
+                            "torch_ir writer produces")
 
 
 def _check_list(doc: dict, key: str, source: str, required: bool = True) -> list:
@@ -105,6 +141,8 @@ def check_document(doc: Any, *, source: str = "<dict>") -> None:
     for key in ("producer", "metadata", "constant_values", "non_persistent_buffers", "inlined_constant_keys"):
         if not isinstance(doc.get(key, {}), dict):
             _fail(source, key, f"expected an object, got {type(doc[key]).__name__}")
+    for key in ("producer", "metadata"):  # free-form: only their depth is checked
+        _check_nesting(doc.get(key, {}), key, source)
     _check_constant_values(doc, source)
     _check_buffers(doc.get("non_persistent_buffers", {}), source)
     keys = doc.get("inlined_constant_keys", {})

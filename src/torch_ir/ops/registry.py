@@ -12,27 +12,30 @@ An op found by neither is reported with the node and a ready-to-paste registrati
 The op type comes from a file, so the generic path is not "call whatever the file names": an op is
 refused (:class:`UnsafeInputError`) when its schema writes to any argument (in-place and ``out=``
 variants: they would write outside the node's own outputs), when it returns nothing (it can only
-act through side effects), when it is on :data:`DENIED_OPS` (it reads or writes files, or global
-state), or when its namespace is one of torch's own non-ATen namespaces (:data:`DENIED_NAMESPACES`:
-distributed collectives, the profiler, prepacked-weight backends, ...). A node's attributes must be
-arguments of the op's schema: a misspelled one is refused, not silently replaced by the default.
-Before the first run, a node whose attributes are all static runs once on the meta device, so an
-output larger than ``torch_ir.limits`` (``aten.full(size=[1e6, 1e6])``) is refused before allocating.
+act through side effects), when its namespace is one of torch's own non-ATen namespaces
+(:data:`DENIED_NAMESPACES`: distributed collectives, the profiler, prepacked-weight backends, ...), and
+for ``aten``/``prims`` whenever it is not on the reviewed allow-list (:mod:`torch_ir.ops.allowlist`), which
+also wraps the few ops that need it in a check that makes them memory-safe (:mod:`torch_ir.ops.guards`).
+A node's attributes must be arguments of the op's schema: a misspelled one is refused, not silently
+replaced by the default. Before the first run, a node whose attributes are all static runs once on the
+meta device, so an output larger than ``torch_ir.limits`` (``aten.full(size=[1e6, 1e6])``) is refused before allocating.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..errors import IRValidationError, UnsafeInputError, UnsupportedOpError
+from ..errors import IRValidationError, TorchIRError, UnsafeInputError, UnsupportedOpError
 from ..ir import OpNode
-from ..limits import check_alloc
+from ..limits import check_alloc, get_limits
+from . import allowlist
 from .values import decode_value, dtype_from_name, has_symbols
 
 Kernel = Callable[[Sequence[torch.Tensor], Mapping[str, int]], list[torch.Tensor]]
@@ -116,14 +119,6 @@ def _provided(op_type: str) -> OpDef | None:
     return _REGISTRY.get(op_type) if provide(op_type) else None
 
 
-#: ATen ops refused on the generic path although their schema looks pure: they read or write files or
-#: process-wide state. (Ops that write an argument or return no tensor are refused by their schema.)
-DENIED_OPS = frozenset({
-    "aten.from_file", "aten._cufft_set_plan_cache_max_size", "aten._cufft_clear_plan_cache",
-    "aten._cufft_get_plan_cache_size", "aten._cufft_get_plan_cache_max_size", "aten.record_stream",
-    "aten._print", "aten.set_", "aten._linalg_check_errors",
-})
-
 #: torch's own namespaces other than ``aten`` and ``prims``: collectives that open network connections,
 #: the profiler, runtimes and prepacked-weight backends whose ops trust their inputs. A namespace that a
 #: user's own ``torch.library`` code defines is not here, so loaded custom ops keep working.
@@ -138,17 +133,15 @@ DENIED_NAMESPACES = frozenset({
 
 def unsafe_reason(op_type: str, overload: torch._ops.OpOverload) -> str | None:
     """Why the generic path must not run ``overload`` for an op type read from a file (None: it may)."""
-    ns, name, _ = op_type.split(".")
+    ns = op_type.split(".")[0]
     schema = overload._schema
     if ns in DENIED_NAMESPACES:
         return f"namespace {ns!r} is torch's own non-ATen namespace (collectives, profiler, backends), not a model op"
-    if f"{ns}.{name}" in DENIED_OPS:
-        return "it reads or writes files or process-wide state"
     if schema.is_mutable:
         return "its schema writes to an argument (an in-place or out= variant); use the functional overload"
     if not schema.returns:
         return "it returns nothing, so it can only act through side effects"
-    return None
+    return allowlist.refusal(op_type) if ns in allowlist.LISTED_NAMESPACES else None
 
 
 def is_supported(op_type: str) -> bool:
@@ -278,7 +271,7 @@ def _bind_schema(node: OpNode, overload: torch._ops.OpOverload, device: torch.de
             elif has_symbols(value):
                 plan.append((arg.name, "sym", value))
             else:
-                plan.append((arg.name, "const", decode_value(value, None, device)))
+                plan.append((arg.name, "const", _enum_checked(node, arg, decode_value(value, None, device))))
         elif _holds_tensors(arg.type):
             plan.append((arg.name, "input", cursor))
             cursor += 1
@@ -301,9 +294,49 @@ def _bind_schema(node: OpNode, overload: torch._ops.OpOverload, device: torch.de
                 kwargs[name] = payload
         return kwargs
 
+    call = guarded(node.op_type, overload)
     if not any(kind == "sym" for _, kind, _ in plan):
         _check_output_sizes(node, overload, arguments)
-    return lambda inputs, syms: _as_list(overload(**arguments(inputs, syms)))
+        return lambda inputs, syms: _as_list(call(arguments(inputs, syms)))
+    what = f"node {node.name!r} ({node.op_type})"
+
+    def run_symbolic(inputs: Sequence[torch.Tensor], syms: Mapping[str, int]) -> list[torch.Tensor]:
+        kwargs = arguments(inputs, syms)  # sizes from symbols: checked at each run, as static ones at bind
+        check_sizes_on_meta(node.op_type, overload, kwargs, what)
+        return _as_list(call(kwargs))
+
+    return run_symbolic
+
+
+def guarded(op_type: str, overload: torch._ops.OpOverload) -> Callable[[dict[str, Any]], Any]:
+    """``kwargs -> overload(**kwargs)``, behind the allow-list's guard for ``op_type`` when it has one, its
+    outputs checked to have real shapes (``im2col`` with a huge dilation returns a tensor of negative size)."""
+    guard = allowlist.guard_of(op_type)
+
+    def call(kwargs: dict[str, Any]) -> Any:
+        result = overload(**kwargs)
+        for out in _as_list(result):
+            if any(d < 0 for d in out.shape):
+                raise UnsafeInputError(f"{op_type} made an output of impossible shape {list(out.shape)} from its "
+                                       "arguments")
+        return result
+
+    return call if guard is None else lambda kwargs: guard(call, kwargs)
+
+
+#: Schema types torch passes to C++ as an enum: a plain integer there is an unchecked enum value (``view.dtype``
+#: with ``dtype=-1`` crashes the process), so a file must give them tagged (``{"dtype": "float32"}``).
+_ENUM_TYPES = {"ScalarType": torch.dtype, "Layout": torch.layout, "MemoryFormat": torch.memory_format}
+
+
+def _enum_checked(node: OpNode, arg: Any, value: Any) -> Any:
+    kind = str(arg.real_type).removeprefix("Optional[").rstrip("]")
+    expected = _ENUM_TYPES.get(kind)
+    if expected is not None and value is not None and not isinstance(value, expected):
+        raise IRValidationError(
+            f"node {node.name!r} ({node.op_type}): attribute {arg.name!r} must be a {kind} written as a tagged "
+            f"value (e.g. {{\"dtype\": \"float32\"}}), got {str(value)[:40]!r}; extract or save the IR again")
+    return value
 
 
 def _check_output_sizes(node: OpNode, overload: torch._ops.OpOverload, arguments: Callable[..., dict]) -> None:
@@ -315,16 +348,48 @@ def _check_output_sizes(node: OpNode, overload: torch._ops.OpOverload, arguments
     device_args = [a.name for a in overload._schema.arguments if "Device" in str(a.type)]
     if not all(t.is_static for t in node.inputs) or (not node.inputs and not device_args):
         return
+    # a model repeats its layers: a node like one already checked (same op, input types, attributes, limit) is
+    # not run on meta again, which keeps binding a 10^5-node IR to seconds
+    key = (node.op_type, tuple((tuple(t.shape), t.dtype) for t in node.inputs),
+           json.dumps(node.attrs, sort_keys=True, default=str), get_limits().max_alloc_bytes)
+    if key in _SIZES_CHECKED:
+        return
     metas = [torch.empty([int(d) for d in t.shape], dtype=_dtype_or_none(t.dtype) or torch.float32, device="meta")
              for t in node.inputs]
+    check_sizes_on_meta(node.op_type, overload, arguments(metas, {}), f"node {node.name!r} ({node.op_type})")
+    if len(_SIZES_CHECKED) > 50_000:
+        _SIZES_CHECKED.clear()
+    _SIZES_CHECKED.add(key)
+
+
+_SIZES_CHECKED: set[tuple[Any, ...]] = set()
+
+
+def check_sizes_on_meta(op_type: str, overload: torch._ops.OpOverload, kwargs: Mapping[str, Any],
+                        what: str) -> None:
+    """Run the op (behind its guard) on meta copies of ``kwargs`` (shapes only) and refuse it when an output
+    would be over ``torch_ir.limits``. An op that meta cannot run (no meta kernel, a data-dependent shape) is
+    left to run; a guard's refusal is raised."""
+    device_args = [a.name for a in overload._schema.arguments if "Device" in str(a.type)]
+    if not device_args and not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return  # a factory op that would allocate on the CPU: nothing to run it on meta with
+    metas = {k: _on_meta(v) for k, v in kwargs.items()}
     try:
-        kwargs = arguments(metas, {}) | {name: torch.device("meta") for name in device_args}
-        outputs = _as_list(overload(**kwargs))
+        outputs = _as_list(guarded(op_type, overload)(metas | {name: torch.device("meta") for name in device_args}))
+    except TorchIRError:
+        raise
     except Exception:  # noqa: BLE001 - no meta kernel, or data-dependent: the real run decides
         return
     for i, out in enumerate(outputs):
-        check_alloc(out.numel() * out.element_size(),
-                    f"node {node.name!r} ({node.op_type}) output {i} of shape {list(out.shape)}")
+        check_alloc(out.numel() * out.element_size(), f"{what} output {i} of shape {list(out.shape)}")
+
+
+def _on_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if value.device.type == "meta" else torch.empty_like(value, device="meta")
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return [_on_meta(v) for v in value]
+    return value
 
 
 def _dtype_or_none(name: str) -> torch.dtype | None:

@@ -73,8 +73,8 @@ def _table_section(title: str, header: list[str], rows: list[tuple[str, ...]]) -
 
 def cell(text: str) -> str:
     """Text safe in a table cell or a heading: a pipe would split the cell, ``*`` (``2*s0``) would
-    emphasize, ``<`` would open HTML, a newline would end the row. Underscores are left alone, as
-    GitHub does not emphasize inside words."""
-    for ch in "\\|*`<>":
+    emphasize, ``<`` would open HTML, ``[x](javascript:...)`` would be a live link, a newline would end the
+    row. Underscores are left alone, as GitHub does not emphasize inside words."""
+    for ch in "\\|*`<>[]":
         text = text.replace(ch, "\\" + ch)
     return " ".join(text.splitlines())

@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...fileio import atomic_write
+
 TOLERANCE = (1e-3, 1e-7)  # rtol, atol of the ONNX backend tests; integers and booleans exact
 _NON_TENSOR = ("sequence_type", "optional_type", "map_type", "sparse_tensor_type")
 
@@ -49,21 +51,21 @@ def ensure_cases(seed: int = 0) -> Path:
         cases = collect_testcases()
     for case in cases:
         _write_case(root / case.name, case.model, case.data_sets[0])
-    (root / "DONE").write_text(f"{len(cases)} cases, seed {seed}\n")
+    atomic_write(root / "DONE", f"{len(cases)} cases, seed {seed}\n", what="ONNX node-test cache marker")
     return root
 
 
 def _write_case(path: Path, model: onnx.ModelProto, data: tuple) -> None:
     data_dir = path / "test_data_set_0"
     data_dir.mkdir(parents=True, exist_ok=True)
-    (path / "model.onnx").write_bytes(model.SerializeToString())
+    atomic_write(path / "model.onnx", model.SerializeToString(), what="ONNX node-test model")
     for kind, values, infos in (("input", data[0], model.graph.input), ("output", data[1], model.graph.output)):
         for i, (value, info) in enumerate(zip(values, infos)):
             if not _is_plain(info) or isinstance(value, (list, dict)) or value is None:
                 continue  # kept out of the coverage: nothing to write in tensor form
             proto = value if isinstance(value, onnx.TensorProto) else numpy_helper.from_array(np.asarray(value),
                                                                                             info.name)
-            (data_dir / f"{kind}_{i}.pb").write_bytes(proto.SerializeToString())
+            atomic_write(data_dir / f"{kind}_{i}.pb", proto.SerializeToString(), what="ONNX node-test data")
 
 
 def _is_plain(info: onnx.ValueInfoProto) -> bool:
