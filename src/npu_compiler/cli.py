@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torch_ir.naming import default_output
 
+from .library import Target
 from .llm import DEFAULT_CHUNK
 
 
@@ -32,6 +33,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
     p.add_argument("source", help=source_help)
     p.add_argument("--target", default="cpu", help="kernel library to place against (default: cpu)")
+    p.add_argument("--hw", metavar="HARDWARE",
+                   help="place against the kernels of the NPU described in HARDWARE (a hardware .toml/.json file or "
+                        "cost-model preset with a [kernels] supported = [...] list): the rest goes to the CPU")
     p.add_argument("--json", metavar="FILE", help="also write the plan (placements, partitions) as JSON")
     p.set_defaults(func=cmd_partition)
 
@@ -95,9 +99,31 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     if args.json:
         check_output_path(args.json, "partition plan file")
-    plan = partition(_load(args.source), is_op_supported, target=args.target)
+    target, note = _partition_target(args)  # a bad hardware file is refused before the model is loaded
+    plan = partition(_load(args.source), is_op_supported, target=target)
     print(plan.summary())
+    if note:
+        print(f"note: {note}")
     if args.json:
         atomic_write(args.json, json.dumps(plan.to_dict(), indent=1), what="partition plan file")
         print(f"wrote {args.json}")
     return 0
+
+
+def _partition_target(args: argparse.Namespace) -> tuple[Target, str]:
+    """``--target``, narrowed to the kernels of ``--hw``'s NPU, and a note when nothing narrows it: the default
+    target (the host's own kernel library) has every kernel, so alone it places the whole model on the "NPU"."""
+    from .library import get_target, target_for_hardware
+
+    target = get_target(args.target)
+    if args.hw is None:
+        note = ("target 'cpu' has every kernel; --hw FILE places against an NPU's own [kernels] list (torch-ir "
+                "cost --hw-template writes a hardware file to start from)") if args.target == "cpu" else ""
+        return target, note
+    from .costmodel.hardware import load_hardware
+
+    hw = load_hardware(args.hw)
+    if hw.kernels is None:
+        return target, (f"{hw.described_in} declares no [kernels] list, so every kernel of target {target.name!r} "
+                        "is assumed; add [kernels] supported = [...] for the NPU's own")
+    return target_for_hardware(hw, target), ""

@@ -12,12 +12,17 @@ unsupported node, and ``partition`` places those nodes on the CPU with the reaso
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npu_program.kernels import KERNEL_DTYPES, KERNELS, all_kernels, kernels_for
 from torch_ir.ir import OpNode, TensorMeta
 from torch_ir.ops.npu import NPU_OPS
+
+if TYPE_CHECKING:
+    from .costmodel.hardware import Hardware
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,20 @@ class Target:
     alignment: int = 64
     doc: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    #: The NPU description its kernel list comes from (``narrowed``), named in the reasons of what it lacks.
+    described_in: str = ""
 
     def runs(self, kernel: str) -> bool:
         """Whether this target has ``kernel``."""
         return kernel in (self.kernels if self.kernels is not None else kernels_for(self.name))
+
+    def narrowed(self, kernels: Iterable[str], described_in: str) -> Target:
+        """This target with only ``kernels`` (an NPU's declared list) of those it runs. It keeps its name, so its
+        backend still runs (simulates) the NPU's parts; what the list leaves out is placed on the CPU, the reason
+        naming ``described_in``."""
+        wanted = frozenset(kernels)
+        return dataclasses.replace(self, kernels=frozenset(k for k in all_kernels() if k in wanted and self.runs(k)),
+                                   described_in=described_in)
 
 
 TARGETS: dict[str, Target] = {}
@@ -63,6 +78,14 @@ def get_target(target: str | Target) -> Target:
         return TARGETS[target]
     except KeyError:
         raise ValueError(f"unknown target {target!r}; registered targets: {', '.join(sorted(TARGETS))}") from None
+
+
+def target_for_hardware(hw: Hardware, base: str | Target = "cpu") -> Target:
+    """The target of an NPU description: ``base`` narrowed to the kernels its ``[kernels] supported`` list
+    names (``Hardware.kernel_names``); ``base`` itself when the description declares no list."""
+    base = get_target(base)
+    kernels = hw.kernel_names()
+    return base if kernels is None else base.narrowed(kernels, hw.described_in)
 
 
 register_target(Target(
@@ -102,6 +125,9 @@ def unsupported_reason(node: OpNode, target: str | Target = "cpu") -> str | None
 
 def _missing_kernel(op: str, target: Target) -> str:
     if op in NPU_OPS or op in KERNELS:
+        base = TARGETS.get(target.name)
+        if target.described_in and (base is None or base.runs(op)):  # the NPU's list left it out
+            return f"the NPU described in {target.described_in} has no kernel for {op}"
         return f"target {target.name!r} has no kernel for {op}"
     return f"{op} is not in the NPU kernel library (docs/kernels.md lists the kernels)"
 

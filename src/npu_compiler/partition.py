@@ -64,6 +64,8 @@ class PartitionPlan:
     partitions: list[Partition]
     placements: list[Placement]
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: The NPU description whose kernel list the target was narrowed to (``Target.described_in``), or "".
+    described_in: str = ""
 
     def totals(self) -> dict[str, dict[str, int]]:
         """``{"npu": {"nodes": .., "flops": ..}, "cpu": {...}}``."""
@@ -81,7 +83,9 @@ class PartitionPlan:
         totals = self.totals()
         all_flops = sum(t["flops"] for t in totals.values()) or 1
         kinds = {d: sum(1 for p in self.partitions if p.device == d) for d in (NPU, CPU)}
-        lines = [f"placement of {self.ir.model_name!r} on target {self.target!r}: {len(self.placements)} nodes, "
+        where = (f"the NPU described in {self.described_in} (its parts run by target {self.target!r})"
+                 if self.described_in else f"target {self.target!r}")
+        lines = [f"placement of {self.ir.model_name!r} on {where}: {len(self.placements)} nodes, "
                  f"{len(self.partitions)} partitions (NPU {kinds[NPU]}, CPU {kinds[CPU]})",
                  f"  {'':<4} {'nodes':>6} {'MFLOPs':>12} {'share':>7}"]
         for d in (NPU, CPU):
@@ -99,7 +103,8 @@ class PartitionPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model_name": self.ir.model_name, "target": self.target, "totals": self.totals(),
+            "model_name": self.ir.model_name, "target": self.target,
+            **({"described_in": self.described_in} if self.described_in else {}), "totals": self.totals(),
             "placements": [vars(p) for p in self.placements],
             "partitions": [{"index": p.index, "device": p.device, "level": p.level, "nodes": p.nodes,
                             "inputs": p.inputs, "outputs": p.outputs} for p in self.partitions],
@@ -117,6 +122,8 @@ def partition(ir_dict_or_ir: IRSource, is_op_supported: Callable[[str], bool], *
 
     ``is_op_supported(op_type) -> bool`` decides which ops may go to the NPU: the kernel library's own
     ``npu_compiler.is_op_supported`` or any user predicate (which can only narrow what the target runs).
+    ``target`` may be an NPU's own kernel list: ``target_for_hardware(load_hardware("my_npu.toml"))`` places
+    what its ``[kernels] supported`` list leaves out on the CPU, saying so.
     The IR is normalized first (so that ops are NPU ops), as ``compile`` does.
     """
     target = get_target(target)
@@ -135,7 +142,7 @@ def partition(ir_dict_or_ir: IRSource, is_op_supported: Callable[[str], bool], *
     placements = [_place(node, is_op_supported, target) for node in ir.nodes]
     levels = _levels(ir, placements)
     parts = _partitions(ir, placements, levels)
-    return PartitionPlan(ir, target.name, parts, placements)
+    return PartitionPlan(ir, target.name, parts, placements, described_in=target.described_in)
 
 
 def _place(node: OpNode, predicate: Callable[[str], bool], target: Target) -> Placement:

@@ -134,6 +134,76 @@ def einsum_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, An
     return 2 * math.prod(sizes.values()) if sizes else per_output(ins, outs, params)
 
 
+# -- traffic formulas: the elements a kernel reads of each input and writes of each output ------------------------
+
+#: (elements read of each input, elements written of each output), in input and output order: the data a kernel
+#: moves, before a cost model adds its own re-reads of operands that do not fit on chip.
+Traffic = Callable[[Sequence[Spec], Sequence[Spec], dict[str, Any]], tuple[list[int], list[int]]]
+
+
+def whole(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Every input read whole, every output written whole: a kernel that uses every element it is given
+    (elementwise, normalization, contractions, a concatenation, a pad, a copy or transpose)."""
+    return [numel(t) for t in ins], [numel(t) for t in outs]
+
+
+def gathered(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """A gather or a slice (EMBEDDING, index, index_select, gather, slice, select): every output element is one
+    element of the source (input 0) copied out, so the source is read where the output comes from, not whole (a
+    7-token lookup reads 7 rows of the table), and never more than it holds however often an index repeats; the
+    indices are read whole."""
+    return [min(numel(ins[0]), numel(outs[0])), *(numel(t) for t in ins[1:])], [numel(t) for t in outs]
+
+
+def bagged(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """embedding_bag(table, indices, offsets): the table rows its indices name (at most the whole table), then
+    the indices and offsets whole; its output is one row per bag, so the rows read are not the output's."""
+    table, indices = ins[0], ins[1]
+    rows = numel(indices) * (numel(table) // max(1, int(table.shape[0])))
+    return [min(numel(table), rows), *(numel(t) for t in ins[1:])], [numel(t) for t in outs]
+
+
+def overwritten(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """copy(self, src): the output is src broadcast into self's shape and dtype, so self's values are never read."""
+    return [0, *(numel(t) for t in ins[1:])], [numel(t) for t in outs]
+
+
+def cache_update(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """KV_UPDATE(cache, new, positions) writes in place: it reads the new rows and their positions and writes
+    only those rows of the cache; the rest of the cache is neither read nor written."""
+    return [0, numel(ins[1]), numel(ins[2])], [numel(ins[1])]
+
+
+def conv_traffic(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """A convolution reads only the input rows and columns its windows touch (a strided 1 x 1 convolution reads a
+    quarter of its input: the DMA fetches what the array uses, as SCALE-Sim counts it); the rest whole."""
+    reads, writes = whole(ins, outs, params)
+    x, w = [int(d) for d in ins[0].shape], [int(d) for d in ins[1].shape]
+    (h, wd), (kh, kw) = x[-2:], w[-2:]
+    stride, pad, dil = (_pair(params.get(p, d)) for p, d in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    rows = touched(h, kh, stride[0], pad[0], dil[0])
+    cols = touched(wd, kw, stride[1], pad[1], dil[1])
+    reads[0] = reads[0] // (h * wd) * rows * cols if h * wd else reads[0]
+    return reads, writes
+
+
+def touched(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    """How many of ``size`` input positions of one spatial dim the windows of a convolution read."""
+    span = (kernel - 1) * dilation + 1
+    out = (size + 2 * pad - span) // stride + 1
+    if dilation == 1 and stride <= span:  # windows overlap or abut: one run of positions
+        first, last = -pad, (out - 1) * stride - pad + span - 1
+        return max(0, min(last, size - 1) - max(first, 0) + 1)
+    taps = {o * stride - pad + i * dilation for o in range(out) for i in range(kernel)}
+    return sum(0 <= t < size for t in taps)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        return (int(value[0]), int(value[-1]))
+    return (int(value), int(value))
+
+
 # -- the test record --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -194,6 +264,8 @@ class KernelDef:
     #: Parameter name -> meaning (plain JSON values in the program).
     params: dict[str, str] = field(default_factory=dict)
     flops: Flops = per_output
+    #: The elements it reads of each input and writes of each output (DRAM traffic; see ``Traffic``).
+    traffic: Traffic = whole
     #: Backend name -> implementation: REFERENCE, or "module:Class" of a fast kernel whose ``accepts``
     #: classmethod says whether it runs a given dispatch (else the reference runs it).
     impls: dict[str, str] = field(default_factory=lambda: {"cpu": REFERENCE})
@@ -211,9 +283,12 @@ class KernelDef:
     test: KernelTest | tuple[KernelTest, ...] | None = None
 
     def cost(self, ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any] | None = None) -> KernelCost:
-        """FLOPs and the bytes read and written (inputs once, outputs once: no cache model; see the cost model)."""
-        return KernelCost(self.flops(ins, outs, params or {}), sum(nbytes(t) for t in ins),
-                          sum(nbytes(t) for t in outs))
+        """FLOPs and the bytes read and written, each tensor once as ``traffic`` says (no cache model; see the cost
+        model)."""
+        params = params or {}
+        reads, writes = self.traffic(ins, outs, params)
+        return KernelCost(self.flops(ins, outs, params), sum(dtype_nbytes(n, t.dtype) for n, t in zip(reads, ins)),
+                          sum(dtype_nbytes(n, t.dtype) for n, t in zip(writes, outs)))
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -273,7 +348,7 @@ kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=
              t("1,1,16", "8,16", "1,1,8", params={"trans_b": True, "has_bias": False, "has_residual": True},
                weights=(1,))))
 kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch norm and activation",
-       flops=conv_flops, layout="spatial", dtypes=FLOATS,
+       flops=conv_flops, traffic=conv_traffic, layout="spatial", dtypes=FLOATS,
        params={"stride": "per spatial dim", "padding": "per spatial dim", "dilation": "per spatial dim",
                "groups": "channel groups", "has_bias": "a bias input follows w",
                "bn_eps": "batch norm folded when not null; its four inputs follow", "activation": _ACT},
@@ -281,7 +356,7 @@ kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch 
        test=t("1,3,9,9", "4,3,3,3", "4", "4", "4", "4", "4:positive", weights=(1, 2, 3, 4, 5, 6),
               params={**_CONV_PARAMS, "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}, atol=1e-4))
 kernel("CONV_ADD", "fused", "act(CONV(x) + residual): a convolution with the residual add of a ResNet block",
-       flops=conv_add_flops, layout="spatial", dtypes=FLOATS,
+       flops=conv_add_flops, traffic=conv_traffic, layout="spatial", dtypes=FLOATS,
        params={"stride": "as CONV", "padding": "as CONV", "dilation": "as CONV", "groups": "as CONV",
                "has_bias": "as CONV", "bn_eps": "as CONV", "activation": _ACT,
                "inplace_residual": "the output is written over the residual (it dies here)"},
@@ -360,9 +435,13 @@ kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS,
 kernel("ROPE_QK", "elementwise", "rotary position embedding of q and k (same cos and sin) in one kernel",
        dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope", "webgpu": gpu("transformer", "rope")},
        test=t("1,4,5,4", "1,2,5,4", "1,1,5,4", "1,1,5,4", dtypes=_HALF))
-kernel("EMBEDDING", "movement", "rows of a table by index",
-       impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "embedding")},
-       test=t("10,4", "2,3:int64:index:10", weights=(0,)))
+kernel("EMBEDDING", "movement", "rows of a table by index; an id outside the table is an error (the runtime checks "
+       "ids where they enter a program)",
+       params={"negative_wraps": "ids in [-rows, rows), a negative id counting from the end (ONNX Gather); "
+                                 "else [0, rows)"},
+       traffic=gathered, impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "embedding")},
+       test=(t("10,4", "2,3:int64:index:10", weights=(0,)),
+             t("10,4", "2,3:int64:index:10", params={"negative_wraps": True}, weights=(0,))))
 kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch norm statistics", layout="keeps",
        dtypes=FLOATS, params={"eps": "epsilon"},
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "batch_norm")},
@@ -372,7 +451,7 @@ kernel("LRN", "normalization", "local response normalization across channels", l
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "lrn")},
        test=t("1,6,4,4", params={"size": 3, "alpha": 1e-2, "beta": 0.75, "k": 1.0}, dtypes=_HALF))
 kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at positions, in place: its output is "
-       "the cache's state slot (see npu_compiler.state)", params={"dim": "axis"}, flops=no_flops,
+       "the cache's state slot (see npu_compiler.state)", params={"dim": "axis"}, flops=no_flops, traffic=cache_update,
        impls={"cpu": f"{_CPU}:KvUpdate", "webgpu": gpu("transformer", "kv_update")},
        test=t("1,2,8,4", "1,2,3,4", "3:int64:positions:8", params={"dim": 2}, dtypes=_HALF))
 
@@ -491,6 +570,8 @@ for _name, _test, _gpu in [
 ]:
     aten(_name, "movement", _test, doc="a view: no dispatch when its input is contiguous", view=True, flops=no_flops,
          webgpu=gpu("movement", _gpu))
+#: Movement kernels that copy out part of their source (``gathered``), not all of it.
+_GATHERS = frozenset({"slice.Tensor", "select.int", "index.Tensor", "gather.default", "index_select.default"})
 for _name, _test, _gpu in [
     ("permute.default", t("2,3,4", params={"dims": [2, 0, 1]}), "permute"),
     ("expand.default", t("1,3,1", params={"size": [2, 3, 4]}), "expand"),
@@ -504,7 +585,8 @@ for _name, _test, _gpu in [
     ("clone.default", t("2,3"), "reshape"),
     ("contiguous.default", t("2,3"), "reshape"),
 ]:
-    aten(_name, "movement", _test, doc="data movement, as the ATen op", flops=no_flops, webgpu=gpu("movement", _gpu))
+    aten(_name, "movement", _test, doc="data movement, as the ATen op", flops=no_flops,
+         traffic=gathered if _name in _GATHERS else whole, webgpu=gpu("movement", _gpu))
 for _name, _test in [("matmul.default", t("2,3,4", "4,5", atol=1e-4)), ("bmm.default", t("2,3,4", "2,4,5", atol=1e-4)),
                      ("mm.default", t("3,4", "4,5", atol=1e-4))]:
     aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops,
@@ -594,6 +676,7 @@ aten("repeat_interleave.self_int", "movement", t("2,3,4", params={"repeats": 2, 
      doc="each slice repeated along a dim (GPT-J's rotary tables)", flops=no_flops,
      webgpu=gpu("movement", "repeat_interleave"))
 aten("copy.default", "movement", t("2,3,4", "3,4"), doc="src broadcast into self's shape and dtype", flops=no_flops,
+     traffic=overwritten,
      webgpu=gpu("movement", "copy"))
 aten("slice_scatter.default", "movement", t("4,6", "4,2", params={"dim": 1, "start": 1, "end": 5, "step": 2}),
      doc="self with a strided slice replaced by src (static positions)", flops=no_flops,
@@ -611,7 +694,7 @@ aten("embedding_bag.padding_idx", "movement",
        params={"scale_grad_by_freq": False, "mode": 2, "sparse": False, "per_sample_weights": None,
                "include_last_offset": False, "padding_idx": None}, weights=(0,)),
      doc="sums, means or maxima of bags of table rows (recommendation models); tested in max mode, whose "
-         "auxiliary outputs the meta and CPU kernels size alike", flops=per_output)
+         "auxiliary outputs the meta and CPU kernels size alike", flops=per_output, traffic=bagged)
 
 # -- ops that stay on the host: data-dependent work an NPU has no unit for -------------------------------------------
 

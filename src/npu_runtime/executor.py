@@ -25,6 +25,7 @@ from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
+from .embedding_ids import check_ids, ids_checks
 from .reference import check_host_dispatches, check_output_shapes
 from .state import State, check_slot
 from .validate import DispatchValidator
@@ -77,6 +78,8 @@ class Executor:
         self.fixed = set(self.constants) | {w.name for w in program.weight_specs} | set(program.bind_outputs)
         read = {n for d in program.dispatches for n in d.inputs} | {s.name for s in program.output_specs}
         self._unread = {n for d in program.dispatches for n in d.outputs} - read
+        # graph inputs that are an EMBEDDING's ids: range-checked at copy-in, since a shader cannot raise
+        self._ids_checks = ids_checks(program, self.specs)
         self.kernels = [self._kernel(i, d) for i, d in enumerate(program.dispatches)]
         self.steps: list[Step] = []
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
@@ -220,10 +223,14 @@ class Executor:
                 if list(value.spec.shape) != list(spec.shape) or value.spec.dtype != spec.dtype:
                     raise RuntimeInputError(f"{where} must be {spec.dtype}{list(spec.shape)}, got the buffer "
                                             f"{value!r}")
+                if spec.name in self._ids_checks:  # ids already on the device: read back (a few integers)
+                    check_ids(value.to_numpy(), spec.name, self._ids_checks[spec.name], self.program.model_name)
                 backend.copy(self.tensors[spec.name], value.data)
             else:
                 array = _as_numpy(value)
                 check_array(array, spec, where)
+                if spec.name in self._ids_checks:
+                    check_ids(array, spec.name, self._ids_checks[spec.name], self.program.model_name)
                 backend.copy_in(self.tensors[spec.name], array)
 
     def run_steps(self, hook: StepHook | None = None) -> None:

@@ -34,8 +34,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
         raise ExtractionError(f"cannot load model factory {spec!r}: cannot import module {module_name!r} ({e}); "
                               f"check the module is on sys.path and the spec is {SPEC_FORM}") from None
     except BaseException as e:  # noqa: BLE001 - the module's own code failed (SystemExit included)
-        raise ExtractionError(f"cannot load model factory {spec!r}: importing module {module_name!r} raised {_exc(e)}; "
-                              "fix the module so that importing it has no such effect") from None
+        raise ExtractionError(f"cannot load model factory {spec!r}: importing module {module_name!r} raised "
+                              f"{describe_exception(e)}; fix the module so that importing it has no such effect") from e
     try:
         factory = getattr(module, attr)
     except AttributeError:
@@ -54,8 +54,10 @@ def call_factory(factory: Callable[[], Any], spec: str) -> Any:
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - exit() or sys.exit() in a factory must not end the program silently
-        raise ExtractionError(f"factory {spec!r} raised {_exc(e)}; a factory must return (model, args[, kwargs]) "
-                              "(run it in Python to see the whole error)") from None
+        # the whole chain, and ``from e``: a factory that wraps its failure (from_pretrained wrapping a download
+        # error) says what went wrong in the cause, and a traceback then shows the factory's own frames
+        raise ExtractionError(f"factory {spec!r} raised {describe_exception(e)}; a factory must return "
+                              "(model, args[, kwargs])") from e
 
 
 def check_torch_factory_result(made: Any, spec: str) -> tuple[Any, tuple, dict]:
@@ -87,15 +89,54 @@ def describe(value: Any) -> str:
     return f"{article} {name} ({_short(value)})"
 
 
-def _exc(e: BaseException) -> str:
-    """``SystemExit(3)``, ``ValueError('bad')``: an exception as the message shows it."""
-    args = e.args[0] if len(e.args) == 1 else e.args
-    text = _short(args)
-    return f"{type(e).__name__}({text if len(e.args) == 1 else text[1:-1]})"
+_CHAIN_LIMIT = 8  # causes shown at most: a chain is rarely longer, and a hostile one may loop or be endless
+
+
+def describe_exception(e: BaseException) -> str:
+    """``SystemExit(3)``, ``RuntimeError('outer'), caused by ValueError('inner')``: an exception and the chain
+    of its causes (``raise ... from``, or one raised while handling another), each with its whole message.
+
+    Nothing is shortened: the cause is usually where the real error is (a download that failed inside
+    ``from_pretrained``), and a message cut in the middle hides it. Each message is a repr, so it stays on
+    one line."""
+    parts = [_exception(e)]
+    seen = {id(e)}
+    link, cause = _next_in_chain(e)
+    while cause is not None and id(cause) not in seen:
+        if len(parts) > _CHAIN_LIMIT:
+            parts.append(f"{link} ... (more causes)")
+            break
+        seen.add(id(cause))
+        parts.append(f"{link} {_exception(cause)}")
+        link, cause = _next_in_chain(cause)
+    return ", ".join(parts)
+
+
+def _next_in_chain(e: BaseException) -> tuple[str, BaseException | None]:
+    """The exception ``e`` came from, as a traceback shows the chain: the explicit cause, else the context
+    unless ``from None`` suppressed it."""
+    if e.__cause__ is not None:
+        return "caused by", e.__cause__
+    if e.__context__ is not None and not e.__suppress_context__:
+        return "raised while handling", e.__context__
+    return "", None
+
+
+def _exception(e: BaseException) -> str:
+    """``ValueError('bad')``: the type and every argument in full."""
+    return f"{type(e).__name__}({', '.join(_full_repr(a) for a in e.args)})"
+
+
+def _full_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - an argument whose __repr__ fails must not hide the error it describes
+        return f"<{type(value).__name__} whose repr() fails>"
 
 
 def _short(value: Any) -> str:
     return " ".join(_repr.repr(value).split())
 
 
-__all__ = ["SPEC_FORM", "call_factory", "check_torch_factory_result", "describe", "load_factory"]
+__all__ = ["SPEC_FORM", "call_factory", "check_torch_factory_result", "describe", "describe_exception",
+           "load_factory"]

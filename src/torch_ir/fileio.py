@@ -212,11 +212,13 @@ def read_input(path: str | os.PathLike, what: str = "file", fix: str = "check th
     return data
 
 
-def check_regular_file(path: str | os.PathLike, what: str = "file", fix: str = "check the path") -> int:
+def check_regular_file(path: str | os.PathLike, what: str = "file", fix: str = "check the path", *,
+                       read_whole: bool = True) -> int:
     """Refuse, before anything opens it, a ``path`` that is missing or is not a regular file (a link is
-    followed: a link to ``/dev/zero`` or to a FIFO is refused by what it points to), or one whose size is
-    over ``max_alloc_bytes``. Returns the most bytes a read of it may take. For files that a library opens
-    by name (safetensors, tokenizers, transformers' configs), call this first."""
+    followed: a link to ``/dev/zero`` or to a FIFO is refused by what it points to), or, when it will be
+    read whole (``read_whole``; not a safetensors file, which is mapped and checked tensor by tensor), one
+    whose size is over ``max_alloc_bytes``. Returns the most bytes a read of it may take. For files that a
+    library opens by name (safetensors, tokenizers, transformers' configs), call this first."""
     source = Path(path)
     try:
         st = os.stat(source)
@@ -228,7 +230,8 @@ def check_regular_file(path: str | os.PathLike, what: str = "file", fix: str = "
         raise InputReadError(f"{what} {str(source)!r} is a directory; give the path of the file itself")
     if not stat.S_ISREG(st.st_mode):
         raise InputReadError(_not_regular(source, what, st.st_mode))
-    check_alloc(st.st_size, f"{what} {str(source)!r}")
+    if read_whole:
+        check_alloc(st.st_size, f"{what} {str(source)!r}")
     return max(get_limits().max_alloc_bytes, st.st_size)
 
 

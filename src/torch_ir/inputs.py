@@ -21,7 +21,7 @@ from .ops.values import dtype_from_name
 
 _SMALL_INT = 8  # the bound of an integer input nothing in the graph bounds
 # ops that index a table with an integer input: op -> (position of the table, position of the index, table axis)
-_INDEXING = {"aten.embedding.default": (0, 1, 0), "aten.index_select.default": (0, 2, None)}
+_INDEXING = {"aten.embedding.default": (0, 1, 0), "EMBEDDING": (0, 1, 0), "aten.index_select.default": (0, 2, None)}
 
 
 def random_inputs(ir: NPU_IR, seed: int = 0, *, examples: Sequence[torch.Tensor] | None = None,
@@ -34,10 +34,10 @@ def random_inputs(ir: NPU_IR, seed: int = 0, *, examples: Sequence[torch.Tensor]
         x, ids = random_inputs(ir, seed=0, shapes={"ids": [1, 16]})
 
     Shapes are the IR's, with symbolic ones taken from ``shapes`` (by input name) or the example's. An
-    integer input that indexes a table (``aten.embedding``, ``aten.index_select``) stays below the table's
-    size; any other integer or bool input takes the example's values when there is one (positions and masks
-    have ranges the graph does not state), else small non-negative ints (random bools). A symbolic dimension
-    nothing binds raises ``error`` (a command line passes its usage error).
+    integer input that indexes a table (``aten.embedding``, ``EMBEDDING``, ``aten.index_select``) stays below
+    the table's size; any other integer or bool input takes the example's values when there is one (positions
+    and masks have ranges the graph does not state), else small non-negative ints (random bools). A symbolic
+    dimension nothing binds raises ``error`` (a command line passes its usage error).
     """
     g = torch.Generator().manual_seed(seed)
     bounds = index_bounds(ir)

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-from .errors import InputNotFoundError, IRValidationError, TorchIRError, WeightsMismatchError
-from .fileio import atomic_write, check_output_path
+from .errors import IRValidationError, TorchIRError, WeightsMismatchError
+from .fileio import atomic_write, check_output_path, check_regular_file
 from .ir import NPU_IR, TensorMeta
 from .limits import check_shape
 from .ops.values import INLINE_DTYPES, dtype_from_name, dtype_name
@@ -131,8 +131,8 @@ def load_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
         raise WeightsMismatchError(
             f"weights path {str(path)!r} is a directory; a weights file is expected (.safetensors, .pt or .pth), "
             "e.g. one written by torch_ir.save_weights")
-    if not path.is_file():
-        raise InputNotFoundError(f"weights file {str(path)!r} does not exist; check the path")
+    # not a FIFO or /dev/zero; a .pt is read whole (its size checked), a .safetensors mapped
+    check_regular_file(path, "weights file", read_whole=path.suffix != ".safetensors")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file

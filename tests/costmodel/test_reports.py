@@ -118,6 +118,9 @@ def test_untrusted_names_are_escaped(program: npu_compiler.CompiledProgram, tmp_
     write_reports(report, hw, tmp_path, png=False)
     for name in ("roofline.svg", "report.html"):
         text = (tmp_path / name).read_text()
+        if name == "report.html":  # the page's one script is the table sorter, which builds no markup
+            assert text.count(report_module.SORT_SCRIPT) == 1
+            text = text.replace(report_module.SORT_SCRIPT, "")
         assert "<script" not in text
         assert "&lt;script&gt;" in text
     ET.parse(tmp_path / "roofline.svg")  # still well-formed XML

@@ -138,6 +138,9 @@ def test_onnx_file(tmp_path: Path) -> None:
         load_subject(path)  # a symbolic batch: the error says how to bind it
     subject = load_subject(path, input_shapes={"x": [3, 4], "x2": [3, 5]})
     assert subject.trusted == "onnxruntime" and subject.frontend == "onnx"
+    assert subject.weights_used.text == "the ONNX model's own weights (its initializers)"
+    with pytest.raises(SubjectError, match="ONNX model holds its own weights"):  # none to load weights into
+        load_subject(path, weights={"w": torch.zeros(5, 4)}, input_shapes={"x": [3, 4], "x2": [3, 5]})
     assert [list(x.shape) for x in subject.inputs] == [[3, 4], [3, 5]]
     assert_trusted_matches_ir(subject, all_nodes=False)
     found = subject.trusted_values()
@@ -153,7 +156,10 @@ def test_ir_with_weights_file(tmp_path: Path) -> None:
     save_weights(dict(source.weights), tmp_path / "cnn.safetensors")
     subject = load_subject(tmp_path / "cnn.json")  # the weights beside it
     assert subject.trusted == "the IR's reference execution" and subject.frontend is None
+    assert subject.weights_used.path == str(tmp_path / "cnn.safetensors")  # the report names the file found
     assert_trusted_matches_ir(subject, all_nodes=True)
+    given = load_subject(tmp_path / "cnn.json", weights=dict(source.weights))
+    assert given.weights_used.kind == "given"
     (tmp_path / "cnn.safetensors").unlink()
     with pytest.raises(WeightsMismatchError, match="pass weights="):
         load_subject(tmp_path / "cnn.json")
@@ -163,6 +169,7 @@ def test_ir_with_weights_file(tmp_path: Path) -> None:
 def test_tinygrad_factory_spec() -> None:
     subject = load_subject("tinygrad:tests.debug.test_sources:make_tinygrad_mlp", seed=2)
     assert subject.trusted == "tinygrad" and subject.frontend == "tinygrad"
+    assert subject.weights_used.text == "the factory's own weights"
     assert subject.inputs[0].shape == (2, 4) and subject.inputs[0].abs().sum() > 0  # random, not empty
     # the UOps each IR tensor came from, realized: every node output of this MLP lines up
     assert_trusted_matches_ir(subject, all_nodes=True)

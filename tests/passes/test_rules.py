@@ -15,7 +15,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 import torch_ir
-from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity
+from torch_ir.ir import NPU_IR, OpNode, Provenance, TensorMeta, check_integrity
 from torch_ir.passes import ALL_RULES, FAMILIES, NormalizeOptions, QConfig, normalize
 
 from ..helpers import Fn, build_pair
@@ -575,20 +575,37 @@ def test_embedding():
     check_module(lambda: nn.Embedding(10, 4), (torch.tensor([[1, 2, 3]]),), ["EMBEDDING"], ["embedding"])
 
 
-def test_gathered_rows_with_wrapped_ids_hand_made():
+def _gathered_rows_ir(origin: str | None) -> NPU_IR:
+    """The ONNX importer's Gather on a table: reshape(index_select(table, reshape(ids mod 10, [-1]), 0)), its
+    remainder made by the Gather converter (``origin``) or by the model itself (None)."""
     ids, table = t("ids", [1, 3], "int64"), t("table", [10, 4])
     wrapped, flat = t("wrapped", [1, 3], "int64"), t("flat", [3], "int64")
     rows, y = t("rows", [3, 4]), t("y", [1, 3, 4])
-    ir = NPU_IR("gather", [ids], [y], [table], [
-        OpNode("remainder", "aten.remainder.Scalar", [ids], [wrapped], {"other": 10}),
+    return NPU_IR("gather", [ids], [y], [table], [
+        OpNode("remainder", "aten.remainder.Scalar", [ids], [wrapped], {"other": 10},
+               provenance=Provenance(["remainder"], origin=origin)),
         OpNode("flat", "aten.reshape.default", [wrapped], [flat], {"shape": [3]}),
         OpNode("index_select", "aten.index_select.default", [table, flat], [rows], {"dim": 0}),
         OpNode("y", "aten.reshape.default", [rows], [y], {"shape": [1, 3, 4]}),
     ])
+
+
+def test_gathered_rows_with_wrapped_ids_hand_made():
     torch.manual_seed(0)
+    ir = _gathered_rows_ir("onnx:Gather torch_ir.frontends.onnx.converters.indexing.Gather")
     out = check_hand_made(ir, {"table": torch.randn(10, 4)}, [torch.tensor([[1, -2, 9]])], ["EMBEDDING"],
                           ["gathered_rows", "embedding_wrapped_ids"])
     assert [i.name for i in out.nodes[0].inputs] == ["table", "ids"]
+    assert out.nodes[0].attrs == {"negative_wraps": True}  # ONNX Gather's ids: [-rows, rows)
+
+
+def test_a_remainder_not_from_onnx_gather_stays_before_the_embedding():
+    """A model's own ``ids % rows`` wraps every id, past the table too; EMBEDDING's negative_wraps would refuse
+    those, so only the remainder the ONNX Gather converter adds is folded into the lookup."""
+    torch.manual_seed(0)
+    out = check_hand_made(_gathered_rows_ir(None), {"table": torch.randn(10, 4)}, [torch.tensor([[1, -2, 19]])],
+                          ["aten.remainder.Scalar", "EMBEDDING"], ["gathered_rows"])
+    assert out.nodes[1].attrs == {}
 
 
 def test_softmax():

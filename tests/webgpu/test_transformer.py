@@ -300,9 +300,26 @@ def test_kv_update_in_place_on_a_state_slot():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16, torch.int32, torch.int64])
-def test_embedding_ids_wrap_as_the_reference(dtype):
+def test_embedding_as_the_reference(dtype):
     table = (rand(10, 5) * 100).to(dtype)
     if dtype == torch.int64:
         table = table * 2**35  # both words matter
-    ids = torch.tensor([[0, 9, -1], [12, -13, 4]])
-    assert_kernel("EMBEDDING", [table, ids], {}, weights=(0,))
+    assert_kernel("EMBEDDING", [table, torch.tensor([[0, 9, 1], [5, 3, 4]])], {}, weights=(0,))
+    # ONNX Gather's lookup: a negative id counts from the end
+    assert_kernel("EMBEDDING", [table, torch.tensor([[0, 9, -1], [-10, -3, 4]])], {"negative_wraps": True},
+                  weights=(0,))
+
+
+@pytest.mark.parametrize(("params", "rows"), [({}, [9, 0, 3, 0]), ({"negative_wraps": True}, [9, 0, 3, 9])])
+def test_embedding_clamps_an_id_that_skipped_the_host_check(params, rows):
+    """An id outside the table that reaches the shader anyway (written straight into its arena slot, past the
+    Executor's copy-in check) reads a row of the table, never past its buffer: a shader cannot raise."""
+    table, ids = rand(10, 5), torch.tensor([[12, -11, 3, -1]])
+    program = compile_one("EMBEDDING", [table, torch.zeros_like(ids)], params, weights=(0,))
+    device = Device("webgpu")
+    executor = Executor(program, device)
+    executor.ensure_bound(load_weights({"in0": table}, program, device))
+    device.backend.copy_in(executor.tensors[program.input_specs[0].name], ids.numpy())
+    executor.run_steps()
+    (got,) = executor.copy_out().values()
+    torch.testing.assert_close(torch.from_numpy(got.to_numpy()), table[torch.tensor([rows])], rtol=0, atol=0)

@@ -4,6 +4,11 @@ summary; ``-o DIR`` also writes ``cost.csv``, ``roofline.png`` (``roofline.svg``
 ``torch-ir compile`` wrote with ``prefill.npubin`` and ``decode.npubin``, or an LLM IR, compiled with
 ``compile_lm``) is costed per phase, with tokens/s, and its reports go to ``DIR/prefill`` and ``DIR/decode``.
 
+Without ``--dtype`` a program is costed at the hardware's native precision (``Hardware.native_dtype``: its
+``native_dtype`` field, else the dtype of its fastest MAC rate), and the summary says so: an int8-only NPU would
+otherwise cost a float program at "the slowest supported rate", which no one deploying on it would run.
+``--hw-template [FILE]`` writes a commented hardware file to start from instead of costing anything.
+
 Bad input (an unknown preset, a broken hardware file, an unreadable program, an unwritable output directory) is
 raised as a ``TorchIRError`` subclass; ``torch_ir.cli.main`` prints it as one line with exit code 2.
 """
@@ -11,22 +16,38 @@ raised as a ``TorchIRError`` subclass; ``torch_ir.cli.main`` prints it as one li
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
-from .hardware import presets
+from .hardware import Hardware, presets
+
+#: ``--dtype`` value that costs each dispatch at the dtype it was compiled with (the API's ``dtype=None``).
+AS_COMPILED = "compiled"
+#: Where ``--hw-template`` writes when given no file.
+DEFAULT_TEMPLATE = "my_npu.toml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add the ``cost`` subcommand to ``sub``."""
     p = sub.add_parser("cost", help="estimate cycles, latency, DRAM traffic and utilization of a program on an NPU")
-    p.add_argument("source", help="a .npubin program, an LLM directory (prefill.npubin, decode.npubin), or an IR "
-                                  "JSON file, a zoo name or package.module:factory (compiled first, with host "
-                                  "fallback for unsupported nodes; an LLM into its prefill and decode programs)")
-    p.add_argument("--hw", required=True,
-                   help=f"hardware: a preset name ({', '.join(presets())}) or a .toml/.json hardware file")
+    p.add_argument("source", nargs="?",
+                   help="a .npubin program, an LLM directory (prefill.npubin, decode.npubin), or an IR "
+                        "JSON file, a zoo name or package.module:factory (compiled first, with host "
+                        "fallback for unsupported nodes; an LLM into its prefill and decode programs)")
+    p.add_argument("--hw", help=f"hardware: a preset name ({', '.join(presets())}) or a .toml/.json hardware file "
+                                "(--hw-template writes one to start from)")
     p.add_argument("--dtype", default=None,
-                   help="cost every floating tensor as this dtype (int8, fp16, bf16, fp32 or float16, ...); "
-                        "default: each dispatch's own dtype")
+                   help="cost every floating tensor as this dtype (int8, fp16, bf16, fp32 or float16, ...), or "
+                        f"'{AS_COMPILED}' for each dispatch's own dtype; default: the hardware's native dtype "
+                        "(its native_dtype field, else the dtype of its fastest MAC rate)")
+    p.add_argument("--context", type=int, default=None, metavar="N",
+                   help="for an LLM: the live KV-cache positions to cost at (the decode step attending over N "
+                        "positions; attention reads only those); default: the whole cache, the slowest step")
+    p.add_argument("--hw-template", nargs="?", const=DEFAULT_TEMPLATE, metavar="FILE",
+                   help=f"write a commented hardware file to start from (default: {DEFAULT_TEMPLATE}; '-': print "
+                        "it) instead of costing: every field, its unit, its allowed range and an example value")
+    p.add_argument("--force", action="store_true", help="let --hw-template replace an existing file")
     p.add_argument("-o", "--output", metavar="DIR",
                    help="directory to write cost.csv, roofline.png (roofline.svg without matplotlib) and "
                         "report.html into (made if missing)")
@@ -57,29 +78,84 @@ def _programs(source: str) -> dict[str, object]:
 def cmd_cost(args: argparse.Namespace) -> int:
     """Run ``torch-ir cost``."""
     from . import CostModelError, cost_lm, cost_program, load_hardware
-    from .model import resolve_dtype
     from .report import have_matplotlib, write_reports
 
+    if args.hw_template is not None:
+        return _write_template(args)
+    if args.source is None or args.hw is None:
+        missing = " and ".join(m for m, v in (("a model to cost", args.source), ("--hw", args.hw)) if v is None)
+        raise CostModelError(f"{missing} missing; fix: torch-ir cost MODEL --hw PRESET_OR_FILE (presets: "
+                             f"{', '.join(presets())}; torch-ir cost --hw-template writes a hardware file to start "
+                             "from)")
     if args.top < 0:
         raise CostModelError(f"--top {args.top}: must be 0 or more; fix: give a count of dispatches to list")
-    resolve_dtype(args.dtype)  # a bad --dtype is refused before compiling
     hw = load_hardware(args.hw)  # a bad hardware file is refused before anything is made on disk
+    dtype, note = costing_dtype(args.dtype, hw)  # a bad --dtype is refused before compiling
     png = bool(args.output) and have_matplotlib()
     if args.output:  # made, or refused when it cannot be written, before costing, not after
         _prepare_output(Path(args.output), png)
     programs = _programs(args.source)
     if "decode" in programs:
-        lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=args.dtype)
-        print(lm.summary(top=args.top))
+        lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=dtype, context=args.context)
         reports = {"prefill": lm.prefill, "decode": lm.decode}
+        _note(reports, note)
+        print(lm.summary(top=args.top))
     else:
-        reports = {"": cost_program(programs[""], hw, dtype=args.dtype)}
+        reports = {"": cost_program(programs[""], hw, dtype=dtype, context=args.context)}
+        _note(reports, note)
         print(reports[""].summary(top=args.top))
+    if hw.kernels is not None:
+        print(f"note: the [kernels] list of {hw.described_in} is for torch-ir partition --hw; the cost model costs "
+              "every NPU dispatch of the program")
     if args.output:
         for phase, report in reports.items():
             directory = _phase_directory(Path(args.output), phase)
             for path in write_reports(report, hw, directory, png=png):
                 print(f"wrote {path}")
+    return 0
+
+
+def costing_dtype(requested: str | None, hw: Hardware) -> tuple[str | None, str]:
+    """(the ``dtype`` to give ``cost_program``, the summary's line saying what it is and why) for ``--dtype
+    requested`` on ``hw``: by default the hardware's native dtype; ``compiled``: each dispatch's own."""
+    from .model import resolve_dtype
+
+    if requested is None:
+        return hw.native_dtype, f"costed at {hw.native_dtype}, the hardware's native precision; --dtype to change"
+    if requested == AS_COMPILED:
+        return None, f"costed at each dispatch's own dtype (--dtype {AS_COMPILED})"
+    return requested, f"costed at {resolve_dtype(requested)} (--dtype {requested})"
+
+
+def _note(reports: dict[str, object], note: str) -> None:
+    """Give every report the line on its dtype, which its summary and report.html show."""
+    for report in reports.values():
+        report.dtype_note = note  # type: ignore[attr-defined]
+
+
+def _write_template(args: argparse.Namespace) -> int:
+    """``--hw-template [FILE]``: the commented template of ``hardware_template``; an existing FILE (or a link
+    there) is replaced only with ``--force``; ``-`` prints it."""
+    from torch_ir.fileio import atomic_write, check_output_path
+
+    from . import CostModelError
+    from .hardware import hardware_template
+
+    if args.source is not None:
+        raise CostModelError(f"--hw-template writes a hardware file and costs nothing, but a model was given "
+                             f"({args.source}); fix: run the two commands one after the other")
+    text = hardware_template()
+    if args.hw_template == "-":
+        sys.stdout.write(text)
+        return 0
+    path = Path(args.hw_template)
+    if path.suffix.lower() != ".toml":  # load_hardware reads a file by its suffix
+        raise CostModelError(f"{path}: the template is TOML; fix: name it {path.with_suffix('.toml').name}")
+    if os.path.lexists(path) and not args.force:  # a description someone wrote is not replaced by accident
+        raise CostModelError(f"{path}: exists; fix: give another file name, or --force to replace it")
+    check_output_path(path, "hardware template")
+    atomic_write(path, text, what="hardware template")
+    print(f"wrote {path}: edit it, then torch-ir cost MODEL --hw {path}")
     return 0
 
 
@@ -115,4 +191,4 @@ def _phase_directory(output: Path, phase: str) -> Path:
     return directory
 
 
-__all__ = ["add_parser", "cmd_cost"]
+__all__ = ["AS_COMPILED", "add_parser", "cmd_cost", "costing_dtype"]

@@ -2,12 +2,16 @@
 
 A :class:`Hardware` is loaded from a TOML or JSON file (``load_hardware``), or from a preset shipped in
 ``presets/`` by name (``presets()`` lists them). The file format (every key required except
-``dma_overlaps_compute``, which defaults to true; unknown keys are refused so a typo cannot pass silently)::
+``dma_overlaps_compute``, which defaults to true, ``native_dtype`` and the ``[kernels]`` table; unknown keys are
+refused so a typo cannot pass silently; ``torch-ir cost --hw-template FILE`` writes this, every field commented
+with its unit and range, from ``hardware_template``)::
 
     name = "my-npu"
     clock_mhz = 1000
     dataflow = "output_stationary"     # or "weight_stationary", "input_stationary"
     dma_overlaps_compute = true        # DRAM transfers run while the array computes
+    native_dtype = "int8"              # optional: what `torch-ir cost` costs at by default (without it: the
+                                       # dtype of the highest MAC rate)
 
     [array]                            # the MAC array: rows x cols processing elements
     rows = 32
@@ -38,6 +42,9 @@ A :class:`Hardware` is loaded from a TOML or JSON file (``load_hardware``), or f
     bandwidth_gbps = 17.0              # GB/s (1e9 bytes per second)
     latency_ns = 100                   # per dispatch (one DMA start-up)
 
+    [kernels]                          # optional: the kernels this NPU has, by name or kind (``KERNEL_KINDS``);
+    supported = ["GEMM", "CONV", "CONV_ADD", "movement"]   # `torch-ir partition --hw` puts the rest on the CPU
+
 Every number must lie in its field's physical range (``RANGES``: a clock from 1 kHz to 100 GHz, memory from a
 byte to a petabyte, ...): a file is untrusted input, and a value outside those ranges (``clock_mhz = 1e308``, a
 denormal rate, a 5,000-digit integer) is refused with the field's name instead of overflowing the model or
@@ -47,6 +54,8 @@ costing a program at a meaningless speed. The file itself must be a regular file
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import math
 import os
@@ -55,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from npu_program.kernels import KERNELS
 from torch_ir.errors import InputReadError, LimitExceededError, TorchIRError
 from torch_ir.fileio import check_regular_file, read_input
 
@@ -78,6 +88,11 @@ MAX_FILE_BYTES = 1 << 20
 MAX_NUMBER_DIGITS = 100
 #: The longest hardware name: a label shown in reports, one line.
 MAX_NAME_CHARS = 200
+#: Kernel kinds a ``[kernels] supported`` entry may name for all the kernels of that kind (host kernels run on
+#: the host CPU whatever an NPU declares, so "host" is not one).
+KERNEL_KINDS = tuple(sorted({k.kind for k in KERNELS.values()} - {"host"}))
+#: The most entries ``[kernels] supported`` may list (every kernel and kind once is about 160).
+MAX_KERNEL_ENTRIES = 1000
 
 
 class HardwareError(TorchIRError, ValueError):
@@ -151,6 +166,11 @@ class Hardware:
     dma_overlaps_compute: bool = True
     #: Where it was loaded from (a preset name or a path), for messages.
     source: str = ""
+    #: The file's ``native_dtype`` (None: not declared; ``native_dtype`` then picks the fastest MAC rate).
+    declared_native_dtype: str | None = None
+    #: The file's ``[kernels] supported`` list as written (kernel names or kinds); None: not declared, every
+    #: kernel of the compile target is assumed.
+    kernels: tuple[str, ...] | None = None
 
     @property
     def pes(self) -> int:
@@ -174,6 +194,28 @@ class Hardware:
     def peak_tops(self, dtype: str = "int8") -> float:
         """Peak tera-operations per second (a MAC is two) at ``dtype``'s rate."""
         return 2 * self.pes * self.macs_per_cycle.get(dtype, 0) * self.clock_mhz * 1e6 / 1e12
+
+    @property
+    def native_dtype(self) -> str:
+        """The precision the part is built for, which ``torch-ir cost`` costs at unless told otherwise: the
+        declared ``native_dtype``, else the dtype of the highest MAC rate (a tie goes to the narrower dtype, the
+        one a deployment would quantize to; ``MAC_DTYPES`` order)."""
+        if self.declared_native_dtype is not None:
+            return self.declared_native_dtype
+        return max(MAC_DTYPES, key=lambda d: (self.macs_per_cycle.get(d, 0.0), -MAC_DTYPES.index(d)))
+
+    @property
+    def described_in(self) -> str:
+        """Where this description came from, for messages: ``preset tpu_v1`` or the file's path."""
+        path = Path(self.source)
+        return f"preset {path.stem}" if path.parent == PRESET_DIR else self.source or self.name
+
+    def kernel_names(self) -> frozenset[str] | None:
+        """The kernels the ``[kernels] supported`` list names, its kinds expanded; None when not declared."""
+        if self.kernels is None:
+            return None
+        return frozenset(name for name, record in KERNELS.items()
+                         if name in self.kernels or record.kind in self.kernels)
 
 
 def presets() -> list[str]:
@@ -345,8 +387,9 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
     """Validate a parsed hardware description (the file format of the module docstring, the ranges of
     ``RANGES``) and build it."""
     v = _Validator(source)
-    top = v.table(data, "", {"name", "clock_mhz", "dataflow", "dma_overlaps_compute", "array", "macs_per_cycle",
-                             "vector", "sram", "dram"}, optional={"dma_overlaps_compute"})
+    top = v.table(data, "", {"name", "clock_mhz", "dataflow", "dma_overlaps_compute", "native_dtype", "array",
+                             "macs_per_cycle", "vector", "sram", "dram", "kernels"},
+                  optional={"dma_overlaps_compute", "native_dtype", "kernels"})
     dataflow = top["dataflow"]
     if not isinstance(dataflow, str) or dataflow not in DATAFLOWS:
         v.fail("dataflow", f"= {_show(dataflow)} must be one of {', '.join(DATAFLOWS)}",
@@ -374,7 +417,44 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
         sram_shared="shared_kib" in top["sram"],
         dram_bandwidth_gbps=v.number(dram["bandwidth_gbps"], "dram.bandwidth_gbps"),
         dram_latency_ns=v.number(dram["latency_ns"], "dram.latency_ns"),
-        dma_overlaps_compute=overlap, source=source)
+        dma_overlaps_compute=overlap, source=source,
+        declared_native_dtype=_native_dtype(v, top.get("native_dtype"), rates),
+        kernels=_kernels(v, top["kernels"]) if "kernels" in top else None)
+
+
+def _native_dtype(v: _Validator, dtype: Any, rates: dict[str, float]) -> str | None:
+    """The declared native dtype: one of ``MAC_DTYPES`` the array runs (a rate above 0)."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, str) or dtype not in MAC_DTYPES:
+        v.fail("native_dtype", f"= {_show(dtype)} must be one of {', '.join(MAC_DTYPES)}",
+               'write native_dtype = "int8" (say), or leave it out to take the dtype of the highest MAC rate')
+    if not rates[dtype]:
+        v.fail("native_dtype", f"= {_show(dtype)} has no MAC rate (macs_per_cycle.{dtype} = 0)",
+               f"give macs_per_cycle.{dtype} a rate, or name a dtype the array runs")
+    return dtype
+
+
+def _kernels(v: _Validator, table: Any) -> tuple[str, ...]:
+    """``[kernels] supported``: a list of kernel names (``npu_program.kernels``) or kinds (``KERNEL_KINDS``)."""
+    supported = v.table(table, "kernels", {"supported"})["supported"]
+    if not isinstance(supported, list) or len(supported) > MAX_KERNEL_ENTRIES:
+        v.fail("kernels.supported", f"= {_show(supported)} must be a list of at most {MAX_KERNEL_ENTRIES} kernel "
+               "names or kinds", 'write supported = ["GEMM", "CONV", ...]')
+    known = set(KERNELS) | set(KERNEL_KINDS)
+    for entry in supported:
+        if not isinstance(entry, str) or entry not in known:
+            v.fail("kernels.supported", f"names {_show(entry)}, which is neither a kernel nor a kernel kind "
+                   f"({', '.join(KERNEL_KINDS)}){_did_you_mean(entry, known)}",
+                   "use the names of docs/kernels.md (SOFTMAX, GEMM, aten.add.Tensor, ...) or a kind")
+    return tuple(dict.fromkeys(supported))  # the order written, each entry once
+
+
+def _did_you_mean(entry: Any, known: set[str]) -> str:
+    if not isinstance(entry, str) or len(entry) > 100:  # no fuzzy match over a hostile megabyte string
+        return ""
+    close = difflib.get_close_matches(entry, sorted(known), n=1)
+    return f"; did you mean {_quote(close[0])}?" if close else ""
 
 
 def _name(v: _Validator, name: Any) -> str:
@@ -495,5 +575,147 @@ def _show(value: Any) -> str:
     return f"a {type(value).__name__} ({_quote(str(value))})"  # a TOML date or time
 
 
-__all__ = ["DATAFLOWS", "MAC_DTYPES", "MAX_FILE_BYTES", "RANGES", "VECTOR_CLASSES", "Hardware", "HardwareError",
-           "Range", "hardware_from_dict", "load_hardware", "presets"]
+# -- writing a description -----------------------------------------------------------------------------------------
+
+#: The preset whose values the template shows by default (renamed ``TEMPLATE_NAME``).
+TEMPLATE_EXAMPLE = "edge_4tops"
+TEMPLATE_NAME = "my-npu"
+#: What each field is, for the template's comments (its unit and range come from ``RANGES``).
+_MEANING = {
+    "clock_mhz": "clock",
+    "array.rows": "rows of processing elements", "array.cols": "columns of processing elements",
+    **{f"macs_per_cycle.{d}": f"{d} rate" for d in MAC_DTYPES},
+    "vector.lanes": "vector lanes",
+    **{f"vector.ops_per_cycle.{c}": f"{c} rate" for c in VECTOR_CLASSES},
+    "sram.weights_kib": "weight buffer", "sram.activations_kib": "activation buffer",
+    "sram.accumulators_kib": "accumulators (partial sums, 4 bytes each)",
+    "sram.shared_kib": "one buffer for everything",
+    "dram.bandwidth_gbps": "bandwidth (1 GB/s = 1e9 bytes/s)",
+    "dram.latency_ns": "latency, once per dispatch",
+}
+_TABLE_NOTES = {
+    "array": "the MAC array: rows x cols processing elements (PEs)",
+    "macs_per_cycle": "MACs per PE per cycle by dtype (one at least above 0)",
+    "vector": "the vector unit: every kernel that is not a contraction",
+    "vector.ops_per_cycle": "element operations per lane per cycle, by op class",
+    "sram": "on-chip SRAM: three buffers, or one shared_kib",
+    "dram": "the external memory the NPU streams from",
+}
+_KERNELS_NOTE = [
+    "Optional: the kernels this NPU has, by name (docs/kernels.md: GEMM, SOFTMAX, aten.add.Tensor, ...) or by",
+    f"kind ({', '.join(KERNEL_KINDS)}).",
+    "`torch-ir partition MODEL --hw FILE` places the others on the CPU; without this table every kernel is assumed.",
+]
+_COMMENT_COLUMN = 32  # where a value's comment starts
+
+
+def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
+    """``hw`` in the file format (``hardware_from_dict`` of it gives ``hw`` back, less its ``source``)."""
+    sram = ({"shared_kib": _number(hw.sram_weights_bytes / 1024)} if hw.sram_shared else
+            {k: _number(getattr(hw, f"sram_{k[:-4]}_bytes") / 1024) for k in SPLIT_SRAM})
+    data: dict[str, Any] = {"name": hw.name, "clock_mhz": _number(hw.clock_mhz), "dataflow": hw.dataflow,
+                            "dma_overlaps_compute": hw.dma_overlaps_compute}
+    if hw.declared_native_dtype is not None:
+        data["native_dtype"] = hw.declared_native_dtype
+    data.update({
+        "array": {"rows": hw.rows, "cols": hw.cols},
+        "macs_per_cycle": {d: _number(hw.macs_per_cycle[d]) for d in MAC_DTYPES},
+        "vector": {"lanes": hw.vector_lanes,
+                   "ops_per_cycle": {c: _number(hw.vector_ops_per_cycle[c]) for c in VECTOR_CLASSES}},
+        "sram": sram,
+        "dram": {"bandwidth_gbps": _number(hw.dram_bandwidth_gbps), "latency_ns": _number(hw.dram_latency_ns)},
+    })
+    if hw.kernels is not None:
+        data["kernels"] = {"supported": list(hw.kernels)}
+    return data
+
+
+def hardware_template(hw: Hardware | None = None) -> str:
+    """A hardware file to start from, as TOML: every field with what it is, its unit and its allowed range
+    (``RANGES``), the optional ones commented out when ``hw`` leaves them out. The values are ``hw``'s, by default
+    the ``TEMPLATE_EXAMPLE`` preset's; the text loads back as ``hw`` (``load_hardware``)."""
+    if hw is None:
+        hw = dataclasses.replace(load_hardware(TEMPLATE_EXAMPLE), name=TEMPLATE_NAME)
+    data = hardware_to_dict(hw)
+    example = f" (the {TEMPLATE_EXAMPLE} preset)" if hw.name == TEMPLATE_NAME else ""
+    lines = [
+        f"# An NPU for the cost model: torch-ir cost MODEL --hw {TEMPLATE_NAME.replace('-', '_')}.toml",
+        "# (docs/cost_model.md). Every field is required unless marked optional; unknown keys are refused.",
+        f"# Each number must lie in the range beside it. The values are an example{example}: replace them.",
+        "",
+        _line("name", data["name"], f"a label for the reports: one line, at most {MAX_NAME_CHARS} characters"),
+        _number_line("clock_mhz", data["clock_mhz"]),
+        _line("dataflow", data["dataflow"], f"{', '.join(DATAFLOWS[:-1])} or {DATAFLOWS[-1]}"),
+        _line("dma_overlaps_compute", data["dma_overlaps_compute"],
+              "optional (default true): DRAM transfers run while the array computes"),
+        _line("native_dtype", data.get("native_dtype", hw.native_dtype),
+              "optional: the dtype `torch-ir cost` costs at; default: the fastest rate's",
+              commented="native_dtype" not in data),
+    ]
+    for table in ("array", "macs_per_cycle", "vector", "sram", "dram"):
+        lines += ["", _line(f"[{table}]", None, _TABLE_NOTES[table])]
+        lines += _table_lines(table, data[table], hw)
+    kernels = data.get("kernels", {"supported": ["GEMM", "CONV", "CONV_ADD", "movement"]})
+    commented = "kernels" not in data
+    lines += ["", *(f"# {note}" for note in _KERNELS_NOTE), _line("[kernels]", None, None, commented=commented),
+              _line("supported", kernels["supported"], None, commented=commented)]
+    return "\n".join(lines) + "\n"
+
+
+def _table_lines(table: str, values: dict[str, Any], hw: Hardware) -> list[str]:
+    """The fields of one table, a nested table (``vector.ops_per_cycle``) after them under its own header."""
+    lines: list[str] = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            lines += [_line(f"[{table}.{key}]", None, _TABLE_NOTES[f"{table}.{key}"])]
+            lines += [_number_line(f"{table}.{key}.{k}", v) for k, v in value.items()]
+        else:
+            lines.append(_number_line(f"{table}.{key}", value))
+    if table == "sram":  # the other form, to switch to
+        other = (["weights_kib", "activations_kib", "accumulators_kib"] if hw.sram_shared else ["shared_kib"])
+        example = _number(hw.sram_total_bytes / 1024)
+        lines += [_line(k, values.get("shared_kib", example), None, commented=True, meaning_of=f"sram.{k}")
+                  for k in other]
+    return lines
+
+
+def _number_line(name: str, value: float) -> str:
+    """``key = value  # meaning: lo to hi unit`` for the field ``name`` of ``RANGES``."""
+    return _line(name.rsplit(".", 1)[-1], value, _field_note(name))
+
+
+def _field_note(name: str) -> str:
+    rng = RANGES[name]
+    whole = ", a whole number" if rng.integer else ""
+    zero = f"; 0: {rng.zero}" if rng.zero else ""
+    return f"{_MEANING[name]}: {rng.lo:g} to {rng.hi:g} {rng.unit}{whole}{zero}"
+
+
+def _line(key: str, value: Any, note: str | None, *, commented: bool = False, meaning_of: str = "") -> str:
+    """One line of the template: a ``key = value`` (or a ``[table]`` header when ``value`` is None) with its
+    comment aligned; ``commented``: the whole line commented out (an optional field left out)."""
+    if meaning_of:
+        note = f"or instead, {_field_note(meaning_of)}"
+    text = key if value is None else f"{key} = {_toml_value(value)}"
+    text = f"# {text}" if commented else text
+    return f"{text:<{_COMMENT_COLUMN - 1}} # {note}" if note else text
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):  # a TOML basic string: JSON's escapes, non-ASCII kept as it is (no surrogates)
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _number(value: float) -> float | int:
+    """A whole float as an int (``1000``, not ``1000.0``), for a file a person reads."""
+    return int(value) if float(value).is_integer() and abs(value) < 2 ** 53 else value
+
+
+__all__ = ["DATAFLOWS", "KERNEL_KINDS", "MAC_DTYPES", "MAX_FILE_BYTES", "RANGES", "VECTOR_CLASSES", "Hardware",
+           "HardwareError", "Range", "hardware_from_dict", "hardware_template", "hardware_to_dict", "load_hardware",
+           "presets"]

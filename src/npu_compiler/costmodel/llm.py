@@ -1,6 +1,10 @@
 """An LLM costed per phase: its prefill program (``chunk`` prompt tokens a run) and its decode program (one
 token a run), as ``npu_compiler.compile_lm`` makes them, each costed by ``cost_program``. Tokens/s follow from
-the latencies: prefill processes ``chunk`` tokens per run, decode one."""
+the latencies: prefill processes ``chunk`` tokens per run, decode one.
+
+Attention reads only the live rows of the KV cache, and how many there are is known only at run time (from
+``cache_position``), so both phases are costed at one ``context``: the decode step that attends over ``context``
+positions, and the prefill chunk that ends there. The default is the whole cache: the slowest step."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ class LMCost:
     prefill: CostReport
     decode: CostReport
     chunk: int
+    #: The live KV-cache positions both phases were costed at (the whole cache unless ``cost_lm`` was given one).
+    context: int | None = None
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -32,7 +38,8 @@ class LMCost:
         return "\n".join([
             f"prefill: {self.chunk} tokens a run, {self.prefill.latency_ms:.3f} ms a run "
             f"({self.prefill_tokens_per_s:,.1f} tokens/s)",
-            f"decode: {self.decode.latency_ms:.3f} ms/token ({self.decode_tokens_per_s:,.1f} tokens/s)",
+            f"decode: {self.decode.latency_ms:.3f} ms/token ({self.decode_tokens_per_s:,.1f} tokens/s)"
+            + (f" at context {self.context}" if self.context else ""),
             "", "== prefill ==", self.prefill.summary(top=top), "", "== decode ==", self.decode.summary(top=top)])
 
 
@@ -45,12 +52,16 @@ def tokens_per_run(program: CompiledProgram) -> int:
     return int(spec.shape[-1])
 
 
-def cost_lm(prefill: CompiledProgram, decode: CompiledProgram, hw: Hardware, dtype: str | None = None) -> LMCost:
-    """Both phases of an LLM on ``hw``; the decode program must take one token a run."""
+def cost_lm(prefill: CompiledProgram, decode: CompiledProgram, hw: Hardware, dtype: str | None = None,
+            context: int | None = None) -> LMCost:
+    """Both phases of an LLM on ``hw``; the decode program must take one token a run. ``context``: the live KV-cache
+    positions to cost both phases at (see the module docstring); None: the whole cache."""
     if tokens_per_run(decode) != 1:
         raise CostModelError(f"program {decode.model_name!r} takes {tokens_per_run(decode)} tokens a run: the decode "
                              "program takes one (give compile_lm's decode program)")
-    return LMCost(cost_program(prefill, hw, dtype), cost_program(decode, hw, dtype), tokens_per_run(prefill))
+    decode_cost = cost_program(decode, hw, dtype, context=context)
+    return LMCost(cost_program(prefill, hw, dtype, context=context), decode_cost, tokens_per_run(prefill),
+                  context if context is not None else decode_cost.cache_length)
 
 
 __all__ = ["LMCost", "cost_lm", "tokens_per_run"]

@@ -39,15 +39,25 @@ Contractions on the MAC array (rows R x cols C PEs, rate m MACs per PE per cycle
   * Partial sums never spill: the K loop is innermost and the accumulators hold every live partial sum.
 
 Vector unit (every other NPU kernel): cycles = ceil(elements / (lanes * ops_per_cycle[class])), with elements
-  = output elements (elementwise, resampling, movement), or input elements (normalization, reduction, pooling);
+  = the elements it writes (elementwise, resampling, movement: a KV_UPDATE moves only its new rows), or those it
+  reads of its first input (normalization, reduction, pooling);
   SOFTMAX uses the softmax class; sorting (topk, sort) is n * ceil(log2 n) reduction-class operations per row.
   Vector rates do not depend on the dtype.
 
 Memory and tiling
   * Every dispatch reads its inputs from DRAM and writes its outputs to DRAM (no on-chip residency of
-    activations between dispatches: pessimistic for large-SRAM parts, as a layer-by-layer schedule is).
-  * A convolution reads only the input rows and columns its windows touch (a strided 1 x 1 convolution
-    skips three quarters of its input; the DMA fetches what the array uses, as SCALE-Sim counts it).
+    activations between dispatches: pessimistic for large-SRAM parts, as a layer-by-layer schedule is), as
+    much of each as its kernel record's ``traffic`` formula says it touches (``npu_program.kernels``): every
+    tensor whole by default; a gather or slice (EMBEDDING, index, index_select, gather, slice, select) the
+    elements it copies out, not its whole source; KV_UPDATE the new rows only, read and written in place;
+    copy not the tensor it overwrites; a convolution the input rows and columns its windows touch (a strided
+    1 x 1 convolution skips three quarters of its input; the DMA fetches what the array uses, as SCALE-Sim
+    counts it). A view of a contiguous tensor is no dispatch (an alias in the memory plan): no bytes.
+  * A KV cache is read at its live length: with ``context`` (the positions live in the run costed, known only
+    at run time from ``cache_position``), an attention kernel reading a cache's state slot (ATTENTION,
+    ATTN_SCORE, ATTN_OUTPUT) is costed as if its k and v held only those rows and its mask and scores only
+    those columns (bytes, MACs and softmax alike); a run's own tokens are always live. Without ``context``,
+    the whole cache: the slowest run.
   * A contraction's operands are the weight role W (its weight-slot inputs, or its second operand when it has
     none: the k/v of attention, the right operand of matmul), the activation role A (its first activation
     input) and the rest (biases, batch-norm statistics, residuals: read once). If W and A both fit in SRAM
@@ -76,7 +86,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npu_program.dtypes import nbytes as dtype_nbytes
-from npu_program.kernels import KERNELS, get_kernel
+from npu_program.kernels import KERNELS, KernelDef, get_kernel, whole
 from npu_program.program import CompiledProgram, Dispatch, TensorSpec
 from torch_ir.errors import TorchIRError
 from torch_ir.report.cells import one_line
@@ -97,9 +107,10 @@ VECTOR_CLASS = {"elementwise": "elementwise", "normalization": "normalization", 
 #: Kinds whose vector work is counted over the first input's elements (else over the outputs').
 INPUT_COUNTED = frozenset({"normalization", "reduction", "pooling"})
 
-#: Columns of ``CostReport.to_csv_rows`` (after Arm Vela's per-layer performance report).
-CSV_COLUMNS = ("name", "kernel", "macs", "cycles", "network_pct", "util_pct", "dram_bytes", "sram_bytes", "bound",
-               "sram_reads", "sram_writes")
+#: Columns of ``CostReport.to_csv_rows`` (after Arm Vela's per-layer performance report): ``cost.csv`` and the
+#: per-dispatch table of ``report.html`` both show exactly these.
+CSV_COLUMNS = ("index", "name", "kernel", "layer", "dtype", "macs", "flops", "cycles", "network_pct", "util_pct",
+               "dram_bytes", "sram_bytes", "sram_reads", "sram_writes", "bound", "tiling", "mapping", "notes")
 
 
 class CostModelError(TorchIRError, ValueError):
@@ -174,6 +185,12 @@ class CostReport:
     rows: list[DispatchCost]
     host: list[HostDispatch] = field(default_factory=list)
     bind: list[DispatchCost] = field(default_factory=list)
+    #: One line on the precision costed at and why, shown under the summary's first line (``torch-ir cost``
+    #: sets it: "costed at int8, the hardware's native precision; --dtype to change").
+    dtype_note: str = ""
+    #: The positions of the program's KV cache (None without one) and the live ones costed (None: all of them).
+    cache_length: int | None = None
+    context: int | None = None
 
     @property
     def total_cycles(self) -> int:
@@ -228,13 +245,21 @@ class CostReport:
         return {k: LayerCost(k, len(rs), sum(r.macs for r in rs), sum(r.cycles for r in rs),
                              sum(r.dram_bytes for r in rs), max(r.sram_bytes for r in rs)) for k, rs in groups.items()}
 
+    @property
+    def context_note(self) -> str:
+        """For a program with a KV cache: how many of its positions attention was costed as reading."""
+        if self.context is None:
+            return f"KV cache: attention reads all {self.cache_length} positions (the whole cache: the slowest run)"
+        return f"KV cache: attention reads the {self.context} live positions of {self.cache_length} (the context)"
+
     def to_csv_rows(self) -> list[dict[str, Any]]:
         """One dict per NPU dispatch with the ``CSV_COLUMNS`` (for ``csv.DictWriter``)."""
         total = self.total_cycles or 1
-        return [{"name": r.name, "kernel": r.kernel, "macs": r.macs, "cycles": r.cycles,
-                 "network_pct": round(100 * r.cycles / total, 2), "util_pct": round(100 * r.utilization, 2),
-                 "dram_bytes": r.dram_bytes, "sram_bytes": r.sram_bytes, "bound": r.bound,
-                 "sram_reads": r.sram_reads, "sram_writes": r.sram_writes} for r in self.rows]
+        return [{"index": r.index, "name": r.name, "kernel": r.kernel, "layer": r.layer, "dtype": r.dtype,
+                 "macs": r.macs, "flops": r.flops, "cycles": r.cycles, "network_pct": round(100 * r.cycles / total, 2),
+                 "util_pct": round(100 * r.utilization, 2), "dram_bytes": r.dram_bytes, "sram_bytes": r.sram_bytes,
+                 "sram_reads": r.sram_reads, "sram_writes": r.sram_writes, "bound": r.bound, "tiling": r.tiling,
+                 "mapping": r.mapping, "notes": "; ".join(r.flags)} for r in self.rows]
 
     def summary(self, top: int = 5) -> str:
         """A few readable lines: totals, the bound mix, the heaviest dispatches, host and bind-time work. Names
@@ -244,6 +269,8 @@ class CostReport:
         lines = [
             f"{self.model_name} on {hw.name} ({hw.rows}x{hw.cols} {hw.dataflow}, {hw.clock_mhz:g} MHz, "
             f"{hw.dram_bandwidth_gbps:g} GB/s)",
+            *([self.dtype_note] if self.dtype_note else []),
+            *([self.context_note] if self.cache_length else []),
             f"dispatches: {len(self.rows)} on the NPU, {len(self.host)} on the host, {len(self.bind)} at bind time",
             f"cycles: {self.total_cycles:,} ({self.latency_ms:.3f} ms, {self.fps:.1f} fps)  "
             f"compute {self.compute_cycles:,}  memory {self.memory_cycles:,}",
@@ -266,10 +293,19 @@ class CostReport:
 
 # -- the model ----------------------------------------------------------------------------------------------------
 
-def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = None) -> CostReport:
+def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = None,
+                 context: int | None = None) -> CostReport:
     """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32) or an IR
-    dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype."""
+    dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype.
+
+    ``context``: for a program with a KV cache (an LLM phase from ``compile_lm``), the cache positions live in the
+    run costed (its last token's position + 1). Attention reads only those; the program cannot say how many there
+    are (``cache_position`` is a run-time input), so the cost is of one run at this context. None: the whole
+    cache, the slowest run."""
     override = resolve_dtype(dtype)
+    length = kv_cache_length(program)
+    _check_context(program, context, length)
+    caches = {d.outputs[0] for d in program.dispatches if d.kernel == "KV_UPDATE" and d.outputs}
     specs: dict[str, TensorSpec] = dict(program.tensors)
     for spec in [*program.input_specs, *program.output_specs, *program.weight_specs]:
         specs.setdefault(spec.name, spec)
@@ -277,13 +313,15 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         specs.setdefault(state.name, state.tensor_spec())
     weights = {s.name for s in program.weight_specs}
     keys = program.weight_keys
-    report = CostReport(hw, program.model_name, [])
+    report = CostReport(hw, program.model_name, [], cache_length=length, context=context)
     for index, d in enumerate(program.dispatches):
         if d.host is not None:
             report.host.append(HostDispatch(index, d.node, d.kernel, d.host))
             continue
         ins = [_spec(specs, n, d) for n in d.inputs]
         outs = [_spec(specs, n, d) for n in d.outputs]
+        if context is not None:
+            ins, outs = _at_live_length(d, ins, outs, caches, context)
         row = _cost_dispatch(index, d, ins, outs, hw, override, weights, _layer(d, weights, keys))
         (report.bind if d.at_bind else report.rows).append(row)
     return report
@@ -328,6 +366,83 @@ def _layer(d: Dispatch, weights: set[str], keys: dict[str, str]) -> str:
     return d.node
 
 
+def _traffic(record: KernelDef, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
+             ) -> tuple[list[int], list[int]]:
+    """The elements ``d`` reads of each input and writes of each output, as its kernel record's ``traffic`` formula
+    says; a parameter form the formula cannot read costs every tensor whole, as for any other kernel."""
+    try:
+        reads, writes = record.traffic(ins, outs, d.params)
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return whole(ins, outs, d.params)
+    if len(reads) != len(ins) or len(writes) != len(outs):
+        return whole(ins, outs, d.params)
+    return reads, writes
+
+
+# -- a KV cache read at its live length ---------------------------------------------------------------------------
+
+#: Attention kernels, and for each tensor with an axis over the KV cache's positions when the kernel reads a cache:
+#: (inputs or outputs, its index, that axis). Keys and values are [B, H, S, D]; masks and scores [..., T, S].
+CACHE_AXES: dict[str, tuple[tuple[str, int, int], ...]] = {
+    "ATTENTION": (("in", 1, -2), ("in", 2, -2), ("in", 3, -1)),  # k and v rows, the mask's columns
+    "ATTN_SCORE": (("in", 1, -2), ("in", 2, -1), ("out", 0, -1)),  # k rows, the mask's and the scores' columns
+    "ATTN_OUTPUT": (("in", 0, -1), ("in", 1, -2)),  # the scores' columns, v rows
+}
+
+
+def kv_cache_length(program: CompiledProgram) -> int | None:
+    """The positions a program's KV cache holds: the length of the state slots KV_UPDATE writes, along the axis
+    it writes (None for a program without a KV cache)."""
+    slots = {s.name: s for s in program.state_specs}
+    lengths = []
+    for d in program.dispatches:
+        if d.kernel == "KV_UPDATE" and d.outputs and d.outputs[0] in slots:
+            shape = slots[d.outputs[0]].shape
+            axis = d.params.get("dim", 2)
+            if isinstance(axis, int) and -len(shape) <= axis < len(shape):
+                lengths.append(int(shape[axis]))
+    return max(lengths, default=None)
+
+
+def _check_context(program: CompiledProgram, context: int | None, length: int | None) -> None:
+    if context is None:
+        return
+    if isinstance(context, bool) or not isinstance(context, int):
+        raise CostModelError(f"context {context!r} is not a whole number; fix: give the live KV-cache positions")
+    if length is None:
+        raise CostModelError(f"context {context}: program {program.model_name!r} has no KV cache; fix: give a "
+                             "context only for an LLM (its prefill and decode programs)")
+    if not 1 <= context <= length:
+        raise CostModelError(f"context {context} is outside the KV cache of program {program.model_name!r}, which "
+                             f"holds {length} positions; fix: give a context from 1 to {length}")
+
+
+def _at_live_length(d: Dispatch, ins: list[TensorSpec], outs: list[TensorSpec], caches: set[str], context: int
+                    ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """``d``'s tensors as an attention kernel reading a KV cache at ``context`` live positions sees them: the rows
+    past the live length hold nothing yet (the mask hides them), so a kernel that knows the length reads,
+    multiplies and writes over the live ones only. A run's own tokens (q's rows) are always live."""
+    axes = CACHE_AXES.get(d.kernel)
+    cache = next((ins[i] for i, name in enumerate(d.inputs) if name in caches), None)
+    if axes is None or cache is None or len(cache.shape) < 2:
+        return ins, outs
+    length = int(cache.shape[-2])
+    live = min(length, max(context, int(ins[0].shape[-2])))
+    tensors = {"in": list(ins), "out": list(outs)}
+    for side, i, axis in axes:
+        if i < len(tensors[side]) and len(tensors[side][i].shape) >= -axis \
+                and int(tensors[side][i].shape[axis]) == length:
+            tensors[side][i] = _cut(tensors[side][i], axis, live)
+    return tensors["in"], tensors["out"]
+
+
+def _cut(t: TensorSpec, axis: int, size: int) -> TensorSpec:
+    """``t`` with ``axis`` cut to ``size``."""
+    shape = list(t.shape)
+    shape[axis] = size
+    return TensorSpec(t.name, shape, t.dtype, t.layout)
+
+
 def _rate(hw: Hardware, cls: str | None) -> tuple[float, str | None]:
     """(MACs per PE per cycle, a flag when the dtype is unsupported and the slowest supported rate is used)."""
     rate = hw.macs_per_cycle.get(cls, 0.0) if cls else 0.0
@@ -349,10 +464,8 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
     cls = override or (RATE_CLASS.get(first.dtype) if first is not None else None)
     size_dtype = CLASS_DTYPE[override] if override else None
 
-    def size(t: TensorSpec) -> int:
-        if size_dtype is not None and t.dtype in FLOAT_DTYPES:
-            return dtype_nbytes(_numel(t), size_dtype)
-        return t.nbytes
+    def size(t: TensorSpec, elements: int) -> int:  # bytes of ``elements`` of ``t``, floats resized to the override
+        return dtype_nbytes(elements, size_dtype if size_dtype is not None and t.dtype in FLOAT_DTYPES else t.dtype)
 
     flags: list[str] = []
     try:
@@ -360,7 +473,8 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
     except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
         flops = sum(_numel(t) for t in outs)
     gemms, softmax, w_idx, a_idx = _mapping(d, ins, outs, weights)
-    written = sum(size(t) for t in outs)
+    reads, writes = _traffic(record, d, ins, outs)
+    written = sum(size(t, n) for t, n in zip(outs, writes))
     sram_reads = sram_writes = 0
     if gemms is not None or kind == "contraction":
         rate, flag = _rate(hw, cls)
@@ -382,11 +496,9 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
             mapping = "gemm " + " + ".join(f"{b}x(M={m} N={n} K={k})" for b, m, n, k in gemms) + f" {hw.dataflow}"
         util = macs / (array_cycles * hw.pes * rate) if array_cycles else 0.0
         vector_cycles = _vector_cycles(hw, "softmax", softmax)
-        w_bytes = sum(size(ins[i]) for i in w_idx)
-        a_bytes = sum(size(ins[i]) for i in a_idx)
-        if d.kernel in ("CONV", "CONV_ADD") and a_idx:
-            a_bytes = math.ceil(a_bytes * _conv_touched_fraction(d, ins[a_idx[0]], ins[1]))
-        other = sum(size(t) for i, t in enumerate(ins) if i not in w_idx and i not in a_idx)
+        w_bytes = sum(size(ins[i], reads[i]) for i in w_idx)
+        a_bytes = sum(size(ins[i], reads[i]) for i in a_idx)
+        other = sum(size(t, reads[i]) for i, t in enumerate(ins) if i not in w_idx and i not in a_idx)
         acc = sum(b * m * n for b, m, n, k in gemms or []) * ACC_BYTES or written
         tiling, w_reads, a_reads, sram = _tile(hw, w_bytes, a_bytes, acc)
         read = w_bytes * w_reads + a_bytes * a_reads + other
@@ -394,14 +506,14 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
         cls = cls if cls in MAC_DTYPES else "int8"
         macs, folds, array_cycles, util = 0, 0, 0, 0.0
         vclass = "softmax" if d.kernel == "SOFTMAX" else VECTOR_CLASS.get(kind, "elementwise")
-        counted = ins[:1] if kind in INPUT_COUNTED and ins else outs
-        elements = sum(_numel(t) for t in counted)
+        # the elements the unit processes: those it reads of its first input, or those it writes
+        elements = reads[0] if kind in INPUT_COUNTED and ins else sum(writes)
         if kind == "sorting" and ins and ins[0].shape:
             n = int(ins[0].shape[-1])
             elements = _numel(ins[0]) * max(1, math.ceil(math.log2(n))) if n > 1 else _numel(ins[0])
         vector_cycles = _vector_cycles(hw, vclass, elements)
         mapping = f"vector {vclass}"
-        read = sum(size(t) for t in ins)
+        read = sum(size(t, n) for t, n in zip(ins, reads))
         tiling, w_reads, a_reads = "stream", 0, 1
         sram = min(read + written, hw.sram_activations_bytes)
     compute = array_cycles + vector_cycles
@@ -445,39 +557,6 @@ def gemm_on_array(rows: int, cols: int, dataflow: str, m: int, n: int, k: int) -
     fmc = -(-m // cols)  # input_stationary: M lies along the columns
     folds = fk * fmc
     return ArrayRun(folds, folds * (n + 2 * rows + cols - 2), m * k, k * n * fmc, m * n * fk)
-
-
-def _touched(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    """How many of ``size`` input positions the ``out`` windows of one spatial dim read."""
-    span = (kernel - 1) * dilation + 1
-    if dilation == 1 and stride <= span:  # windows overlap or abut: one run of positions
-        first, last = -pad, (out - 1) * stride - pad + span - 1
-        return max(0, min(last, size - 1) - max(first, 0) + 1)
-    taps = {o * stride - pad + i * dilation for o in range(out) for i in range(kernel)}
-    return sum(0 <= t < size for t in taps)
-
-
-def _conv_touched_fraction(d: Dispatch, x: TensorSpec, w: TensorSpec) -> float:
-    """The fraction of a convolution's input (N, C, H, W) its windows read: 1 unless strides skip rows."""
-    try:
-        (h, wd), (kh, kw) = _dims(x)[-2:], _dims(w)[-2:]
-        p = d.params
-        stride = _pair(p.get("stride", 1))
-        pad = _pair(p.get("padding", 0))
-        dil = _pair(p.get("dilation", 1))
-        oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
-        ow = (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
-        rows = _touched(h, oh, kh, stride[0], pad[0], dil[0])
-        cols = _touched(wd, ow, kw, stride[1], pad[1], dil[1])
-    except (TypeError, ValueError, IndexError):
-        return 1.0  # an odd parameter form: read the whole input, as for any other kernel
-    return rows * cols / (h * wd) if h * wd else 1.0
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    if isinstance(value, (list, tuple)):
-        return (int(value[0]), int(value[-1]))
-    return (int(value), int(value))
 
 
 def _vector_cycles(hw: Hardware, vclass: str, elements: int) -> int:

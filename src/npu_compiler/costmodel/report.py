@@ -5,6 +5,12 @@ inline PNG and the per-layer and per-dispatch tables).
 matplotlib is optional (``pip install 'torch-ir[cost]'``): without it the roofline is written as plain SVG text,
 ``roofline.svg`` (``SVG_REPORT_FILES``), and inlined into the page as SVG.
 
+The roofline names its costliest points (``roofline_labels``); in the page every point shows its layer on hover
+(an SVG ``<title>``, or an image map over the PNG) and links to its row. The per-layer table adds a subtotal row
+per block (``block_of``: ``layers.3`` of ``model.layers.3.mlp``), and both tables sort by any column with a small
+inline script (``SORT_SCRIPT``: no network, the page stays one file). The per-dispatch table and ``cost.csv`` show
+the same columns, ``CSV_COLUMNS``.
+
 Every string that comes from the program or the hardware file (names, kernels, layers) is made harmless: a program
 is untrusted input. HTML and SVG text and attributes go through ``html.escape`` (quotes included), every string
 cell of ``cost.csv`` through ``torch_ir.report.cells.csv_cell`` (a name starting with ``=`` is not a formula);
@@ -23,14 +29,16 @@ import csv
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from torch_ir.fileio import atomic_write, check_output_path, check_writable_dir, write_error
 from torch_ir.report.cells import csv_cell
 
 from .hardware import Hardware
-from .model import CSV_COLUMNS, CostReport, DispatchCost, _rate, plain_line
+from .model import CSV_COLUMNS, CostReport, DispatchCost, LayerCost, _rate, plain_line
 
 REPORT_FILES = ("cost.csv", "roofline.png", "report.html")
 #: What is written when matplotlib cannot be imported.
@@ -38,6 +46,10 @@ SVG_REPORT_FILES = ("cost.csv", "roofline.svg", "report.html")
 #: Dot colour by bound.
 BOUND_COLOURS = {"compute": "#1f77b4", "memory": "#d62728"}
 _W, _H = 720, 480  # SVG size
+#: How many of the costliest points the roofline names (more would cover each other).
+ROOFLINE_LABELS = 5
+#: The longest label on the plot: a longer module path keeps its end (the most specific part).
+_LABEL_CHARS = 36
 _L, _R, _T, _B = 80, 160, 50, 60  # plot margins: left, right (legend), top (title), bottom
 
 
@@ -62,8 +74,9 @@ def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path, png: bo
     names = report_files(png)
     paths = check_report_paths(out_dir, png)
     if names == REPORT_FILES:
-        plot: str | bytes = roofline_png(report, hw)
-        figure = _png_img(plot, report, hw)
+        plot: str | bytes
+        plot, spots = _png_and_spots(report, hw)
+        figure = _png_img(plot, report, hw, spots)
     else:
         plot = figure = roofline_svg(report, hw)
     payloads = [cost_csv(report), plot, report_html(report, hw, figure)]
@@ -165,9 +178,63 @@ def _roofs(report: CostReport, hw: Hardware) -> tuple[str, float, float, float, 
     return dtype, peak, bandwidth, ridge, points, [p[1] for p in points] + [ridge / 10, ridge * 10]
 
 
+def roofline_labels(report: CostReport, hw: Hardware, count: int = ROOFLINE_LABELS) -> list[tuple[str, float, float]]:
+    """(label, x, y) of the ``count`` costliest points of the roofline, by cycles: each names its dispatch's layer.
+    The same layer in every block lands on the same spot, so a spot is named once, with how many more share it
+    ("layers.0.mlp (+23 alike)") instead of piling up labels."""
+    points = roofline_points(report, hw)
+    at: dict[tuple[float, float], list[DispatchCost]] = {}
+    for r, x, y in points:
+        at.setdefault(_spot(x, y), []).append(r)
+    labels: list[tuple[str, float, float]] = []
+    named: set[tuple[float, float]] = set()
+    for r, x, y in sorted(points, key=lambda p: -p[0].cycles):
+        spot = _spot(x, y)
+        if spot in named:
+            continue
+        named.add(spot)
+        alike = len(at[spot]) - 1
+        labels.append((_short(r.layer) + (f" (+{alike} alike)" if alike else ""), x, y))
+        if len(labels) == count:
+            break
+    return labels
+
+
+def _spot(x: float, y: float) -> tuple[float, float]:
+    """Where a point lands on the log-log plot, to a hundredth of a decade."""
+    return round(math.log10(x), 2), round(math.log10(y), 2)
+
+
+def _short(name: str) -> str:
+    """A label for the plot: one plain line of at most ``_LABEL_CHARS``, keeping the end of a long path."""
+    text = plain_line(name)
+    return text if len(text) <= _LABEL_CHARS else "\u2026" + text[-(_LABEL_CHARS - 1):]
+
+
 def roofline_png(report: CostReport, hw: Hardware, dpi: int = 110) -> bytes:
-    """The roofline plot as PNG bytes, drawn with matplotlib's Agg canvas (no display, no pyplot state): the
-    compute and bandwidth roofs and one dot per dispatch (with FLOPs and DRAM bytes), coloured by bound."""
+    """The roofline plot as PNG bytes (``roofline_figure``)."""
+    return _png_and_spots(report, hw, dpi)[0]
+
+
+def _png_and_spots(report: CostReport, hw: Hardware, dpi: int = 110
+                   ) -> tuple[bytes, list[tuple[DispatchCost, float, float]]]:
+    """The PNG bytes, and where each dispatch's dot is in the image's pixels (from the top left): the page lays
+    an image map over them, so hovering a dot names its layer."""
+    fig = roofline_figure(report, hw, dpi)
+    fig.canvas.draw()  # fixes the layout: the data-to-pixel transform is then the one savefig uses
+    ax = fig.axes[0]
+    height = fig.bbox.height
+    spots = [(r, float(px), float(height - py))
+             for r, x, y in roofline_points(report, hw) for px, py in [ax.transData.transform((x, y))]]
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue(), spots
+
+
+def roofline_figure(report: CostReport, hw: Hardware, dpi: int = 110) -> Any:
+    """The roofline as a matplotlib ``Figure`` on the Agg canvas (no display, no pyplot state): the compute and
+    bandwidth roofs, one dot per dispatch (with FLOPs and DRAM bytes) coloured by bound, and the costliest few
+    named (``roofline_labels``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -197,19 +264,36 @@ def roofline_png(report: CostReport, hw: Hardware, dpi: int = 110) -> bytes:
     ax.set_ylabel("achieved throughput (FLOPs per second)")
     # names come from the program: never let matplotlib read them as mathtext ($...$)
     ax.set_title(plain_line(f"Roofline: {report.model_name} on {hw.name} ({dtype})"), parse_math=False)
+    for i, (label, x, y) in enumerate(roofline_labels(report, hw)):
+        ax.annotate(label, (x, y), xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points", fontsize=7,
+                    color="#333333", parse_math=False)  # alternate above and below: neighbours overlap less
     legend = ax.legend(loc="lower right", fontsize=8)
     for text in legend.get_texts():
         text.set_parse_math(False)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    return buffer.getvalue()
+    return fig
 
 
-def _png_img(png: bytes, report: CostReport, hw: Hardware) -> str:
-    """An ``<img>`` carrying ``png`` inline (a data URI), so the page stays one self-contained file."""
+def _png_img(png: bytes, report: CostReport, hw: Hardware,
+             spots: Sequence[tuple[DispatchCost, float, float]] = ()) -> str:
+    """An ``<img>`` carrying ``png`` inline (a data URI), so the page stays one self-contained file, with an image
+    map of ``spots``: hovering a dot shows its layer, clicking it goes to its row of the per-dispatch table."""
     alt = _text(f"Roofline of {report.model_name} on {hw.name}")
-    return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+    areas = "".join(f'<area shape="circle" coords="{x:.0f},{y:.0f},5" href="#dispatch-{r.index}" '
+                    f'title="{_text(_point_title(r))}" alt="{_text(r.layer)}">' for r, x, y in spots)
+    return (f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" '
+            f'usemap="#roofline-points"><map name="roofline-points">{areas}</map>')
+
+
+def _png_figure(report: CostReport, hw: Hardware) -> str:
+    """The page's roofline as an inline PNG with its image map."""
+    png, spots = _png_and_spots(report, hw)
+    return _png_img(png, report, hw, spots)
+
+
+def _point_title(r: DispatchCost) -> str:
+    """What hovering a dispatch's dot says (plain text: the caller escapes it)."""
+    return f"{r.layer}: {r.name} ({r.kernel}), {r.cycles:,} cycles, {r.bound}-bound"
 
 
 def roofline_svg(report: CostReport, hw: Hardware) -> str:
@@ -259,8 +343,10 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
     for r, x, y in points:
         colour = BOUND_COLOURS.get(r.bound, "#7f7f7f")
         out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}" fill-opacity="0.75">'
-                   f"<title>{_text(r.name)} ({_text(r.kernel)}): {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s, "
-                   f"{_text(r.bound)}-bound</title></circle>")
+                   f"<title>{_text(_point_title(r))}: {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s</title></circle>")
+    for i, (label, x, y) in enumerate(roofline_labels(report, hw)):
+        out.append(f'<text class="label" x="{px(x) + 6:.1f}" y="{py(y) + (-6 if i % 2 == 0 else 12):.1f}" '
+                   f'font-size="9" fill="#333">{_text(label)}</text>')
     legend = [("line", "#ff7f0e", f"compute roof {_fmt(peak)} FLOPs/s"),
               ("line", "#2ca02c", f"bandwidth roof {_fmt(bandwidth)} B/s"),
               ("dot", BOUND_COLOURS["compute"], "compute-bound dispatch"),
@@ -284,17 +370,135 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
 
 _STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 th,td{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f0f0f0}td.n{text-align:right}
-pre{background:#f7f7f7;padding:1em}"""
+table.sortable th{cursor:pointer}table.sortable th[data-dir=asc]::after{content:" \\25B2"}
+table.sortable th[data-dir=desc]::after{content:" \\25BC"}tr.subtotal td{font-weight:bold;background:#f4f4f4}
+tr:target td{background:#fff3b0}pre{background:#f7f7f7;padding:1em}"""
+
+#: Sorts a ``table.sortable`` by the clicked column (first click: largest first), a number by its ``data-v``.
+#: Each ``<tbody>`` is a group (a block and its subtotal row, or one row): rows sort within their group, the
+#: subtotal stays last, and the groups sort by their last row. It only moves existing rows: no markup is built.
+SORT_SCRIPT = """<script>
+document.querySelectorAll("table.sortable th").forEach(function (th) {
+  th.addEventListener("click", function () {
+    var table = th.closest("table"), col = th.cellIndex, dir = th.dataset.dir === "desc" ? 1 : -1;
+    table.querySelectorAll("th").forEach(function (h) { delete h.dataset.dir; });
+    th.dataset.dir = dir === 1 ? "asc" : "desc";
+    function key(row) {
+      var cell = row.cells[col];
+      return cell && cell.dataset.v !== undefined ? parseFloat(cell.dataset.v) : (cell ? cell.textContent : "");
+    }
+    function cmp(a, b) {
+      var x = key(a), y = key(b);
+      if (typeof x === "number" && typeof y === "number") { return (x - y) * dir; }
+      return String(x).localeCompare(String(y), undefined, {numeric: true}) * dir;
+    }
+    var groups = Array.prototype.slice.call(table.tBodies);
+    groups.forEach(function (body) {
+      var rows = Array.prototype.slice.call(body.rows);
+      var totals = rows.filter(function (r) { return r.classList.contains("subtotal"); });
+      rows.filter(function (r) { return !r.classList.contains("subtotal"); }).sort(cmp).concat(totals)
+        .forEach(function (r) { body.appendChild(r); });
+    });
+    groups.sort(function (a, b) { return cmp(a.rows[a.rows.length - 1], b.rows[b.rows.length - 1]); })
+      .forEach(function (body) { table.appendChild(body); });
+  });
+});
+</script>"""
+
+#: Headers of the per-dispatch table by ``CSV_COLUMNS`` key (a key without one is shown as it is).
+COLUMN_LABELS = {"index": "#", "macs": "MACs", "flops": "FLOPs", "network_pct": "% of network", "util_pct": "util %",
+                 "dram_bytes": "DRAM bytes", "sram_bytes": "SRAM bytes", "sram_reads": "SRAM reads (words)",
+                 "sram_writes": "SRAM writes (words)"}
+#: Columns of the per-layer table (the subtotal rows sum them; the SRAM column is the peak, not a sum).
+LAYER_COLUMNS = ("layer", "dispatches", "MACs", "cycles", "% of network", "DRAM bytes", "peak SRAM bytes")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One row of a table: its cells (an int or float is a number, anything else text), a class and an id."""
+
+    cells: Sequence[object]
+    css: str = ""
+    id: str = ""
+
+
+def _cell(value: object) -> str:
+    """A ``<td>``: a number right-aligned with its exact value in ``data-v`` (what the sort script compares),
+    anything else as escaped text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f'<td class="n" data-v="{value}">{value:,}</td>'
+    if isinstance(value, float):
+        return f'<td class="n" data-v="{value!r}">{value:,.2f}</td>'
+    return f"<td>{_text(value)}</td>"
+
+
+def _tr(row: _Row) -> str:
+    attrs = (f' class="{_text(row.css)}"' if row.css else "") + (f' id="{_text(row.id)}"' if row.id else "")
+    return f"<tr{attrs}>" + "".join(_cell(v) for v in row.cells) + "</tr>"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain two-column style table (summary, hardware, host dispatches)."""
     head = "".join(f"<th>{_text(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = "".join(f'<td class="n">{v:,}</td>' if isinstance(v, int) and not isinstance(v, bool)
-                        else f"<td>{_text(v)}</td>" for v in row)
-        body.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>\n" + "\n".join(body) + "</table>"
+    return f"<table><tr>{head}</tr>\n" + "\n".join(_tr(_Row(r)) for r in rows) + "</table>"
+
+
+def _sortable_table(columns: Sequence[tuple[str, str]], groups: Sequence[Sequence[_Row]]) -> str:
+    """A table ``SORT_SCRIPT`` sorts: ``columns`` are (key, header) pairs, the key in ``data-col``; each group is
+    one ``<tbody>``."""
+    head = "".join(f'<th data-col="{_text(key)}" title="sort">{_text(label)}</th>' for key, label in columns)
+    bodies = "\n".join("<tbody>" + "\n".join(_tr(r) for r in group) + "</tbody>" for group in groups)
+    return f'<table class="sortable"><thead><tr>{head}</tr></thead>\n{bodies}</table>'
+
+
+def dispatch_table(report: CostReport) -> str:
+    """The per-dispatch table: the rows and columns of ``cost.csv`` (``to_csv_rows``, ``CSV_COLUMNS``), each row
+    with the id the roofline's points link to."""
+    columns = [(key, COLUMN_LABELS.get(key, key)) for key in CSV_COLUMNS]
+    rows = [_Row([row[key] for key in CSV_COLUMNS], id=f"dispatch-{r.index}")
+            for r, row in zip(report.rows, report.to_csv_rows())]
+    return _sortable_table(columns, [rows])
+
+
+def block_of(layer: str) -> str | None:
+    """The repeated block a module path belongs to: the path up to its first numeric part (``model.layers.3`` of
+    ``model.layers.3.mlp.down_proj``, ``layer1.0`` of ResNet's ``layer1.0.conv1``); None outside any block."""
+    parts = layer.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def layer_groups(report: CostReport) -> list[tuple[str | None, list[LayerCost]]]:
+    """The layers of ``by_layer`` grouped by ``block_of``, in program order of each group's first layer:
+    (block, its layers), or (None, [one layer]) for a layer outside any block."""
+    groups: dict[str, tuple[str | None, list[LayerCost]]] = {}
+    for lc in report.by_layer().values():
+        block = block_of(lc.layer)
+        key = f"block {block}" if block is not None else f"layer {lc.layer}"
+        groups.setdefault(key, (block, []))[1].append(lc)
+    return list(groups.values())
+
+
+def layer_table(report: CostReport) -> str:
+    """The per-layer table: a block's layers then its subtotal row (cycles, MACs, DRAM bytes and dispatches
+    summed, SRAM the peak), a layer outside any block on its own."""
+    total = report.total_cycles or 1
+
+    def row(name: str, layers: Sequence[LayerCost], css: str = "") -> _Row:
+        cycles = sum(lc.cycles for lc in layers)
+        return _Row([name, sum(lc.dispatches for lc in layers), sum(lc.macs for lc in layers), cycles,
+                     round(100 * cycles / total, 2), sum(lc.dram_bytes for lc in layers),
+                     max(lc.sram_bytes for lc in layers)], css)
+
+    groups = []
+    for block, layers in layer_groups(report):
+        rows = [row(lc.layer, [lc]) for lc in layers]
+        if block is not None and len(layers) > 1:
+            rows.append(row(f"{block} (block subtotal, {len(layers)} layers)", layers, "subtotal"))
+        groups.append(rows)
+    return _sortable_table([(label, label) for label in LAYER_COLUMNS], groups)
 
 
 def _hardware_rows(hw: Hardware) -> list[tuple[str, str]]:
@@ -317,8 +521,9 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
     ``<img>`` of the PNG or the SVG text; by default the PNG with matplotlib, else the SVG), per-layer and
     per-dispatch tables."""
     if figure is None:
-        figure = _png_img(roofline_png(report, hw), report, hw) if have_matplotlib() else roofline_svg(report, hw)
-    summary = [("latency", f"{report.latency_ms:.3f} ms"), ("throughput", f"{report.fps:.1f} fps"),
+        figure = _png_figure(report, hw) if have_matplotlib() else roofline_svg(report, hw)
+    summary = [*([("precision", report.dtype_note)] if report.dtype_note else []),
+               ("latency", f"{report.latency_ms:.3f} ms"), ("throughput", f"{report.fps:.1f} fps"),
                ("total cycles", f"{report.total_cycles:,}"), ("compute cycles", f"{report.compute_cycles:,}"),
                ("memory cycles", f"{report.memory_cycles:,}"), ("MACs", f"{report.macs:,}"),
                ("FLOPs", f"{report.flops:,}"), ("array utilization", f"{report.utilization:.1%}"),
@@ -326,23 +531,16 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
                ("peak SRAM", f"{report.peak_sram_bytes:,} bytes"),
                ("dispatches", f"{len(report.rows)} on the NPU, {len(report.host)} on the host, "
                               f"{len(report.bind)} at bind time")]
-    layers = [(lc.layer, lc.dispatches, lc.macs, lc.cycles, lc.dram_bytes, lc.sram_bytes)
-              for lc in report.by_layer().values()]
-    total = report.total_cycles or 1
-    dispatches = [(r.index, r.name, r.kernel, r.layer, r.dtype, r.macs, r.flops, r.cycles,
-                   f"{100 * r.cycles / total:.2f}", f"{100 * r.utilization:.1f}", r.dram_bytes, r.sram_bytes,
-                   r.bound, r.tiling, r.mapping, "; ".join(r.flags)) for r in report.rows]
     title = f"Cost of {report.model_name} on {hw.name}"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_text(title)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>{_text(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
              "<h2>Hardware</h2>", _table(("field", "value"), _hardware_rows(hw)),
              "<h2>Roofline</h2>", figure,
-             "<h2>Per layer</h2>",
-             _table(("layer", "dispatches", "MACs", "cycles", "DRAM bytes", "SRAM bytes"), layers),
-             "<h2>Per dispatch</h2>",
-             _table(("#", "name", "kernel", "layer", "dtype", "MACs", "FLOPs", "cycles", "% of network", "util %",
-                     "DRAM bytes", "SRAM bytes", "bound", "tiling", "mapping", "notes"), dispatches)]
+             "<h2>Per layer</h2>", "<p>Click a header to sort; a block's subtotal stays under its layers.</p>",
+             layer_table(report),
+             "<h2>Per dispatch</h2>", "<p>The columns of cost.csv. Click a header to sort.</p>",
+             dispatch_table(report)]
     if report.host:
         parts += ["<h2>Host dispatches (not costed)</h2>",
                   _table(("#", "name", "kernel", "reason"), [(h.index, h.name, h.kernel, h.reason)
@@ -351,10 +549,11 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
         parts += ["<h2>Bind-time dispatches (once per weight binding, not in the totals)</h2>",
                   _table(("#", "name", "kernel", "cycles", "DRAM bytes"),
                          [(r.index, r.name, r.kernel, r.cycles, r.dram_bytes) for r in report.bind])]
-    parts += ["<h2>Text summary</h2>", f"<pre>{escape(report.summary())}</pre>", "</body></html>"]
+    parts += ["<h2>Text summary</h2>", f"<pre>{escape(report.summary())}</pre>", SORT_SCRIPT, "</body></html>"]
     return "\n".join(parts) + "\n"
 
 
-__all__ = ["REPORT_FILES", "SVG_REPORT_FILES", "check_report_paths", "cost_csv", "have_matplotlib", "peak_flops",
-           "program_dtype", "report_files", "report_html", "roofline_png", "roofline_points", "roofline_svg",
-           "write_reports"]
+__all__ = ["COLUMN_LABELS", "LAYER_COLUMNS", "REPORT_FILES", "ROOFLINE_LABELS", "SORT_SCRIPT", "SVG_REPORT_FILES",
+           "block_of", "check_report_paths", "cost_csv", "dispatch_table", "have_matplotlib", "layer_groups",
+           "layer_table", "peak_flops", "program_dtype", "report_files", "report_html", "roofline_figure",
+           "roofline_labels", "roofline_png", "roofline_points", "roofline_svg", "write_reports"]

@@ -56,7 +56,8 @@ def bisect(source: Any, *, inputs: Sequence[Any] | None = None, weights: Any = N
     """Compare the trusted source with every stage, name the first that diverges and what in it is broken.
 
     ``source`` is anything ``torch_ir.debug.sources.load_subject`` takes (a zoo name, ``module:factory``, an
-    ONNX file, ``tinygrad:module:factory``, an IR with ``weights``) or a ``Subject``. ``inputs`` replace the
+    ONNX file, ``tinygrad:module:factory``, an IR with ``weights``) or a ``Subject``. ``weights`` are an IR's,
+    or are loaded into a zoo model's or factory's model; the report says which were used. ``inputs`` replace the
     seeded random ones; ``stages`` picks stages by name (``torch_ir.debug.stages.STAGE_NAMES``); ``rtol`` and
     ``atol`` override the dtype's default tolerance. Stages after the first divergent one are not run unless
     ``keep_going``. ``progress`` prints a line per stage on stderr. With ``out_dir`` the report (JSON, Markdown,
@@ -72,14 +73,14 @@ def bisect(source: Any, *, inputs: Sequence[Any] | None = None, weights: Any = N
     say = _printer(progress)
     if out_dir is not None:  # before the model is loaded: a bad or planted output directory costs nothing
         check_output_dir(out_dir, FILES)
-    subject = source if isinstance(source, Subject) else _load(source, inputs, weights, seed)
+    subject = _load(source, inputs, weights, seed)
     chosen = check_stages(stages)
     pipe = Pipeline(subject)
-    report = BisectReport(subject.name, subject.trusted, rtol, atol)
+    report = BisectReport(subject.name, subject.trusted, rtol, atol, weights=subject.weights_used)
     t0 = time.perf_counter()
     with torch.no_grad():
         trusted = [t.detach() for t in subject.run_trusted()]
-    say(f"trusted ({subject.trusted}): {time.perf_counter() - t0:.2f} s")
+    say(f"trusted ({subject.trusted}, weights: {subject.weights_used.text}): {time.perf_counter() - t0:.2f} s")
     for name in chosen:
         if report.first_bad is not None and not keep_going:
             break
@@ -108,8 +109,13 @@ def bisect(source: Any, *, inputs: Sequence[Any] | None = None, weights: Any = N
 
 
 def _load(source: Any, inputs: Sequence[Any] | None, weights: Any, seed: int) -> Subject:
-    from .sources import load_subject
+    from .sources import SubjectError, load_subject
 
+    if isinstance(source, Subject):
+        if weights is not None:  # a Subject's IR and trusted source already run on its weights
+            raise SubjectError("bisect(subject, weights=...): a Subject carries its weights; give them when making "
+                               "it (load_subject(..., weights=...))")
+        return source
     return load_subject(source, inputs=inputs, weights=weights, seed=seed)
 
 

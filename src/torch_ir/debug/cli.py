@@ -4,9 +4,11 @@
     torch-ir bisect my_pkg.models:tiny --stage normalize:fuse --stage compiled:cpu
     torch-ir bisect model.onnx --inputs inputs.npz --rtol 1e-3
     torch-ir bisect model.json --weights model.safetensors
+    torch-ir bisect my_pkg.models:tiny --weights tiny.safetensors   # loaded into the factory's model
 
 A progress line per stage goes to stderr, the summary to stdout. Exit code 0: no stage diverges; 1: a fault or
-drift was found; 2: bad input (an unknown model, stage or file), printed as one line by ``torch_ir.cli.main``.
+drift was found; 2: bad input (an unknown model, stage or file, a weights file that is missing, unreadable or
+not the model's, ``--weights`` with a source that has its own), printed as one line by ``torch_ir.cli.main``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                       "and write a standalone repro")
     p.add_argument("source", help="a zoo name, package.module:factory (PyTorch), tinygrad:package.module:factory, "
                                   "a .onnx file, or an IR .json file (with --weights)")
-    p.add_argument("--weights", help="the weights of an IR source (.safetensors or a state-dict file)")
+    p.add_argument("--weights", metavar="FILE",
+                   help="a .safetensors or .pt state dict: the weights of an IR source, or loaded into the model of a "
+                        "zoo name or module:factory (as verify --weights does; default: the model's own). An ONNX "
+                        "file or a tinygrad factory has its own weights and takes none")
     p.add_argument("--inputs", metavar="NPZ", help="inputs as an .npz file, one array per graph input in graph order "
                                                    "(input_0, input_1, ... or any names; default: seeded random)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
@@ -46,6 +51,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from .outdir import check_output_dir
     from .repro import FILES
 
+    if args.weights:  # before anything is read: a flag that does not fit the source costs nothing
+        _check_weights_flag(args.source)
     if args.output:  # before the inputs are read and the model is loaded
         check_output_dir(args.output, FILES)
     inputs = _read_inputs(args.inputs) if args.inputs else None
@@ -55,6 +62,16 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.output:
         print(f"report: {Path(args.output) / 'report.html'}")
     return 0 if report.ok else 1
+
+
+def _check_weights_flag(source: str) -> None:
+    """Refuse ``--weights`` for a source that brings its own weights (an ONNX file, a tinygrad factory)."""
+    from .sources import NO_WEIGHTS, WEIGHTS_TAKEN_BY, SubjectError, source_form
+
+    form = source_form(source)
+    if form in NO_WEIGHTS:
+        raise SubjectError(f"--weights cannot be used with {source!r}: {NO_WEIGHTS[form]}; --weights is for "
+                           f"{WEIGHTS_TAKEN_BY}")
 
 
 def _read_inputs(path: str) -> list[Any]:

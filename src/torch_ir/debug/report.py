@@ -10,6 +10,7 @@ import html
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ..report.markdown import cell
 from ..verify.compare import TABLE_HEADER, TensorDiff
 from ..verify.result import md_table, text_table
 from .drift import Verdict
+from .subject import WeightsUsed
 
 
 @dataclass
@@ -97,13 +99,14 @@ class Finding:
 
 @dataclass
 class BisectReport:
-    """The stage table, the first stage that diverges, the finding in it, the drift-or-fault verdict, the
-    repro directory and the report files."""
+    """Which weights were used, the stage table, the first stage that diverges, the finding in it, the
+    drift-or-fault verdict, the repro directory and the report files."""
 
     subject: str
     trusted: str
     rtol: float | None
     atol: float | None
+    weights: WeightsUsed | None = None  # None: not known (a report made by hand)
     stages: list[StageRow] = field(default_factory=list)
     first_bad: str | None = None
     finding: Finding | None = None
@@ -120,7 +123,8 @@ class BisectReport:
     def summary(self) -> str:
         """The stage table and what was found, as plain text."""
         lines = [f"bisect {self.subject!r} against {self.trusted} "
-                 f"(rtol={_tol(self.rtol)}, atol={_tol(self.atol)}): {self.seconds:.1f} s"]
+                 f"(rtol={_tol(self.rtol)}, atol={_tol(self.atol)}): {self.seconds:.1f} s",
+                 f"weights: {one_line(self.weights_text)}"]
         lines += _table(["stage", "status", "max abs err", "max rel err", "seconds"],
                         [[r.name, r.status + (f" ({r.skipped or r.error})" if r.skipped or r.error else ""),
                           _num(r.max_abs), _num(r.max_rel), f"{r.seconds:.2f}"] for r in self.stages])
@@ -142,9 +146,20 @@ class BisectReport:
             lines.append(f"repro: {self.repro} (python {self.repro / 'repro.py'}; --reference runs the reference)")
         return "\n".join(lines)
 
+    @property
+    def weights_text(self) -> str:
+        return self.weights.text if self.weights is not None else "not recorded"
+
+    def _weights_markup(self, as_path: Callable[[str], str], as_text: Callable[[str], str]) -> str:
+        """The weights as a report shows them: a file's path as code, a description as text (each escaped)."""
+        if self.weights is not None and self.weights.path is not None:
+            return as_path(self.weights.path)
+        return as_text(self.weights_text)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "subject": self.subject, "trusted": self.trusted, "rtol": self.rtol, "atol": self.atol,
+            "weights": self.weights.to_dict() if self.weights is not None else None,
             "seconds": round(self.seconds, 3), "ok": self.ok, "first_bad": self.first_bad,
             "stages": [r.to_dict() for r in self.stages],
             "finding": self.finding.to_dict() if self.finding else None,
@@ -155,8 +170,9 @@ class BisectReport:
 
     def markdown(self, plot_name: str | None = None) -> str:
         """The report as Markdown; every name read from a file is escaped (``cell``) or in a code span."""
-        lines = [f"# bisect: {cell(self.subject)}", "", f"Trusted source: {cell(self.trusted)}. Tolerance: "
-                 f"rtol={_tol(self.rtol)}, atol={_tol(self.atol)}. Time: {self.seconds:.1f} s.", "",
+        lines = [f"# bisect: {cell(self.subject)}", "", f"Trusted source: {cell(self.trusted)}. Weights: "
+                 f"{self._weights_markup(code_span, cell)}. Tolerance: rtol={_tol(self.rtol)}, atol={_tol(self.atol)}. "
+                 f"Time: {self.seconds:.1f} s.", "",
                  "| stage | status | max abs err | max rel err | seconds |", "|---|---|---:|---:|---:|"]
         for r in self.stages:
             why = f" ({r.skipped or r.error})" if r.skipped or r.error else ""
@@ -191,8 +207,9 @@ class BisectReport:
             f"{_h(' (' + (r.skipped or r.error or '') + ')') if r.skipped or r.error else ''}</td>"
             f"<td>{_num(r.max_abs)}</td><td>{_num(r.max_rel)}</td><td>{r.seconds:.2f}</td></tr>" for r in self.stages)
         body = [f"<h1>bisect: {_h(self.subject)}</h1>",
-                f"<p>Trusted source: {_h(self.trusted)}. Tolerance: rtol={_tol(self.rtol)}, atol={_tol(self.atol)}. "
-                f"Time: {self.seconds:.1f} s.</p>",
+                f"<p>Trusted source: {_h(self.trusted)}. Weights: "
+                f"{self._weights_markup(lambda p: f'<code>{_h(p)}</code>', _h)}. "
+                f"Tolerance: rtol={_tol(self.rtol)}, atol={_tol(self.atol)}. Time: {self.seconds:.1f} s.</p>",
                 "<table><tr><th>stage</th><th>status</th><th>max abs err</th><th>max rel err</th><th>seconds</th></tr>"
                 f"{rows}</table>"]
         if self.first_bad is None:

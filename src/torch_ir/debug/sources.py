@@ -5,6 +5,7 @@
     subject = load_subject("model.onnx")                      # onnxruntime is trusted
     subject = load_subject("tinygrad:my_pkg.tg:make_mlp")     # a tinygrad factory: (model, example_inputs)
     subject = load_subject("model.json", weights="model.safetensors")   # the IR's own execution is trusted
+    subject = load_subject("my_pkg.models:tiny", weights="tiny.safetensors")   # loaded into the factory's model
 
 A ``module:factory`` spec means PyTorch unless it starts with ``tinygrad:`` (or ``frontend="tinygrad"`` is
 given): both kinds of factory look alike from outside, and importing the module to guess would run its code
@@ -15,6 +16,11 @@ Inputs are seeded random ones unless given: floats from a normal distribution, i
 size of the table they index (an embedding's vocabulary) and otherwise the example's values where the
 source has examples (positions, masks), else small non-negative ints. A spec or factory runs its code:
 trusted specs only (see ``torch_ir.factory_spec``).
+
+Weights are the source's own (a zoo model's seeded or pretrained ones, whatever a factory made or loaded itself,
+an ONNX file's initializers) unless given: a state dict given for a zoo name or a PyTorch factory is loaded
+into the model (``load_weights_into``), so eager PyTorch and the IR both run on it; an ONNX file or a tinygrad
+factory takes none. ``Subject.weights_used`` says which weights were used.
 """
 
 from __future__ import annotations
@@ -31,13 +37,17 @@ from ..errors import ExtractionError, InputMismatchError, TorchIRError, WeightsM
 from ..executor import IRExecutor
 from ..inputs import random_inputs
 from ..ir import NPU_IR, OpNode, load_ir
-from .subject import Subject
+from .subject import Subject, WeightsUsed
 
 TINYGRAD_PREFIX = "tinygrad:"
 FRONTENDS = ("torch", "onnx", "tinygrad", "ir")
 ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), "
             "'tinygrad:package.module:factory', a path to an .onnx file, a path to an IR .json file "
             "(with weights=), or an NPU_IR object (with weights=)")
+# the forms of source that bring their own weights and have no PyTorch model to load a state dict into
+NO_WEIGHTS = {"onnx": "an ONNX model holds its own weights (its initializers)",
+              "tinygrad": "a tinygrad factory makes its own weights"}
+WEIGHTS_TAKEN_BY = "a zoo name, a module:factory (PyTorch) or an IR .json"
 
 
 class SubjectError(TorchIRError, ValueError):
@@ -56,55 +66,169 @@ def load_subject(source: str | os.PathLike | Any, *, inputs: Sequence[Any] | Non
         (y,) = subject.run_trusted()                 # onnxruntime's output
 
     ``inputs`` (one per IR graph input) replace the seeded random ones; ``input_shapes`` binds the symbolic
-    dimensions of an ONNX model's or an IR's inputs (``{"input": [1, 3, 224, 224]}``). ``weights`` is the
-    weights of an IR (a ``.safetensors`` path or a state dict). ``frontend`` ("torch", "onnx", "tinygrad",
-    "ir") overrides what the source's form says. Raises :class:`SubjectError` for a source of no known form.
+    dimensions of an ONNX model's or an IR's inputs (``{"input": [1, 3, 224, 224]}``). ``weights`` (a
+    ``.safetensors``/``.pt`` path or a state dict) are the weights of an IR, or are loaded into the model of a zoo
+    name or a PyTorch factory (``load_weights_into``); an ONNX model or a tinygrad factory takes none
+    (:class:`SubjectError`). A weights file is read before anything else, so a missing one is told first.
+    ``frontend`` ("torch", "onnx", "tinygrad", "ir") overrides what the source's form says. Raises
+    :class:`SubjectError` for a source of no known form.
+    """
+    form = source_form(source, frontend)
+    if weights is not None and form in NO_WEIGHTS:
+        raise SubjectError(f"cannot take weights= for {_shown(source)}: {NO_WEIGHTS[form]}; weights are taken for "
+                           f"{WEIGHTS_TAKEN_BY}")
+    if form == "ir":
+        return subject_from_ir(source, weights, inputs, seed=seed, input_shapes=input_shapes)
+    if form == "onnx":
+        onnx_source = source if type(source).__name__ == "ModelProto" else Path(source)
+        return subject_from_onnx(onnx_source, inputs=inputs, seed=seed, input_shapes=input_shapes)
+    text = os.fspath(source)
+    if form == "tinygrad":
+        spec = text.removeprefix(TINYGRAD_PREFIX)
+        model, examples = _tinygrad_factory(spec)
+        return subject_from_tinygrad(model, inputs if inputs is not None else examples, name=spec.partition(":")[2],
+                                     seed=seed, randomize=inputs is None)
+    return _torch_spec(text, inputs=inputs, seed=seed, weights=weights)
+
+
+def source_form(source: str | os.PathLike | Any, frontend: str | None = None) -> str:
+    """Which frontend ``source`` goes to: "torch" (a zoo name or ``module:factory``), "onnx", "tinygrad" or "ir".
+
+    Told from the source's form alone (nothing is imported or read), so the command line can refuse a flag that
+    does not fit the source before any work. Raises :class:`SubjectError` for a source of no known form.
     """
     if frontend is not None and frontend not in FRONTENDS:
         raise SubjectError(f"load_subject(frontend={frontend!r}): unknown frontend; use one of "
                            f"{', '.join(map(repr, FRONTENDS))} or None (the source's form decides)")
     if isinstance(source, NPU_IR):
-        return subject_from_ir(source, weights, inputs, seed=seed, input_shapes=input_shapes)
+        return "ir"
     if isinstance(source, torch.nn.Module):
         raise SubjectError(f"load_subject got a {type(source).__name__} module without its example inputs; "
                            "call subject_from_torch(model, args) instead")
     if type(source).__name__ == "ModelProto":  # onnx's class; onnx is not imported for other sources
-        return subject_from_onnx(source, inputs=inputs, seed=seed, input_shapes=input_shapes)
+        return "onnx"
     if not isinstance(source, (str, os.PathLike)):
         raise SubjectError(f"cannot bisect a {type(source).__name__}: give {ACCEPTED}")
     text = os.fspath(source)
     if text.startswith(TINYGRAD_PREFIX) or frontend == "tinygrad":
-        spec = text.removeprefix(TINYGRAD_PREFIX)
-        model, examples = _tinygrad_factory(spec)
-        return subject_from_tinygrad(model, inputs if inputs is not None else examples, name=spec.partition(":")[2],
-                                     seed=seed, randomize=inputs is None)
+        return "tinygrad"
     path = Path(text)
     suffix = path.suffix.lower()
     if frontend == "onnx" or suffix == ".onnx":
-        return subject_from_onnx(path, inputs=inputs, seed=seed, input_shapes=input_shapes)
+        return "onnx"
     if frontend == "ir" or suffix == ".json":
-        return subject_from_ir(path, weights, inputs, seed=seed, input_shapes=input_shapes)
+        return "ir"
     if path.exists():  # checked before a spec: "pkg.mod:f" has the "suffix" ".mod:f", a file never a colon
         raise SubjectError(f"cannot bisect the file {text!r}: files are told apart by their suffix (.onnx, .json) "
                            f"and it has {suffix or 'none'}; give {ACCEPTED}")
-    return _torch_spec(text, inputs=inputs, seed=seed)
+    return "torch"
+
+
+def _shown(source: Any) -> str:
+    return repr(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else f"a {type(source).__name__}"
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------
 
-def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int) -> Subject:
+def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int, weights: Any = None) -> Subject:
+    from ..weights import load_state_dict
     from ..zoo.runner import resolve_spec
 
+    # given weights are read first: a missing or unreadable file is told before the factory runs
+    state = load_state_dict(weights) if weights is not None else None
     try:
         resolved = resolve_spec(spec)
     except ExtractionError:
         raise
     except TorchIRError as e:  # an unknown zoo name: say every form, not only the two of a spec
         raise SubjectError(f"cannot bisect {spec!r}: {e}; the source may be {ACCEPTED}") from None
-    torch.manual_seed(seed)
-    model = resolved.build("cpu")
-    ir = resolved.extract(resolved.build("meta"))
-    return _torch_subject(ir, model, resolved.args, resolved.kwargs, name=resolved.name, inputs=inputs, seed=seed)
+    model = resolved.build("cpu")  # seeded by the build itself (the zoo entry's seed, 0 for a factory)
+    if state is not None:
+        load_weights_into(model, state, _weights_where(weights))
+    used = _given_weights(weights) if weights is not None else _own_weights(spec)
+    meta_model = _build_on_meta(resolved)
+    if meta_model is None:
+        ir = _extract_on_meta_copies(model, resolved.args, resolved.kwargs, resolved.name, resolved.dynamic_shapes)
+    else:
+        ir = resolved.extract(meta_model)
+    return _torch_subject(ir, model, resolved.args, resolved.kwargs, name=resolved.name, inputs=inputs, seed=seed,
+                          weights_used=used)
+
+
+def _build_on_meta(resolved: Any) -> torch.nn.Module | None:
+    """The spec's model built on meta, for extraction as every command extracts it; None for a factory that cannot
+    run under the meta device (``from_pretrained`` loads real tensors and refuses it), whose model is then
+    extracted from meta copies of its CPU model's tensors. A factory that fails everywhere already failed on the
+    CPU, with its whole error."""
+    try:
+        return resolved.build("meta")
+    except ExtractionError:
+        return None
+
+
+def _own_weights(spec: str) -> WeightsUsed:
+    """The weights a zoo model or factory is built with when none are given."""
+    if ":" in spec:  # the factory runs after torch.manual_seed(0): random weights it draws are seeded
+        return WeightsUsed.own("the factory's own weights")
+    from ..zoo import get_model
+
+    entry = get_model(spec)
+    return WeightsUsed.own("the zoo model's pretrained weights") if entry.real_weights \
+        else WeightsUsed.seeded(entry.seed)
+
+
+def _given_weights(weights: Any) -> WeightsUsed:
+    if isinstance(weights, (str, os.PathLike)):
+        return WeightsUsed.file(weights)
+    return WeightsUsed("given", f"the weights given to bisect (a {type(weights).__name__})")
+
+
+def _weights_where(weights: Any) -> str:
+    """How a message names given weights: the file, or what was passed in Python."""
+    if isinstance(weights, (str, os.PathLike)):
+        return f"weights file {os.fspath(weights)!r}"
+    return f"the weights given (a {type(weights).__name__})"
+
+
+def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Put the state dict ``state`` into ``model`` as ``torch-ir verify --weights`` does
+    (``model.load_state_dict(state, strict=False)``), refusing what that lets pass silently.
+
+    Example::
+
+        load_weights_into(model, load_state_dict("tiny.safetensors"), "weights file 'tiny.safetensors'")
+
+    A weight of the model that ``state`` lacks would keep its seeded random value and a key the model has no
+    place for would be dropped, while the report says the file's weights were used: both are a
+    ``WeightsMismatchError`` naming ``where`` (as is a shape that differs). Tied weights (one tensor under two
+    names, stored once by ``torch_ir.save_weights``) load through either name; non-persistent buffers in
+    ``state`` (``module_state`` saves them) are left to the values the model computed when built.
+    """
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a shape that differs: refused even with strict=False
+        raise WeightsMismatchError(f"{where} does not fit model {type(model).__name__}: {e}") from None
+    missing = _not_loaded(model, result.missing_keys)
+    buffers = {name for name, _ in model.named_buffers()}
+    unexpected = [k for k in result.unexpected_keys if k not in buffers]
+    if missing or unexpected:
+        problems = ([f"{len(missing)} of the model's weights are missing ({_first(missing)})"] if missing else []) \
+            + ([f"{len(unexpected)} keys name no weight of the model ({_first(unexpected)})"] if unexpected else [])
+        raise WeightsMismatchError(f"{where} does not hold the weights of model {type(model).__name__}: "
+                                   f"{'; '.join(problems)}; give a file saved from this model's state_dict() "
+                                   "(torch.save or torch_ir.save_weights)")
+
+
+def _not_loaded(model: torch.nn.Module, missing: Sequence[str]) -> list[str]:
+    """The ``missing`` keys whose tensor no loaded key shares: a tied weight is loaded through its other name."""
+    tensors = model.state_dict(keep_vars=True)  # the tensors themselves: tied names give the same object
+    absent = set(missing)
+    loaded = {id(t) for k, t in tensors.items() if k not in absent}
+    return [k for k in missing if id(tensors[k]) not in loaded]
+
+
+def _first(keys: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(keys[:shown]) + (f", ... and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def subject_from_torch(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None, *,
@@ -120,19 +244,26 @@ def subject_from_torch(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapp
     eager PyTorch on the real weights is trusted, and the re-exported graph gives the values of every
     IR tensor (``trusted_values``).
     """
-    from ..frontends import extract_ir
-    from ..frontends.meta_model import on_meta
-
     name = name or type(model).__name__
     model = model.eval()
     kwargs = dict(kwargs or {})
+    ir = _extract_on_meta_copies(model, tuple(args), kwargs, name, dynamic_shapes)
+    return _torch_subject(ir, model, tuple(args), kwargs, name=name, inputs=inputs, seed=seed,
+                          weights_used=WeightsUsed.own("the model's own weights"))
+
+
+def _extract_on_meta_copies(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], name: str,
+                            dynamic_shapes: Any) -> NPU_IR:
+    from ..frontends import extract_ir
+    from ..frontends.meta_model import on_meta
+
     with on_meta(model, remember=True):  # the conditions of a meta extraction, without a second model
-        ir = extract_ir(model, tuple(args), model_name=name, example_kwargs=kwargs, dynamic_shapes=dynamic_shapes)
-    return _torch_subject(ir, model, tuple(args), kwargs, name=name, inputs=inputs, seed=seed)
+        return extract_ir(model, tuple(args), model_name=name, example_kwargs=dict(kwargs),
+                          dynamic_shapes=dynamic_shapes)
 
 
 def _torch_subject(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *, name: str,
-                   inputs: Sequence[Any] | None, seed: int) -> Subject:
+                   inputs: Sequence[Any] | None, seed: int, weights_used: WeightsUsed) -> Subject:
     from ..verify.verifier import in_ir_order, run_eager
     from ..weights import module_state
 
@@ -155,7 +286,8 @@ def _torch_subject(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapp
         return _torch_values(ir, model, args, kwargs)
 
     return Subject(name=name, ir=ir, weights=module_state(model), inputs=list(values), trusted="eager PyTorch",
-                   run_trusted=run_trusted, trusted_values=trusted_values, frontend="torch.export")
+                   run_trusted=run_trusted, trusted_values=trusted_values, frontend="torch.export",
+                   weights_used=weights_used)
 
 
 def _torch_values(ir: NPU_IR, model: torch.nn.Module, args: tuple,
@@ -235,7 +367,8 @@ def subject_from_onnx(model: str | os.PathLike | Any, *, inputs: Sequence[Any] |
         return found
 
     return Subject(name=name, ir=ir, weights=weights, inputs=values, trusted="onnxruntime",
-                   run_trusted=run_trusted, trusted_values=trusted_values, frontend="onnx")
+                   run_trusted=run_trusted, trusted_values=trusted_values, frontend="onnx",
+                   weights_used=WeightsUsed.own("the ONNX model's own weights (its initializers)"))
 
 
 # -- tinygrad ----------------------------------------------------------------------------------------
@@ -298,7 +431,8 @@ def subject_from_tinygrad(model: Any, inputs: Sequence[Any], *, name: str | None
         return found
 
     return Subject(name=name, ir=ir, weights={k: torch.from_numpy(v) for k, v in weights.items()}, inputs=values,
-                   trusted="tinygrad", run_trusted=run_trusted, trusted_values=trusted_values, frontend="tinygrad")
+                   trusted="tinygrad", run_trusted=run_trusted, trusted_values=trusted_values, frontend="tinygrad",
+                   weights_used=WeightsUsed.own("the factory's own weights"))
 
 
 def _import_tinygrad_traced(model: Any, inputs: list[Any], name: str) -> tuple[NPU_IR, dict[str, Any], dict[str, Any]]:
@@ -358,13 +492,17 @@ def subject_from_ir(ir: NPU_IR | str | os.PathLike, weights: Any = None, inputs:
     """
     from ..weights import load_state_dict
 
+    # given weights are read first: a missing or unreadable file is told before the IR is read
+    state = load_state_dict(weights) if weights is not None else None
     path = None
     if not isinstance(ir, NPU_IR):
         path = Path(ir)
         ir = load_ir(path)
-    if weights is None:
-        weights = _weights_beside(ir, path)
-    state = load_state_dict(weights) if weights is not None else {}
+    used = _given_weights(weights) if weights is not None else WeightsUsed("none", "none (the IR has no weights)")
+    if state is None:
+        beside = _weights_beside(ir, path)
+        state = load_state_dict(beside) if beside is not None else {}
+        used = WeightsUsed.file(beside) if beside is not None else used
     shapes = {k: list(v) for k, v in (input_shapes or {}).items()}
     values = _given(ir, inputs, ir.model_name) if inputs is not None else random_inputs(ir, seed, shapes=shapes)
     executor = IRExecutor(ir, state)  # binds the weights now: a mismatch is told before any bisection
@@ -382,7 +520,7 @@ def subject_from_ir(ir: NPU_IR | str | os.PathLike, weights: Any = None, inputs:
         return found
 
     return Subject(name=ir.model_name, ir=ir, weights=state, inputs=values, trusted="the IR's reference execution",
-                   run_trusted=run_trusted, trusted_values=trusted_values, frontend=None)
+                   run_trusted=run_trusted, trusted_values=trusted_values, frontend=None, weights_used=used)
 
 
 def _weights_beside(ir: NPU_IR, path: Path | None) -> Path | None:
@@ -414,5 +552,6 @@ def _given(ir: NPU_IR, inputs: Sequence[Any], name: str) -> list[torch.Tensor]:
     return values
 
 
-__all__ = ["ACCEPTED", "TINYGRAD_PREFIX", "SubjectError", "load_subject",
-           "subject_from_ir", "subject_from_onnx", "subject_from_tinygrad", "subject_from_torch"]
+__all__ = ["ACCEPTED", "NO_WEIGHTS", "TINYGRAD_PREFIX", "WEIGHTS_TAKEN_BY", "SubjectError", "load_subject",
+           "load_weights_into", "source_form", "subject_from_ir", "subject_from_onnx", "subject_from_tinygrad",
+           "subject_from_torch"]

@@ -7,6 +7,7 @@ from (eager PyTorch, onnxruntime, tinygrad); an IR alone has none, and its own r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,38 @@ from typing import Any
 import torch
 
 from ..ir import NPU_IR
+
+
+@dataclass(frozen=True)
+class WeightsUsed:
+    """Which weights a subject's trusted source and IR run on, as every report says it.
+
+    ``text`` is what a person reads: the weights file's path, "the factory's own weights" (whatever the model's
+    builder made or loaded itself, ``from_pretrained`` included), "seeded random weights (seed N)", ...
+    """
+
+    # "file", "seeded", "own" (the source's own weights), "given" (a state dict passed in Python) or "none"
+    kind: str
+    text: str
+    path: str | None = None  # the weights file ("file"), absolute
+    seed: int | None = None  # the seed of the random weights ("seeded")
+
+    @classmethod
+    def file(cls, path: str | os.PathLike) -> WeightsUsed:
+        where = os.path.abspath(os.fspath(path))
+        return cls("file", where, path=where)
+
+    @classmethod
+    def seeded(cls, seed: int) -> WeightsUsed:
+        return cls("seeded", f"seeded random weights (seed {seed})", seed=seed)
+
+    @classmethod
+    def own(cls, text: str) -> WeightsUsed:
+        """The source's own weights, as ``text`` says them: "the factory's own weights", ..."""
+        return cls("own", text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "path": self.path, "seed": self.seed}
 
 
 @dataclass
@@ -35,3 +68,4 @@ class Subject:
     trusted_values: Callable[[], dict[str, torch.Tensor]] | None = None
     # the converter/mapping family a frontend fault is named by: "torch.export", "onnx", "tinygrad", None
     frontend: str | None = None
+    weights_used: WeightsUsed = WeightsUsed.own("the subject's own weights")

@@ -377,11 +377,36 @@ def kv_update(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor, *, di
     return cache.index_copy(dim, index, new)
 
 
-@npu_op("EMBEDDING", inputs="table ids", outputs="y", shape=_embedding_shape, attrs={})
-def embedding(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """y = table[ids]: a row lookup (token, position or type embedding); a negative id counts from the end,
-    as in ONNX Gather."""
-    return F.embedding(torch.remainder(ids, table.shape[0]), table)
+def embedding_id_problem(low: int, high: int, rows: int, negative_wraps: bool) -> str | None:
+    """Why ids whose smallest is ``low`` and largest ``high`` cannot index a ``rows``-row table (None: they can).
+
+    One rule for the reference and for the runtime's copy-in check, so both give the same message."""
+    first, end = (-rows if negative_wraps else 0), rows
+    bad = low if low < first else high if high >= end else None
+    if bad is None:
+        return None
+    rule = ("a negative id counts from the end, as in ONNX Gather" if negative_wraps
+            else "as torch.nn.functional.embedding, a negative id is an error")
+    return f"id {bad} is outside the table of {rows} rows (ids must be in [{first}, {end}): {rule})"
+
+
+@npu_op("EMBEDDING", inputs="table ids", outputs="y", shape=_embedding_shape,
+        attrs={"negative_wraps": "true: ids in [-rows, rows), a negative id counts from the end (ONNX Gather); "
+                                  "false or absent: ids in [0, rows) (PyTorch's embedding)"})
+def embedding(table: torch.Tensor, ids: torch.Tensor, *, negative_wraps: bool = False) -> torch.Tensor:
+    """y = table[ids]: a row lookup (token, position or type embedding). An id outside the table is an error
+    (IndexError), as in eager PyTorch; with negative_wraps (set for ONNX Gather) a negative id counts from the
+    end."""
+    rows = table.shape[0]
+    # checked here, not left to F.embedding, so the error names the id and the table's size; a meta tensor
+    # (shape checks) has no values to check
+    if ids.device.type != "meta" and ids.numel():
+        problem = embedding_id_problem(int(ids.min()), int(ids.max()), rows, negative_wraps)
+        if problem is not None:
+            raise IndexError(f"EMBEDDING: {problem}")
+    if negative_wraps:
+        ids = torch.where(ids < 0, ids + rows, ids)
+    return F.embedding(ids, table)
 
 
 def npu_ops_markdown() -> str:

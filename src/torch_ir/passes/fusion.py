@@ -187,14 +187,23 @@ def _gathered_rows(m: Match):
     return [node(m, "EMBEDDING", [table, ids])]
 
 
-def _wrapped_ids(m: Match):
-    """EMBEDDING(w, remainder(ids, V)) with V the table's rows -> EMBEDDING(w, ids).
+#: The origin (``Provenance.origin``) of the nodes the ONNX importer makes for a Gather.
+_ONNX_GATHER = "onnx:Gather "
 
-    ONNX Gather wraps negative indices, so exporters add the remainder; EMBEDDING wraps them too.
+
+def _wrapped_ids(m: Match):
+    """EMBEDDING(w, remainder(ids, V)) with V the table's rows, the remainder ONNX Gather's -> EMBEDDING(w, ids,
+    negative_wraps).
+
+    ONNX Gather takes ids in [-V, V), a negative one counting from the end, and its importer wraps them with
+    this remainder; EMBEDDING's ``negative_wraps`` does the same and refuses the rest, as onnxruntime does.
+    A remainder the model wrote itself (``emb(ids % V)`` in PyTorch) wraps every id, past V too, so it stays.
     """
-    if m.node("wrap").attrs.get("other") != m["w"].shape[0]:
+    wrap = m.node("wrap")
+    origin = wrap.provenance.origin if wrap.provenance is not None else None
+    if wrap.attrs.get("other") != m["w"].shape[0] or not (origin or "").startswith(_ONNX_GATHER):
         return None
-    return [node(m, "EMBEDDING", [m["w"], m["x"]])]
+    return [node(m, "EMBEDDING", [m["w"], m["x"]], {"negative_wraps": True})]
 
 
 def _row_lookup_check(m: Match) -> str | None:
@@ -227,7 +236,7 @@ RULES = [
          doc="reshape(index_select(w, flatten(ids), 0)) -> EMBEDDING(w, ids) (ONNX Gather on a table)"),
     Rule("embedding_wrapped_ids", "embedding",
          Op("EMBEDDING", w, Op("aten.remainder.Scalar", x, name="wrap")), _wrapped_ids,
-         doc="EMBEDDING(w, ids mod rows) -> EMBEDDING(w, ids): EMBEDDING wraps negative ids itself"),
+         doc="EMBEDDING(w, ids mod rows) of ONNX Gather -> EMBEDDING(w, ids, negative_wraps): ids in [-rows, rows)"),
 ]
 
 LATE_NORM_RULES = [

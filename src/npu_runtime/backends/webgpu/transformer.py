@@ -569,8 +569,13 @@ def kv_update(call: Call) -> Shader | list[Shader]:
 
 
 def embedding(call: Call) -> Shader:
-    """EMBEDDING: y[..., e] = table[id, e] for int64 ids of any shape. An id is taken modulo the table's rows,
-    as the reference's ``remainder`` (a negative id counts from the end), so no id reads outside the table."""
+    """EMBEDDING: y[..., e] = table[id, e] for int64 ids of any shape; with ``negative_wraps`` (ONNX Gather) a
+    negative id counts from the end.
+
+    A shader cannot raise, so an id outside the table is refused on the host: the Executor checks every graph
+    input that feeds an EMBEDDING's ids at copy-in (``npu_runtime.embedding_ids``), and ids the program computes
+    (an argmax) are in range by construction. The row is clamped into the table all the same, so that no id,
+    however it got here, reads outside the table's buffer."""
     table, ids = call.ins
     out = call.outs[0]
     if len(shape_of(table)) != 2 or ids.dtype not in ("int64", "int32"):
@@ -579,10 +584,9 @@ def embedding(call: Call) -> Shader:
     if rows == 0:
         raise UnsupportedCall("EMBEDDING of an empty table")
     split, idx = _storage_order(out)
-    # id mod rows in unsigned arithmetic only (% of a negative i32 differs between backends: GLSL leaves it
-    # undefined): a negative id's u32 is id + 2^32, so subtract 2^32 mod rows back
-    wrap = (rows - (1 << 32) % rows) % rows
-    row = (f"select(u32(id) % {rows}u, (u32(id) % {rows}u + {wrap}u) % {rows}u, id < 0)")
+    # ids are i32 here (an int64's low word); rows fit an i32, so id + rows cannot overflow for a negative id
+    wrapped = f"select(id, id + {rows}, id < 0)" if call.params.get("negative_wraps") else "id"
+    row = f"u32(clamp({wrapped}, 0, {rows - 1}))"
     body = (f"{split}\n  let id = ld_in1({offset(ids, idx[:-1])});\n"
             f"  {move(call, 0, offset(table, [row, idx[-1]]), 'i', 0)}")
     return per_element(call, numel(out), body)
