@@ -58,10 +58,6 @@ def numel(t: Spec) -> int:
     return math.prod(int(d) for d in t.shape)
 
 
-def nbytes(t: Spec) -> int:
-    return dtype_nbytes(numel(t), t.dtype)
-
-
 # -- FLOP formulas (multiply-adds count two) ------------------------------------------------------------
 
 def per_output(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:

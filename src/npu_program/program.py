@@ -211,7 +211,7 @@ class CompiledProgram:
 
     def summary(self) -> str:
         """A few human-readable lines for CLIs and logs."""
-        top = ", ".join(f"{kernel} {n}" for kernel, n in list(self.kernel_histogram().items())[:5])
+        top = _listed([f"{kernel} {n}" for kernel, n in self.kernel_histogram().items()], shown=12)
         memory = self.memory
         saved = 1 - memory.arena_bytes / memory.no_reuse_bytes if memory.no_reuse_bytes else 0.0
         constant_bytes = sum(len(data) for data in self.constants.values())
@@ -306,6 +306,13 @@ def _human(nbytes: int) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+def _listed(items: list[str], shown: int) -> str:
+    """``items`` joined, the first ``shown`` of them and "…, N more" for the rest: every kind is counted."""
+    if len(items) <= shown:
+        return ", ".join(items)
+    return ", ".join(items[:shown]) + f", … {len(items) - shown} more"
 
 
 __all__ = ["STATE_INITS", "CompiledProgram", "Dispatch", "MemoryPlan", "StateSpec", "TensorSpec", "dtype_size"]

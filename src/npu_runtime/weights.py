@@ -70,7 +70,7 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
             continue
         buffers[spec.name] = NPUBuffer(new_tensor(device, spec, array), spec, device)
     if missing or wrong:
-        raise RuntimeInputError(_report(where, program, missing, wrong))
+        raise RuntimeInputError(_report(where, program, missing, wrong, len(state)))
     return Weights(program, buffers, sorted(set(state) - used))
 
 
@@ -127,12 +127,20 @@ def _mismatch(value: Any, spec: TensorSpec) -> str | None:
     return None
 
 
-def _report(where: str, program: CompiledProgram, missing: list[str], wrong: list[str]) -> str:
-    lines = [f"weights from {where} do not match program {program.model_name!r}:"]
+def _report(where: str, program: CompiledProgram, missing: list[str], wrong: list[str], held: int) -> str:
+    """A short summary (the first few of each list); ``TORCH_IR_FULL_ERRORS=1`` lists every key."""
+    full = os.environ.get("TORCH_IR_FULL_ERRORS") == "1"
+    lines = [f"weights from {where} do not match program {program.model_name!r}"]
+    if len(missing) == len(program.weight_specs) and not wrong:
+        lines.append(f"  none of its {len(missing)} weights is in the file, which holds {held} other tensor(s): "
+                     "these are the weights of another model")
     for title, items in (("missing", missing), ("wrong shape/dtype", wrong)):
         if items:
-            shown = items[:15] + ([f"... and {len(items) - 15} more"] if len(items) > 15 else [])
-            lines.append(f"  {title} ({len(items)}): " + "; ".join(shown))
-    lines.append("Fix: pass the state dict of the model the program was compiled from "
-                 "(torch_ir.save_weights(torch_ir.weights.module_state(model), 'model.safetensors')).")
+            shown = items if full else items[:3]
+            more = "" if len(shown) == len(items) else f"; ... {len(items) - len(shown)} more"
+            lines.append(f"  {title} ({len(items)}): " + "; ".join(shown) + more)
+    if not full and len(missing) + len(wrong) > 3:
+        lines.append("(set TORCH_IR_FULL_ERRORS=1 to list every key)")
+    lines.append("Fix: give the weights of the model the program was compiled from (torch-ir extract MODEL "
+                 "--weights FILE writes seeded ones; from Python, torch_ir.save_weights(module_state(model), FILE))")
     return "\n".join(lines)

@@ -154,6 +154,21 @@ def check_writable_dir(directory: str | os.PathLike, what: str = "file", *, targ
         raise write_error(named, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), what)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise write_error(named, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), what)
+    _probe_create(directory, named, what)
+
+
+def _probe_create(directory: Path, named: Path, what: str) -> None:
+    """Create and remove a file in ``directory``: ``os.access`` says yes to root for ``/proc`` or a read-only
+    mount, and a command that writes several files must know before its first one that its last will work."""
+    probe = directory / _temp_name(".probe")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except OSError as err:
+        if err.errno == errno.ENOENT:  # the directory exists (checked above) but takes no new files: /proc, /sys
+            raise OutputWriteError(f"cannot write {what} {str(named)!r}: no file can be created in directory "
+                                   f"{str(directory)!r} (a virtual file system); choose another path") from None
+        raise write_error(named, err, what) from None
+    _remove_quietly(probe)
 
 
 def write_error(target: Path, err: OSError, what: str = "file") -> OutputWriteError:
@@ -235,6 +250,24 @@ def check_regular_file(path: str | os.PathLike, what: str = "file", fix: str = "
     return max(get_limits().max_alloc_bytes, st.st_size)
 
 
+def file_kind(data: bytes) -> str | None:
+    """What a file of the toolkit's world is, from its first bytes (for an error that says "m.safetensors is a
+    safetensors weights file" instead of a decode error), or None when it is none of them."""
+    if data.startswith(b"NPUBIN\0\0"):
+        return "a compiled program (.npubin)"
+    if data.startswith(b"\x93NUMPY"):
+        return "a numpy array (.npy)"
+    if data.startswith(b"PK\x03\x04"):
+        return "a zip archive (a .npz of arrays or a PyTorch .pt checkpoint)"
+    if data.startswith(b"GGUF"):
+        return "a GGUF model file"
+    if len(data) >= 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8:
+        return "a safetensors weights file"
+    if len(data) >= 2 and data[0] == 0x08 and 3 <= data[1] <= 12:  # ModelProto's ir_version field comes first
+        return "an ONNX model (protobuf)"
+    return None
+
+
 def _not_regular(source: Path, what: str, mode: int) -> str:
     kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
             else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
@@ -307,5 +340,6 @@ def _fsync_directory(directory: Path) -> None:
 
 __all__ = [
     "OutputDirectoryMissingError", "OutputIsADirectoryError", "OutputNotADirectoryError", "OutputPermissionError",
-    "atomic_write", "check_output_path", "check_regular_file", "check_writable_dir", "read_input", "write_error",
+    "atomic_write", "check_output_path", "check_regular_file", "check_writable_dir", "file_kind", "read_input",
+    "write_error",
 ]

@@ -332,8 +332,8 @@ def test_a_broken_tokenizer_is_named_by_its_own_path(copy: Path) -> None:
 
 
 def test_library_output_of_a_successful_call_is_kept(copy: Path, capfd) -> None:
-    from torch_ir.frontends.hf_checkpoint import _tokenizer_call
+    from torch_ir.frontends.hf_tokenizer import tokenizer_call
 
     capfd.readouterr()
-    assert _tokenizer_call(copy, "used", lambda: os.write(2, b"a library warning\n")) == 18
+    assert tokenizer_call(copy, "used", lambda: os.write(2, b"a library warning\n")) == 18
     assert capfd.readouterr().err == "a library warning\n"

@@ -19,8 +19,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .hardware import Hardware, presets
+from .hardware import MAC_DTYPES, Hardware, presets
+
+if TYPE_CHECKING:
+    from .model import CostReport
 
 #: ``--dtype`` value that costs each dispatch at the dtype it was compiled with (the API's ``dtype=None``).
 AS_COMPILED = "compiled"
@@ -118,19 +122,22 @@ def cmd_cost(args: argparse.Namespace) -> int:
 def costing_dtype(requested: str | None, hw: Hardware) -> tuple[str | None, str]:
     """(the ``dtype`` to give ``cost_program``, the summary's line saying what it is and why) for ``--dtype
     requested`` on ``hw``: by default the hardware's native dtype; ``compiled``: each dispatch's own."""
-    from .model import resolve_dtype
+    from .model import RATE_CLASS, CostModelError, resolve_dtype
 
     if requested is None:
         return hw.native_dtype, f"costed at {hw.native_dtype}, the hardware's native precision; --dtype to change"
     if requested == AS_COMPILED:
         return None, f"costed at each dispatch's own dtype (--dtype {AS_COMPILED})"
+    if requested not in MAC_DTYPES and requested not in RATE_CLASS:  # refused in the flag's words, not the API's
+        raise CostModelError(f"--dtype {requested}: cannot be costed; fix: give {', '.join(MAC_DTYPES)} (or float32, "
+                             f"float16, bfloat16), or {AS_COMPILED} for each dispatch's own dtype")
     return requested, f"costed at {resolve_dtype(requested)} (--dtype {requested})"
 
 
-def _note(reports: dict[str, object], note: str) -> None:
+def _note(reports: dict[str, CostReport], note: str) -> None:
     """Give every report the line on its dtype, which its summary and report.html show."""
     for report in reports.values():
-        report.dtype_note = note  # type: ignore[attr-defined]
+        report.dtype_note = note
 
 
 def _write_template(args: argparse.Namespace) -> int:

@@ -424,7 +424,7 @@ def _at_live_length(d: Dispatch, ins: list[TensorSpec], outs: list[TensorSpec], 
     multiplies and writes over the live ones only. A run's own tokens (q's rows) are always live."""
     axes = CACHE_AXES.get(d.kernel)
     cache = next((ins[i] for i, name in enumerate(d.inputs) if name in caches), None)
-    if axes is None or cache is None or len(cache.shape) < 2:
+    if axes is None or cache is None or len(cache.shape) < 2 or len(ins[0].shape) < 2:
         return ins, outs
     length = int(cache.shape[-2])
     live = min(length, max(context, int(ins[0].shape[-2])))

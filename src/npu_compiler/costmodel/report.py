@@ -190,13 +190,12 @@ def roofline_labels(report: CostReport, hw: Hardware, count: int = ROOFLINE_LABE
     named: set[tuple[float, float]] = set()
     for r, x, y in sorted(points, key=lambda p: -p[0].cycles):
         spot = _spot(x, y)
-        if spot in named:
-            continue
-        named.add(spot)
-        alike = len(at[spot]) - 1
-        labels.append((_short(r.layer) + (f" (+{alike} alike)" if alike else ""), x, y))
-        if len(labels) == count:
+        if len(labels) >= count:
             break
+        if spot not in named:
+            named.add(spot)
+            alike = len(at[spot]) - 1
+            labels.append((_short(r.layer) + (f" (+{alike} alike)" if alike else ""), x, y))
     return labels
 
 
@@ -227,7 +226,9 @@ def _png_and_spots(report: CostReport, hw: Hardware, dpi: int = 110
     spots = [(r, float(px), float(height - py))
              for r, x, y in roofline_points(report, hw) for px, py in [ax.transData.transform((x, y))]]
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
+    # the figure's own size and dpi, whatever a matplotlibrc says (savefig.bbox = tight, savefig.dpi): the map's
+    # pixel coordinates are the figure's
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches=fig.bbox_inches, metadata={"Software": None})
     return buffer.getvalue(), spots
 
 

@@ -146,24 +146,20 @@ def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int, weights: 
     if state is not None:
         load_weights_into(model, state, _weights_where(weights))
     used = _given_weights(weights) if weights is not None else _own_weights(spec)
-    meta_model = _build_on_meta(resolved)
-    if meta_model is None:
-        ir = _extract_on_meta_copies(model, resolved.args, resolved.kwargs, resolved.name, resolved.dynamic_shapes)
-    else:
-        ir = resolved.extract(meta_model)
-    return _torch_subject(ir, model, resolved.args, resolved.kwargs, name=resolved.name, inputs=inputs, seed=seed,
-                          weights_used=used)
+    return _torch_subject(_extract_spec(resolved, model), model, resolved.args, resolved.kwargs, name=resolved.name,
+                          inputs=inputs, seed=seed, weights_used=used)
 
 
-def _build_on_meta(resolved: Any) -> torch.nn.Module | None:
-    """The spec's model built on meta, for extraction as every command extracts it; None for a factory that cannot
-    run under the meta device (``from_pretrained`` loads real tensors and refuses it), whose model is then
-    extracted from meta copies of its CPU model's tensors. A factory that fails everywhere already failed on the
-    CPU, with its whole error."""
+def _extract_spec(resolved: Any, model: torch.nn.Module) -> NPU_IR:
+    """The IR of a spec's model, extracted from a second build on meta as every command extracts it; for a factory
+    that cannot run under the meta device (``from_pretrained`` loads real tensors and refuses it), from meta copies
+    of ``model``'s tensors instead, so such a factory can be the trusted source. (A factory that fails everywhere
+    already failed building ``model``, with its whole error.)"""
     try:
-        return resolved.build("meta")
+        meta_model = resolved.build("meta")
     except ExtractionError:
-        return None
+        return _extract_on_meta_copies(model, resolved.args, resolved.kwargs, resolved.name, resolved.dynamic_shapes)
+    return resolved.extract(meta_model)
 
 
 def _own_weights(spec: str) -> WeightsUsed:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..fileio import atomic_write, check_output_path, read_input
+from ..fileio import atomic_write, check_output_path, file_kind, read_input
 from ..ops.values import decode_value, encode_value
 from .core import NPU_IR, OpNode, Provenance, TensorMeta
 from .validate import IRValidationError, check_document, check_integrity
@@ -171,8 +171,15 @@ def _parse_json(data: bytes, path: Path) -> Any:
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
+        kind = file_kind(data)
+        if kind is not None:
+            raise IRValidationError(f"{path} is {kind}, not an IR file (JSON); give the IR that torch-ir extract, "
+                                    "import-onnx or normalize wrote") from None
         raise IRValidationError(f"{path}: not a text (UTF-8) file: {e}") from None
     except json.JSONDecodeError as e:
+        if file_kind(data) is not None:
+            raise IRValidationError(f"{path} is {file_kind(data)}, not an IR file (JSON); give the IR that torch-ir "
+                                    "extract, import-onnx or normalize wrote") from None
         raise IRValidationError(
             f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
             "the file is corrupt or truncated; extract or save the IR again"

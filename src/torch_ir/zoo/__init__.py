@@ -16,6 +16,7 @@ whether an entry's packages are installed, and nothing is imported until a model
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,7 +85,9 @@ def get_model(name: str) -> ZooEntry:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"no zoo model named {name!r}; available: {', '.join(_REGISTRY)}") from None
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise KeyError(f"no zoo model named {name!r}; {hint}available: {', '.join(_REGISTRY)}") from None
 
 
 def list_models(category: str | None = None) -> list[str]:

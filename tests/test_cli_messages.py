@@ -1,0 +1,78 @@
+"""Messages a new user meets in the first hour (issue 26, item 9): what a file is, the closest zoo name, a
+short weights summary, every kernel kind counted, and no output written before a later one is known to fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import npu_compiler
+import torch_ir
+from npu_runtime import Device, RuntimeInputError, load_weights
+from torch_ir.cli import main
+from torch_ir.fileio import file_kind
+
+
+@pytest.mark.parametrize(("name", "writer", "kind"), [
+    ("w.safetensors", lambda p: torch_ir.save_weights({"a": torch.ones(2)}, p), "a safetensors weights file"),
+    ("a.npy", lambda p: np.save(p, np.zeros(3)), "a numpy array"),
+    ("a.npz", lambda p: np.savez(p, a=np.zeros(3)), "a zip archive"),
+])
+def test_an_ir_command_given_another_kind_of_file_says_what_it_is(tmp_path, capsys, name, writer, kind):
+    path = tmp_path / name
+    writer(path)
+    assert kind in file_kind(path.read_bytes())
+    for command in ("inspect", "compile"):
+        assert main([command, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"is {kind}" in err and "UTF-8" not in err and len(err.splitlines()) == 1
+
+
+def test_a_program_given_as_an_ir_is_named(tmp_path, capsys):
+    program = tmp_path / "p.npubin"
+    program.write_bytes(b"NPUBIN\0\0" + bytes(64))
+    assert main(["inspect", str(program)]) == 2
+    assert "is a compiled program (.npubin)" in capsys.readouterr().err
+
+
+def test_a_zoo_typo_suggests_the_closest_name(capsys):
+    assert main(["extract", "resnt", "-o", "x.json"]) == 2
+    assert "did you mean 'resnet'?" in capsys.readouterr().err
+
+
+def test_no_output_is_written_when_a_later_one_cannot_be(tmp_path, monkeypatch, capsys):
+    """``extract -o r.json --weights /proc/x.safetensors`` wrote r.json, then failed: /proc takes no new files
+    although ``os.access`` says root may write there. The directory is now probed before anything is built."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["extract", "mlp", "-o", "r.json", "--weights", "/proc/x.safetensors"]) == 2
+    err = capsys.readouterr().err
+    assert "/proc" in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_of_another_model_are_a_short_summary(tmp_path, monkeypatch):
+    for name in ("resnet", "mlp"):
+        assert main(["extract", name, "-o", str(tmp_path / f"{name}.json"),
+                     "--weights", str(tmp_path / f"{name}.safetensors")]) == 0
+    program = npu_compiler.compile(torch_ir.load_ir(tmp_path / "resnet.json"))
+    with pytest.raises(RuntimeInputError) as info:
+        load_weights(tmp_path / "mlp.safetensors", program, Device())
+    message = str(info.value)
+    assert "these are the weights of another model" in message and "... 39 more" in message
+    assert len(message) < 900 and "TORCH_IR_FULL_ERRORS=1" in message
+    monkeypatch.setenv("TORCH_IR_FULL_ERRORS", "1")
+    with pytest.raises(RuntimeInputError) as info:
+        load_weights(tmp_path / "mlp.safetensors", program, Device())
+    full = str(info.value)
+    assert "more" not in full and full.count(" (float32[") == len(program.weight_specs)
+
+
+def test_the_compile_summary_counts_every_kernel_kind(tmp_path):
+    assert main(["extract", "resnet", "-o", str(tmp_path / "r.json")]) == 0
+    program = npu_compiler.compile(torch_ir.load_ir(tmp_path / "r.json"))
+    line = next(x for x in program.summary().splitlines() if x.startswith("dispatches:"))
+    kinds = program.kernel_histogram()
+    listed = line.count(",") + 1
+    assert listed == len(kinds) or f"… {len(kinds) - 12} more" in line
+    assert sum(kinds.values()) == program.dispatch_count
