@@ -76,3 +76,24 @@ def test_the_compile_summary_counts_every_kernel_kind(tmp_path):
     listed = line.count(",") + 1
     assert listed == len(kinds) or f"… {len(kinds) - 12} more" in line
     assert sum(kinds.values()) == program.dispatch_count
+
+
+def test_compile_binds_a_dynamic_batch_and_names_the_program(tmp_path, capsys):
+    """An IR exported with a dynamic batch was refused with one line per node and the advice to run it on the
+    CPU; ``--bind``/``--input-shape`` fix the symbols, and the refusal says so, once."""
+    ir_path, out = tmp_path / "m.json", tmp_path / "m.npubin"
+    assert main(["extract", "mlp", "-o", str(ir_path)]) == 0
+    capsys.readouterr()
+    assert main(["compile", str(ir_path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--bind batch=1" in err and "--input-shape x=1,16" in err
+    assert not out.exists()
+    assert main(["compile", str(ir_path), "-o", str(out), "--bind", "batch=2", "--name", "my_mlp"]) == 0
+    program = npu_compiler.CompiledProgram.load(out)
+    assert program.model_name == "my_mlp" and program.input_specs[0].shape == [2, 16]
+    assert main(["compile", str(ir_path), "-o", str(out), "--input-shape", "x=4,16"]) == 0
+    assert npu_compiler.CompiledProgram.load(out).input_specs[0].shape == [4, 16]
+    for bad, rule in [(["--bind", "batch=x"], "--bind 'batch=x'"), (["--bind", "batch=1000"], "outside the range")]:
+        capsys.readouterr()
+        assert main(["compile", str(ir_path), "-o", str(out), *bad]) == 2
+        assert rule in capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from torch_ir.frontends.onnx.cli import UsageError, parse_input_shapes
 from torch_ir.naming import default_output
 
 from .library import Target
@@ -28,6 +29,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "dispatches) instead of refusing the model; the summary shows the placement")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                    help=f"an LLM with a KV cache: the prefill program's length in tokens (default: {DEFAULT_CHUNK})")
+    p.add_argument("--bind", action="append", default=[], metavar="SYMBOL=SIZE",
+                   help="fix a symbolic dimension (a dynamic batch: --bind batch=1); repeatable")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="fix an input's symbolic dimensions by its shape (--input-shape x=1,3,224,224); repeatable")
+    p.add_argument("--name", help="the program's model name (default: the IR's)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
@@ -59,12 +65,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if args.output:  # refuse an unwritable path before compiling, not after
         check_output_path(args.output, "program file")
+    bind = _parse_bind(args.bind)
+    shapes = parse_input_shapes(args.input_shape)
     ir = _load(args.source)
+    if args.name:
+        ir.model_name = args.name
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir)
     if is_lm(ir):
         return _compile_lm(ir, args, options)
     try:
-        program = compile(ir, target=args.target, options=options, fallback=args.fallback)
+        program = compile(ir, target=args.target, options=options, fallback=args.fallback, bind=bind,
+                          input_shapes=shapes)
     except UnsupportedOpsError as e:
         print(f"torch-ir compile: {e}\n", file=sys.stderr)
         print(partition(ir, is_op_supported, target=args.target).summary())
@@ -75,6 +86,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(program.summary())
     print(f"wrote {out}")
     return 0
+
+
+def _parse_bind(items: list[str]) -> dict[str, int]:
+    """``["batch=1", "seq=128"]`` -> ``{"batch": 1, "seq": 128}``."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit():
+            raise UsageError(f"--bind {item!r}: expected SYMBOL=SIZE with a whole number (e.g. --bind batch=1)")
+        out[name.strip()] = int(size)
+    return out
 
 
 def _compile_lm(ir, args: argparse.Namespace, options) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ import torch
 
 from npu_program.kernels import KERNELS
 from npu_program.program import bind_outputs
-from torch_ir.errors import TorchIRError
 from torch_ir.ir import NPU_IR, OpNode, load_ir
 from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.limits import check_alloc, check_shape
@@ -33,28 +33,18 @@ from torch_ir.weights import build_buffer
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
 from .cost import node_flops
+from .errors import CompileError, UnsupportedOpsError
 from .fusion import fuse_kernels
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
 from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
 from .state import state_slots, state_specs
+from .static_shapes import bind_shapes, check_static_inputs
 
 COMPILER_VERSION = "0.1.0"
 
 #: The values of ``compile(fallback=...)`` besides None (strict): where nodes without a kernel run.
 FALLBACKS = ("cpu",)
-
-
-class CompileError(TorchIRError, ValueError):
-    """The IR cannot be compiled for the target; the message names the nodes and the way forward."""
-
-
-class UnsupportedOpsError(CompileError):
-    """Some nodes have no kernel on the target. ``unsupported`` lists ``(node name, op type, reason)``."""
-
-    def __init__(self, message: str, unsupported: list[tuple[str, str, str]]):
-        super().__init__(message)
-        self.unsupported = unsupported
 
 
 @dataclass
@@ -84,7 +74,9 @@ IRSource = NPU_IR | dict | str | os.PathLike
 
 
 def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001 - the seed's name
-            options: CompileOptions | None = None, fallback: str | None = None) -> CompiledProgram:
+            options: CompileOptions | None = None, fallback: str | None = None,
+            bind: Mapping[str, int] | None = None,
+            input_shapes: Mapping[str, Sequence[int]] | None = None) -> CompiledProgram:
     """Compile an IR (an ``NPU_IR``, its JSON dict, or a path to its JSON file) into a ``CompiledProgram``.
 
     ``fallback=None`` (strict) raises ``UnsupportedOpsError`` listing every node the target cannot run.
@@ -93,11 +85,15 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     ``metadata["placement"]`` and ``summary()`` say what runs where. Nodes the host cannot run either
     (no reference implementation, unsafe ops, symbolic shapes) still raise ``UnsupportedOpsError``.
     Other problems raise ``CompileError``.
+
+    ``bind`` (``{"batch": 1}``) and ``input_shapes`` (``{"x": [1, 16]}``) fix symbolic dimensions first
+    (``npu_compiler.static_shapes``): a program is planned for static shapes.
     """
     _check_fallback(fallback)
     options = options or CompileOptions()
     target = get_target(target)
-    ir = load_source(ir_or_path)
+    ir = bind_shapes(load_source(ir_or_path), bind, input_shapes)
+    check_static_inputs(ir)
     if options.normalize:
         ir = normalize(ir, options.normalize_options)
     if options.fuse:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from npu_program.program import StateSpec
 from torch_ir.ir import NPU_IR
 
+from .errors import CompileError
 from .lower import spec_of
 
 #: The op that writes a state slot in place.
@@ -26,8 +27,6 @@ STATE_WRITER = "KV_UPDATE"
 def state_slots(ir: NPU_IR) -> dict[str, str]:
     """Tensor holding a buffer's new value -> the buffer (its state slot); raises ``CompileError`` for a
     mutation the program cannot carry (see the module docstring)."""
-    from .compiler import CompileError  # the compiler imports this module
-
     weights = {w.name for w in ir.weights}
     producer = {t.name: (i, n) for i, n in enumerate(ir.nodes) for t in n.outputs}
     outputs = {t.name for t in ir.graph_outputs}

@@ -128,8 +128,29 @@ def test_symbolic_shapes_are_refused():
     batch = torch.export.Dim("batch", min=1, max=16)
     ir = extract(meta, (2, 8), dynamic_shapes=({0: batch},))
     assert not ir.graph_inputs[0].is_static
-    with pytest.raises(CompileError, match="symbolic shape"):
+    with pytest.raises(CompileError, match=r"symbolic input dimensions \(batch.*--bind batch=1") as info:
         npu_compiler.compile(ir)
+    assert len(str(info.value).splitlines()) == 1  # once, not once per node
+
+
+def test_symbolic_shapes_bound_at_compile_run_as_the_model():
+    with torch.device("meta"):
+        meta = Linear()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    ir = extract(meta, (2, 8), dynamic_shapes=({0: batch},))
+    model = Linear().eval()
+    x = torch.randn(3, 8)
+    for program in (npu_compiler.compile(ir, bind={"batch": 3}), npu_compiler.compile(ir, input_shapes={"x": [3, 8]})):
+        assert program.input_specs[0].shape == [3, 8]
+        device = Device()
+        weights = load_weights(module_state(model), program, device)
+        out = Executor(program, device).run({"x": x.numpy()}, weights=weights)
+        torch.testing.assert_close(torch.from_numpy(out[program.output_specs[0].name].to_numpy()), model(x))
+    for bad, rule in [({"bind": {"batch": 99}}, "outside the range"), ({"bind": {"seq": 2}}, "no symbol 'seq'"),
+                      ({"bind": {"batch": 2}, "input_shapes": {"x": [3, 8]}}, "bound twice"),
+                      ({"input_shapes": {"x": [3, 9]}}, "dimension 1 is 8")]:
+        with pytest.raises(CompileError, match=rule):
+            npu_compiler.compile(ir, **bad)
 
 
 def test_unknown_target_lists_the_targets():

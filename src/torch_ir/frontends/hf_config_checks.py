@@ -1,8 +1,8 @@
 """Config values of a checkpoint: every number finite, every size within the limits.
 
-:func:`~.hf_config.load_config` runs these on ``config.json`` (and ``generation_config.json``) as parsed JSON,
-before transformers reads any value, then :func:`check_model_sizes` on the parsed config: a hostile config is
-refused in milliseconds, before anything is built from it.
+:func:`~.hf_config.load_config` runs :func:`check_numbers` and :func:`check_sizes` on ``config.json`` as parsed
+JSON, before transformers reads any value, then :func:`check_model_sizes` on the parsed config: a hostile config
+is refused in milliseconds, before anything is built from it. ``generation_config.json`` gets :func:`check_numbers`.
 """
 
 from __future__ import annotations
