@@ -294,7 +294,7 @@ def error_line(e: BaseException) -> tuple[int, str]:
     from .errors import TorchIRError
 
     if isinstance(e, TorchIRError):
-        return 2, f"error: {one_line(str(e))}"
+        return 2, "error: " + one_line(getattr(e, "cli", None) or str(e))
     if isinstance(e, OSError):  # a path the user gave: missing, a directory, read-only, name too long, disk full
         where = f"{e.filename}: " if e.filename else ""
         return 2, f"error: {where}{e.strerror or e}"

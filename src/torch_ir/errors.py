@@ -24,7 +24,14 @@ from __future__ import annotations
 
 
 class TorchIRError(Exception):
-    """Base class for errors raised by torch_ir, npu_compiler and npu_runtime on bad input."""
+    """Base class for errors raised by torch_ir, npu_compiler and npu_runtime on bad input.
+
+    ``cli`` (optional) is the same message in the command line's words (flags, not Python arguments): the CLI
+    prints it instead of the message, whose fix may name Python calls (``strict=False``, ``weights=``)."""
+
+    def __init__(self, *args: object, cli: str | None = None) -> None:
+        super().__init__(*args)
+        self.cli = cli
 
 
 class IRValidationError(TorchIRError, ValueError):

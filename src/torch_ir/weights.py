@@ -271,7 +271,7 @@ def match_weights(ir: NPU_IR, source: WeightsSource | None, *, strict: bool = Tr
         out[meta.name] = tensor
     unexpected = sorted(set(state) - used) if strict else []
     if missing or unknown_buffers or wrong or unexpected:
-        raise WeightsMismatchError(_mismatch_report(ir, missing, unknown_buffers, wrong, unexpected))
+        raise _mismatch_report(ir, missing, unknown_buffers, wrong, unexpected)
     constants = {c.name: c for c in ir.constants}
     for name, value in ir.constant_values.items():
         meta = constants.get(name)
@@ -395,26 +395,31 @@ def _mismatch(meta: TensorMeta, tensor: torch.Tensor) -> str | None:
     return None
 
 
-def _mismatch_report(ir: NPU_IR, missing: list, unknown_buffers: list, wrong: list, unexpected: list) -> str:
+def _mismatch_report(ir: NPU_IR, missing: list, unknown_buffers: list, wrong: list, unexpected: list
+                     ) -> WeightsMismatchError:
+    """The error, its fix in Python's words and (``.cli``) in the command line's."""
     lines = [f"weights do not match IR {ir.model_name!r}:"]
     for title, items in (("missing", missing), ("missing non-persistent buffers", unknown_buffers),
                          ("wrong shape/dtype", wrong), ("unexpected", unexpected)):
         if items:
             shown = items[:15] + ([f"... and {len(items) - 15} more"] if len(items) > 15 else [])
             lines.append(f"  {title} ({len(items)}): " + "; ".join(shown))
+    python, cli = list(lines), list(lines)
     if unknown_buffers:
-        lines.append(
-            "The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
-            "checkpoints never hold them, and the IR has no recipe to rebuild them (it was extracted from a model "
-            "built under torch.device('meta'), where their values were not known). Fix: pass the module itself, "
-            "IRExecutor(ir, model), or its state with every buffer, "
-            "{**model.state_dict(), **dict(model.named_buffers())}; or build the model for extraction under "
-            "torch_ir.build_on_meta(), which records how to rebuild them in the IR.")
+        why = ("The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
+               "checkpoints never hold them, and the IR has no recipe to rebuild them (it was extracted from a "
+               "model built under torch.device('meta'), where their values were not known).")
+        python.append(f"{why} Fix: pass the module itself, IRExecutor(ir, model), or its state with every buffer, "
+                      "{**model.state_dict(), **dict(model.named_buffers())}; or build the model for extraction "
+                      "under torch_ir.build_on_meta(), which records how to rebuild them in the IR.")
+        cli.append(f"{why} Fix: extract the IR again with torch-ir extract, which records how to rebuild them.")
     if missing or wrong:
-        lines.append("Fix: pass the state dict of the model the IR was extracted from (model.state_dict()).")
+        python.append("Fix: pass the state dict of the model the IR was extracted from (model.state_dict()).")
+        cli.append("Fix: give --weights the weights of the model the IR was extracted from.")
     if unexpected:
-        lines.append("Unexpected keys can be allowed with strict=False.")
-    return "\n".join(lines)
+        python.append("Unexpected keys can be allowed with strict=False.")
+        cli.append("Fix: give a weights file holding only this model's weights.")
+    return WeightsMismatchError("\n".join(python), cli="\n".join(cli))
 
 
 def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:

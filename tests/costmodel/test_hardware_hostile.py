@@ -164,10 +164,13 @@ def test_each_range_holds_its_ends_and_refuses_past_them(field: str) -> None:
 
 
 def _doc_without_conflicts(field: str) -> dict[str, Any]:
-    """The preset, with a shared SRAM when ``field`` is ``sram.shared_kib``."""
+    """The preset, with a shared SRAM when ``field`` is ``sram.shared_kib``, and without its declared native dtype
+    when ``field`` is a MAC rate (a native dtype whose rate is 0 is refused for that reason)."""
     doc = copy.deepcopy(BASE)
     if field == "sram.shared_kib":
         doc["sram"] = {"shared_kib": 64}
+    if field.startswith("macs_per_cycle."):
+        doc.pop("native_dtype", None)
     return doc
 
 
