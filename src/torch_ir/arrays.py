@@ -28,6 +28,7 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -114,6 +115,41 @@ def load_arrays(path: str | os.PathLike, what: str = "arrays file") -> dict[str,
 
 
 # -- the zip ------------------------------------------------------------------------------------------
+
+def read_cli_inputs(items: Sequence[str], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The arrays of the command line's ``--input`` options, by graph input name.
+
+    Each item is ``NAME=FILE.npy`` or ``FILE.npz`` (one array per graph input: by name; named ``input_<i>``
+    or ``arr_<i>`` (``numpy.savez`` without names), by position; else in the order the archive stores
+    them). ``names`` are the graph inputs; an array for no input is an error naming the flag."""
+    arrays: dict[str, np.ndarray] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if sep:
+            arrays[name] = load_array(path, f"--input {name}")
+        elif item.endswith(".npz"):
+            arrays.update(_by_input(load_arrays(item, f"--input {item}"), names, item))
+        else:
+            raise ArrayFileError(f"--input {item!r}: write NAME=FILE.npy, or give an .npz holding every input")
+    unknown = sorted(set(arrays) - set(names))
+    if unknown:
+        raise ArrayFileError(f"--input names {unknown}, which are not inputs of the model; its inputs are "
+                             f"{', '.join(names)}")
+    return arrays
+
+
+def _by_input(archive: dict[str, np.ndarray], names: Sequence[str], where: str) -> dict[str, np.ndarray]:
+    keys = list(archive)
+    if set(keys) <= set(names):
+        return archive
+    for prefix in ("input_", "arr_"):
+        if sorted(keys) == sorted(f"{prefix}{i}" for i in range(len(keys))) and len(keys) <= len(names):
+            return {names[i]: archive[f"{prefix}{i}"] for i in range(len(keys))}
+    if len(keys) == len(names):
+        return dict(zip(names, archive.values()))
+    raise ArrayFileError(f"--input {where!r} holds {len(keys)} arrays ({', '.join(keys)}) for {len(names)} inputs "
+                         f"({', '.join(names)}): name them after the inputs (numpy.savez(file, {names[0]}=...))")
+
 
 def _check_members(infos: list[zipfile.ZipInfo], where: str) -> dict[str, zipfile.ZipInfo]:
     """The members by array name, every rule checked on the central directory alone (nothing decompressed)."""
@@ -262,4 +298,4 @@ def _reason(e: BaseException, limit: int = 200) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-__all__ = ["ArrayFileError", "MAX_HEADER_BYTES", "NUMERIC_KINDS", "load_array", "load_arrays"]
+__all__ = ["ArrayFileError", "MAX_HEADER_BYTES", "NUMERIC_KINDS", "load_array", "load_arrays", "read_cli_inputs"]
