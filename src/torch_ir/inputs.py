@@ -1,5 +1,5 @@
-"""Seeded inputs for an IR, for commands that run a model without being given inputs (``torch-ir bisect``,
-``torch-ir verify-onnx``).
+"""Inputs for an IR on the command line: the ``--input`` arrays given, and seeded ones for the rest
+(``torch-ir verify``, ``verify-onnx``, ``bisect``); and the one ``--markdown [FILE]`` writer.
 
 Floats are normal, an integer input that indexes a table (a token id) stays below the table's size, other
 integers and bools take an example's values where there is one (positions and masks have ranges the graph does
@@ -9,7 +9,7 @@ allocated, and dtypes are read through the checked name table (never ``getattr(t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -60,6 +60,33 @@ def random_inputs(ir: NPU_IR, seed: int = 0, *, examples: Sequence[torch.Tensor]
     return out
 
 
+def given_or_random_inputs(ir: NPU_IR, given: Sequence[str], seed: int = 0, *,
+                           shapes: Mapping[str, Sequence[int]] | None = None,
+                           error: type[Exception] = InputMismatchError) -> list[torch.Tensor]:
+    """The command line's inputs: the arrays of its ``--input`` options (``torch_ir.arrays.read_cli_inputs``),
+    seeded random ones (:func:`random_inputs`) for the graph inputs they leave out, in graph order."""
+    from .arrays import read_cli_inputs
+
+    arrays = read_cli_inputs(given, [t.name for t in ir.graph_inputs])
+    shapes = {**(shapes or {}), **{name: list(a.shape) for name, a in arrays.items()}}
+    values = random_inputs(ir, seed, shapes=shapes, error=error)
+    return [torch.from_numpy(arrays[t.name]) if t.name in arrays else v for t, v in zip(ir.graph_inputs, values)]
+
+
+def write_report(markdown: str | None, to_markdown: Callable[[], str], text: str) -> None:
+    """``--markdown [FILE]``: the Markdown report to FILE (atomically) or to standard output (no FILE, or
+    ``-``); without the flag, the plain ``text``."""
+    if markdown is None:
+        print(text)
+    elif markdown == "-":
+        print(to_markdown())
+    else:
+        from .fileio import atomic_write
+
+        atomic_write(markdown, to_markdown(), what="Markdown report")
+        print(f"{text}\nwrote {markdown}")
+
+
 def index_bounds(ir: NPU_IR) -> dict[str, int]:
     """Graph input name -> the smallest table size it indexes (a token id's vocabulary)."""
     inputs = {t.name for t in ir.graph_inputs}
@@ -97,4 +124,4 @@ def _concrete_shape(ir: NPU_IR, meta: Any, bound: Sequence[int] | None, example:
     return shape
 
 
-__all__ = ["index_bounds", "random_inputs"]
+__all__ = ["given_or_random_inputs", "index_bounds", "random_inputs", "write_report"]

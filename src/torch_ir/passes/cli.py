@@ -6,20 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import cli_options as options
 from ..naming import default_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("normalize", help="clean up, canonicalize and fuse an IR into the NPU op set")
     p.add_argument("source", nargs="?", help="an IR JSON file, a zoo name or package.module:factory")
-    p.add_argument("-o", "--output", help="normalized IR JSON (default: <name>.npu.json)")
+    options.output(p, "the normalized IR JSON (default: <name>.npu.json)")
     p.add_argument("--disable", action="append", default=[], metavar="FAMILY",
                    help="switch a rule family off (repeatable): see --list-rules")
     p.add_argument("--disable-rule", action="append", default=[], metavar="RULE", help="switch one rule off")
     p.add_argument("--bits", type=int, help="QConfig default bit-width recorded on float tensors")
     p.add_argument("--node-prefix", help="rename nodes <prefix>0, <prefix>1, ...")
     p.add_argument("--tensor-prefix", help="rename intermediate tensors <prefix>0, ...")
-    p.add_argument("--markdown", metavar="FILE", help="write the normalization report (Markdown + Mermaid)")
+    options.markdown(p, "the normalization report (Markdown + Mermaid)")
     p.add_argument("--verify", action="store_true",
                    help="for a model: verify the normalized IR against the model with its seeded weights")
     p.add_argument("--list-rules", action="store_true", help="list the rules by family and exit")
@@ -47,7 +48,7 @@ def cmd_normalize(args: argparse.Namespace) -> int:
         return 2
     if args.output:  # refuse unwritable outputs before the work, and before writing either of them
         check_output_path(args.output, "IR file")
-    if args.markdown:
+    if args.markdown not in (None, "-"):
         check_output_path(args.markdown, "report file")
     ir, spec = _load(args.source)
     npu_ir = normalize(ir, options)
@@ -56,7 +57,9 @@ def cmd_normalize(args: argparse.Namespace) -> int:
     npu_ir.save(out)
     print(normalize_summary(npu_ir))
     print(f"wrote {out}")
-    if args.markdown:
+    if args.markdown == "-":
+        print(normalize_report(npu_ir))
+    elif args.markdown:
         atomic_write(args.markdown, normalize_report(npu_ir), what="report file")
         print(f"wrote {args.markdown}")
     if args.verify:

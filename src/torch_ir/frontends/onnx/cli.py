@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ... import cli_options as options
 from ...errors import TorchIRError
-from ...inputs import random_inputs
+from ...inputs import given_or_random_inputs, write_report
 
 
 class UsageError(TorchIRError, ValueError):
@@ -24,8 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``import-onnx`` and ``verify-onnx`` to the ``torch-ir`` command's subparsers."""
     p = subparsers.add_parser("import-onnx", help="import an ONNX model: IR JSON + weights, statistics")
     p.add_argument("model", help="an .onnx file (external data files beside it are read)")
-    p.add_argument("-o", "--output", help="IR JSON path (default: <model>.json)")
-    p.add_argument("--weights", help="weights path (default: the IR path with .safetensors)")
+    options.output(p, "the IR JSON file (default: <model>.json)")
+    options.save_weights(p, default_help="default: the IR path with .safetensors")
     _common(p)
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_import_onnx)
@@ -33,12 +34,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("verify-onnx", help="import an ONNX model, run it, compare with onnxruntime")
     p.add_argument("model", help="an .onnx file")
     p.add_argument("--ir", help="an imported IR JSON to verify instead of importing now (needs --weights)")
-    p.add_argument("--weights", help="the weights of --ir")
+    options.weights(p, default_help="those of --ir")
+    options.inputs(p)
     _common(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--rtol", type=float)
-    p.add_argument("--atol", type=float)
-    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+    options.seed(p)
+    options.tolerances(p)
+    options.markdown(p, "the verification report")
     p.set_defaults(func=cmd_verify_onnx)
 
 
@@ -67,7 +68,7 @@ def cmd_import_onnx(args: argparse.Namespace) -> int:
     from . import import_onnx
 
     out = Path(args.output or Path(args.model).with_suffix(".json").name)
-    weights_path = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
+    weights_path = Path(args.save_weights) if args.save_weights else out.with_suffix(".safetensors")
     # both outputs are checked before the import and before either is written: never weights without an IR
     check_output_path(out, "IR file")
     check_output_path(weights_path, "weights file")
@@ -104,9 +105,9 @@ def cmd_verify_onnx(args: argparse.Namespace) -> int:
     else:
         name = loaded.model.graph.name or "onnx_model"
         ir, weights = Importer(loaded, name, reference_fallback=not args.aten_only).run()
-    inputs = random_inputs(ir, args.seed, shapes=shapes, error=UsageError)
+    inputs = given_or_random_inputs(ir, args.input, args.seed, shapes=shapes, error=UsageError)
     ok, report = verify_onnx(ir, weights, args.model, inputs, rtol=args.rtol, atol=args.atol)
-    print(report.to_markdown() if args.markdown else report)
+    write_report(args.markdown, report.to_markdown, str(report))
     return 0 if ok else 1
 
 

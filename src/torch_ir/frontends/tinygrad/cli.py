@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ... import cli_options as options
 from ...errors import ExtractionError, TorchIRError
 from ...naming import default_output
 
@@ -22,10 +23,10 @@ def add_parser(subparsers: Any) -> None:
     """Add ``import-tinygrad`` and ``tinygrad-docs`` to the ``torch-ir`` command."""
     p = subparsers.add_parser("import-tinygrad", help="import a tinygrad model (module:factory) to IR JSON")
     p.add_argument("model", help="package.module:factory returning (model, example_inputs)")
-    p.add_argument("-o", "--output", help="IR JSON path (default: <factory>.json)")
+    options.output(p, "the IR JSON file (default: <factory>.json)")
     p.add_argument("--name", help="model name recorded in the IR")
     p.add_argument("--input-names", help="comma-separated graph input names")
-    p.add_argument("--weights", help="save the realized weights to this .safetensors file")
+    options.save_weights(p, default_help="the realized tinygrad weights")
     p.add_argument("--literal", action="store_true", help="keep the UOp-by-UOp translation (no rewrite rules)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_import_tinygrad)
@@ -63,8 +64,8 @@ def cmd_import_tinygrad(args: argparse.Namespace) -> int:
 
     if args.output:  # every output is checked before anything runs or is written
         check_output_path(args.output, "IR file")
-    if args.weights:
-        check_output_path(args.weights, "weights file")
+    if args.save_weights:
+        check_output_path(args.save_weights, "weights file")
     model, inputs = load_factory(args.model)
     name = args.name or args.model.partition(":")[2]
     names = args.input_names.split(",") if args.input_names else None
@@ -74,13 +75,13 @@ def cmd_import_tinygrad(args: argparse.Namespace) -> int:
     ir.save(str(out), indent=1 if args.pretty else None)
     print(ir_statistics(ir))
     print(f"wrote {out}")
-    if args.weights:
+    if args.save_weights:
         if not weights:
             raise TorchIRError(f"model {name!r} has no weight data to save: it has no weights, or only "
                               "Tensor.empty declarations (a weight-free import); load or initialize them "
                               "in the factory")
-        save_weights({k: torch.from_numpy(v) for k, v in weights.items()}, args.weights)
-        print(f"wrote {len(weights)} weights to {args.weights}")
+        save_weights({k: torch.from_numpy(v) for k, v in weights.items()}, args.save_weights)
+        print(f"wrote {len(weights)} weights to {args.save_weights}")
     return 0
 
 
