@@ -82,7 +82,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     if args.weights:
         save_weights(module_state(spec.build("cpu")), args.weights)
-        print(f"wrote seeded weights to {args.weights}")
+        print(f"wrote {spec.weights or 'seeded weights'} to {args.weights}")
     return 0
 
 
@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torch-ir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    model_help = ("a zoo name (torch-ir zoo --list) or package.module:factory returning (model, args[, kwargs]). "
+    model_help = ("a zoo name (torch-ir zoo --list), package.module:factory returning (model, args[, kwargs]), or a "
+                  "Hugging Face model directory (weights optional) or its config.json alone (weight-free). "
                   "Warning: a spec imports that module and calls the factory, which runs its code; "
                   "only use specs you trust")
 
@@ -209,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help=model_help)
     p.add_argument("-o", "--output", help="IR JSON path (default: <name>.json)")
     p.add_argument("--name", help="model name recorded in the IR")
-    p.add_argument("--weights", help="also save seeded real weights to this .safetensors file")
+    p.add_argument("--weights", help="also save the model's weights (seeded ones for a zoo model or a config.json "
+                                     "alone) to this .safetensors file")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_extract)
 

@@ -181,7 +181,8 @@ def _roofs(report: CostReport, hw: Hardware) -> tuple[str, float, float, float, 
 def roofline_labels(report: CostReport, hw: Hardware, count: int = ROOFLINE_LABELS) -> list[tuple[str, float, float]]:
     """(label, x, y) of the ``count`` costliest points of the roofline, by cycles: each names its dispatch's layer.
     The same layer in every block lands on the same spot, so a spot is named once, with how many more share it
-    ("layers.0.mlp (+23 alike)") instead of piling up labels."""
+    ("layers.0.mlp (+23 alike)") instead of piling up labels; a point right beside a named one is left unnamed
+    (the page still names it on hover)."""
     points = roofline_points(report, hw)
     at: dict[tuple[float, float], list[DispatchCost]] = {}
     for r, x, y in points:
@@ -192,11 +193,17 @@ def roofline_labels(report: CostReport, hw: Hardware, count: int = ROOFLINE_LABE
         spot = _spot(x, y)
         if len(labels) >= count:
             break
-        if spot not in named:
+        if not any(_near(spot, other) for other in named):  # a label beside a named dot would cover its label
             named.add(spot)
             alike = len(at[spot]) - 1
             labels.append((_short(r.layer) + (f" (+{alike} alike)" if alike else ""), x, y))
     return labels
+
+
+def _near(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether labels at the two spots would overlap: a label, drawn to the right of its dot, is about a decade of
+    the x axis wide and a fifth of a decade of the y axis high."""
+    return abs(a[0] - b[0]) < 1.0 and abs(a[1] - b[1]) < 0.2
 
 
 def _spot(x: float, y: float) -> tuple[float, float]:
@@ -265,9 +272,9 @@ def roofline_figure(report: CostReport, hw: Hardware, dpi: int = 110) -> Any:
     ax.set_ylabel("achieved throughput (FLOPs per second)")
     # names come from the program: never let matplotlib read them as mathtext ($...$)
     ax.set_title(plain_line(f"Roofline: {report.model_name} on {hw.name} ({dtype})"), parse_math=False)
-    for i, (label, x, y) in enumerate(roofline_labels(report, hw)):
-        ax.annotate(label, (x, y), xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points", fontsize=7,
-                    color="#333333", parse_math=False)  # alternate above and below: neighbours overlap less
+    for label, x, y in roofline_labels(report, hw):
+        ax.annotate(label, (x, y), xytext=(6, 2), textcoords="offset points", fontsize=7, color="#333333",
+                    parse_math=False)
     legend = ax.legend(loc="lower right", fontsize=8)
     for text in legend.get_texts():
         text.set_parse_math(False)
@@ -345,9 +352,9 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
         colour = BOUND_COLOURS.get(r.bound, "#7f7f7f")
         out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}" fill-opacity="0.75">'
                    f"<title>{_text(_point_title(r))}: {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s</title></circle>")
-    for i, (label, x, y) in enumerate(roofline_labels(report, hw)):
-        out.append(f'<text class="label" x="{px(x) + 6:.1f}" y="{py(y) + (-6 if i % 2 == 0 else 12):.1f}" '
-                   f'font-size="9" fill="#333">{_text(label)}</text>')
+    for label, x, y in roofline_labels(report, hw):
+        out.append(f'<text class="label" x="{px(x) + 6:.1f}" y="{py(y) - 3:.1f}" font-size="9" fill="#333">'
+                   f"{_text(label)}</text>")
     legend = [("line", "#ff7f0e", f"compute roof {_fmt(peak)} FLOPs/s"),
               ("line", "#2ca02c", f"bandwidth roof {_fmt(bandwidth)} B/s"),
               ("dot", BOUND_COLOURS["compute"], "compute-bound dispatch"),

@@ -99,6 +99,8 @@ class HFCheckpoint:
     weight_map: dict[str, str] | None = field(default=None, repr=False)
     #: ``eos_token_id`` of ``generation_config.json``; None when that file does not set it.
     generation_eos: list[int] | None = field(default=None, repr=False)
+    #: Build the config's ``AutoModelForCausalLM`` (a decoder); False: its ``AutoModel`` (an encoder such as BERT).
+    causal: bool = True
     _spec: ModelSpec | None = field(default=None, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:  # the config and tokenizer print dozens of lines each
@@ -115,21 +117,22 @@ class HFCheckpoint:
         return config_dtype(self.config) or torch.float32
 
     def build_on_meta(self, dtype: torch.dtype | None = None) -> torch.nn.Module:
-        """The config's ``AutoModelForCausalLM`` on the meta device (shapes only), in eval mode, SDPA attention.
+        """The config's ``AutoModelForCausalLM`` (``AutoModel`` when not :attr:`causal`) on the meta device (shapes
+        only), in eval mode, SDPA attention.
 
         Built under :func:`torch_ir.build_on_meta` rather than a bare ``torch.device("meta")``, so the values of
         small buffers made in ``__init__`` (rotary ``inv_freq``) stay known: extraction records how to rebuild
         them, and :meth:`build_with_weights` fills them in. ``dtype`` defaults to :attr:`dtype`.
         """
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModel, AutoModelForCausalLM
 
         dtype = self.dtype if dtype is None else _float_dtype(dtype)
+        auto = AutoModelForCausalLM if self.causal else AutoModel
         # from_config writes the dtype and the attention implementation into the config it is given.
         config = copy.deepcopy(self.config)
         try:
             with recording_meta_device():
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa",
-                                                         trust_remote_code=False)
+                model = auto.from_config(config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
         except Exception as e:  # the config's values are the file's; any failure to build is its fault
             raise CheckpointError(
                 f"checkpoint {self.path}: transformers cannot build {self.model_type!r} from {CONFIG} "
@@ -141,7 +144,8 @@ class HFCheckpoint:
     def build_with_weights(self, dtype: torch.dtype | None = None) -> torch.nn.Module:
         """The model with the checkpoint's weights, on the CPU: a reference to compare a compiled model with.
 
-        Equal to ``AutoModelForCausalLM.from_pretrained(path, dtype=dtype)`` (SDPA attention), without reading
+        Equal to ``AutoModelForCausalLM.from_pretrained(path, dtype=dtype)`` (``AutoModel``'s when not
+        :attr:`causal`; SDPA attention), without reading
         any file that method would and this loader refuses. The weights are cast to the model's dtype as
         ``from_pretrained`` casts them; non-persistent buffers get the values they were built with.
         """

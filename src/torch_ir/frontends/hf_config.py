@@ -27,9 +27,10 @@ _CONFIG_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32
                   "float64": torch.float64}
 
 
-def load_config(root: Path) -> transformers.PretrainedConfig:
+def load_config(root: Path, *, causal: bool = True) -> transformers.PretrainedConfig:
     """``root/config.json`` as transformers' config class of its model type: a type with an
-    ``AutoModelForCausalLM`` class, not quantized, every size within ``torch_ir.limits``, every number finite."""
+    ``AutoModelForCausalLM`` class (with ``causal=False``: any type with an ``AutoModel`` class, an encoder such as
+    BERT too), not quantized, every size within ``torch_ir.limits``, every number finite."""
     fix = f"use the {CONFIG} that came with the model (save_pretrained writes it)"
     raw = read_json_object(root, CONFIG, fix)
     model_type = raw.get("model_type")
@@ -37,7 +38,7 @@ def load_config(root: Path) -> transformers.PretrainedConfig:
         raise CheckpointError(
             f"checkpoint {root}: {CONFIG} has no \"model_type\" (e.g. \"llama\", \"qwen2\"), so the architecture "
             f"is unknown; {fix}")
-    _check_model_type(root, model_type)
+    _check_model_type(root, model_type, causal, is_decoder=raw.get("is_decoder") is True)
     if raw.get("quantization_config") is not None:
         method = raw["quantization_config"].get("quant_method") if isinstance(raw["quantization_config"], dict) \
             else None
@@ -63,25 +64,50 @@ def load_config(root: Path) -> transformers.PretrainedConfig:
     return config
 
 
-def _check_model_type(root: Path, model_type: str) -> None:
-    """A model type transformers knows (by its own table: a file never names a class) with a causal-LM class."""
+def is_causal_lm(model_type: str, is_decoder: bool = False) -> bool:
+    """Whether a model type is a decoder that generates: transformers has an ``AutoModelForCausalLM`` class for it,
+    and it is no encoder. BERT-like encoders have a causal-LM class too (``BertLMHeadModel``, for a BERT trained as a
+    decoder); they are told apart by their masked-LM class, unless the config sets ``is_decoder``."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        is_decoder or model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
+def _check_model_type(root: Path, model_type: str, causal: bool, is_decoder: bool) -> None:
+    """A model type transformers knows (by its own table: a file never names a class) with a causal-LM class, or
+    (``causal=False``) with a base-model class."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
-    causal = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    supported = (f"supported: the {len(causal)} causal-LM model types of transformers {transformers.__version__} "
+    lms = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    supported = (f"supported: the {len(lms)} causal-LM model types of transformers {transformers.__version__} "
                  f"(transformers.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), e.g. "
-                 f"{', '.join(t for t in ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma2', 'phi3') if t in causal)}; "
+                 f"{', '.join(t for t in ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma2', 'phi3') if t in lms)}; "
                  f"tested: {', '.join(TESTED_MODEL_TYPES)}")
     if model_type not in CONFIG_MAPPING:
         raise CheckpointError(
             f"checkpoint {root}: {CONFIG} has model_type {model_type!r}, which transformers "
             f"{transformers.__version__} does not know (custom model code, auto_map, is never run); {supported}")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not causal:
+        if model_type not in MODEL_MAPPING_NAMES and model_type not in lms:
+            raise CheckpointError(
+                f"checkpoint {root}: {CONFIG} has model_type {model_type!r}, for which transformers "
+                f"{transformers.__version__} has no model class (AutoModel or AutoModelForCausalLM) to build")
+        return
+    if model_type not in lms:
         raise CheckpointError(
             f"checkpoint {root}: {CONFIG} has model_type {model_type!r}, which is not a causal language model "
             f"(transformers has no AutoModelForCausalLM class for it), so it cannot generate text; {supported}")
+    if not is_causal_lm(model_type, is_decoder):
+        raise CheckpointError(
+            f"checkpoint {root}: {CONFIG} has model_type {model_type!r}, an encoder (it has a masked-LM class, and "
+            f"{CONFIG} does not set \"is_decoder\": true), not a causal language model, so it cannot generate text; "
+            f"{supported}")
 
 
 def config_dtype(config: Any, root: Path | None = None) -> torch.dtype | None:

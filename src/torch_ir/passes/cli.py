@@ -12,7 +12,8 @@ from ..naming import default_output
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("normalize", help="clean up, canonicalize and fuse an IR into the NPU op set")
-    p.add_argument("source", nargs="?", help="an IR JSON file, a zoo name or package.module:factory")
+    p.add_argument("source", nargs="?", help="an IR JSON file, a zoo name, package.module:factory, or a Hugging "
+                                             "Face model directory or its config.json")
     options.output(p, "the normalized IR JSON (default: <name>.npu.json)")
     p.add_argument("--disable", action="append", default=[], metavar="FAMILY",
                    help="switch a rule family off (repeatable): see --list-rules")
@@ -22,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-prefix", help="rename intermediate tensors <prefix>0, ...")
     options.markdown(p, "the normalization report (Markdown + Mermaid)")
     p.add_argument("--verify", action="store_true",
-                   help="for a model: verify the normalized IR against the model with its seeded weights")
+                   help="for a model: verify the normalized IR against the model with its weights (seeded ones "
+                        "for a zoo model or a config.json alone)")
     p.add_argument("--list-rules", action="store_true", help="list the rules by family and exit")
     p.set_defaults(func=cmd_normalize)
 
@@ -68,9 +70,13 @@ def cmd_normalize(args: argparse.Namespace) -> int:
 
 
 def _load(source: str):
+    """An IR file as it is, or a model (anything ``resolve_spec`` takes) extracted now on the meta device, with its
+    spec. ``normalize``, ``compile``, ``partition`` and ``cost`` all load their source here."""
+    from ..frontends.hf_model import is_hf_model_path
     from ..ir import load_ir
 
-    if source.endswith(".json") or Path(source).is_file():
+    # a Hugging Face config.json is a model, not an IR, although it is a .json file
+    if not is_hf_model_path(source) and (source.endswith(".json") or Path(source).is_file()):
         return load_ir(source), None
     from ..zoo.runner import resolve_spec
 

@@ -19,6 +19,7 @@ from ..factory_spec import call_factory, check_torch_factory_result, load_factor
 from ..fileio import atomic_write, check_output_path
 from ..frontends import extract_ir
 from ..frontends.constants import build_on_meta
+from ..frontends.hf_model import is_hf_model_path, open_hf_model
 from ..ir import NPU_IR, load_ir
 from ..naming import safe_stem
 from ..report import ir_statistics, markdown_report, to_mermaid
@@ -38,6 +39,9 @@ class ModelSpec:
     args: tuple
     kwargs: dict = field(default_factory=dict)
     dynamic_shapes: Any = None
+    #: Which weights ``build("cpu")`` gives, when the spec says (a Hugging Face model: its checkpoint's, or seeded
+    #: random ones for a config alone); None: the zoo entry's or the factory's own.
+    weights: str | None = None
 
     def extract(self, model: torch.nn.Module, model_name: str | None = None) -> NPU_IR:
         """``extract_ir`` of ``model`` (built by ``self.build("meta")``) on this spec's example inputs."""
@@ -56,8 +60,14 @@ class RunResult:
 
 
 def resolve_spec(spec: str) -> ModelSpec:
-    """A zoo name (``resnet``) or ``package.module:factory``.
+    """A zoo name (``resnet``), ``package.module:factory``, or a local Hugging Face model: a checkpoint directory
+    (``./minilm``, weights optional) or its ``config.json`` alone (weight-free).
 
+    The one place a command's model argument is resolved: every command that takes a model takes all these forms.
+    A Hugging Face model is opened by ``torch_ir.frontends.hf_model.open_hf_model`` (the config checked, nothing run
+    from it), built with ``build_on_meta`` for extraction and with its weights (seeded random ones when it has
+    none) for reference runs; its example inputs are seeded token ids sized by the config (``input_ids``, plus an
+    ``attention_mask`` for an encoder).
     A factory returns ``(model, example_args)`` or ``(model, example_args, example_kwargs)``; it is
     called once under ``build_on_meta()`` (``torch.device('meta')`` that keeps the values of small tensors
     made in ``__init__``) for extraction and once, seeded, for real weights.
@@ -65,11 +75,16 @@ def resolve_spec(spec: str) -> ModelSpec:
     Whatever the factory does wrong (returns something else, raises, calls ``exit()``) becomes an
     ``ExtractionError`` naming the spec; an attribute that is not callable is refused before any call.
     """
+    if is_hf_model_path(spec):
+        return _hf_spec(spec)
     if ":" not in spec:
         try:
             entry = get_model(spec)
         except KeyError as e:
-            raise TorchIRError(f"{e.args[0]}; or give package.module:factory") from None
+            if Path(spec).is_dir():  # a directory that is no zoo name: opening it says what it lacks
+                return _hf_spec(spec)
+            raise TorchIRError(f"{e.args[0]}; or give package.module:factory, or a Hugging Face model directory "
+                               "or its config.json") from None
         args, kwargs = entry.example_inputs()
         return ModelSpec(entry.name, entry.build, tuple(args), dict(kwargs), getattr(entry, "dynamic_shapes", None))
     factory = load_factory(spec)  # imports the module: code runs from here on (trusted specs only)
@@ -84,6 +99,11 @@ def resolve_spec(spec: str) -> ModelSpec:
 
     _, args, kwargs = call("cpu")
     return ModelSpec(name, lambda device: call(device)[0].eval(), args, kwargs)
+
+
+def _hf_spec(path: str) -> ModelSpec:
+    model = open_hf_model(path)
+    return ModelSpec(model.name, model.build, (), model.example_kwargs(), weights=model.weights_text)
 
 
 def run_model(spec: ModelSpec, output_dir: Path | None = None, progress: Progress | None = None) -> RunResult:
