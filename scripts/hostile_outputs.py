@@ -1,4 +1,4 @@
-"""Hostile corpus, second pass: array files (``bisect --inputs``, ``run --input``) and bisect's outputs.
+"""Hostile corpus, second pass: array files (``bisect --input``, ``run --input``) and bisect's outputs.
 
 Array files are untrusted input like an IR: a 2 MB ``.npz`` that decompresses to gigabytes, one whose zip
 directory or ``.npy`` header lies about its sizes, strings, void, records, datetimes and pickled objects where
@@ -234,7 +234,7 @@ def zip_archive(members: list[tuple[str, bytes, int, int]]) -> bytes:
 # -- the cases ------------------------------------------------------------------------------------------
 
 def _bisect_inputs_cli(file: str) -> list[CliCall]:
-    return [CliCall(["bisect", "{dir}/" + BASE_IR, "--weights", "{dir}/" + BASE_WEIGHTS, "--inputs", "{dir}/" + file])]
+    return [CliCall(["bisect", "{dir}/" + BASE_IR, "--weights", "{dir}/" + BASE_WEIGHTS, "--input", "{dir}/" + file])]
 
 
 def _run_input_cli(file: str) -> list[CliCall]:
@@ -276,7 +276,7 @@ def _npz_sizes(b: _Builder) -> None:
     case("out_npz_longer_than_declared", zip_archive([("input_0.npy", data, len(declared), zlib.crc32(declared))]),
          None, "", "a member that decompresses to 64 MiB more than the 560 bytes it declares: read with that bound",
          cli=[CliCall(["bisect", "{dir}/" + BASE_IR, "--weights", "{dir}/" + BASE_WEIGHTS, "--stage", "extracted",
-                       "--inputs", "{dir}/out_npz_longer_than_declared.npz"], 0)])
+                       "--input", "{dir}/out_npz_longer_than_declared.npz"], 0)])
     huge_length = b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFF00)
     data, crc = deflated_zeros(huge_length, 2 * SEGMENT)
     case("out_npz_huge_header", zip_archive([("input_0.npy", data, len(huge_length) + 2 * SEGMENT, crc)]),
@@ -341,7 +341,7 @@ def _npz_contents(b: _Builder) -> None:
          "a text file named .npz")
     case("out_npz_text_member", with_text, r"member 'notes\.txt' is not a \.npy array",
          "an npz with a text file beside its array")
-    b.add(Case("out_npz_npy_given", "bisect_inputs", "a plain .npy (the corpus' valid input) passed as --inputs",
+    b.add(Case("out_npz_npy_given", "bisect_inputs", "a plain .npy (the corpus' valid input) passed as --input",
                [BASE_INPUT], "outputs.load_arrays", "ArrayFileError", r"is a single \.npy array, not an \.npz",
                _bisect_inputs_cli(BASE_INPUT)))
 

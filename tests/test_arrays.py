@@ -1,7 +1,7 @@
 """``torch_ir.arrays``: the one reader of user ``.npy``/``.npz`` files, and the commands that use it.
 
 Every file ends in numeric arrays equal to what ``numpy.load`` gives, or in one toolkit error naming the file
-(and member), before anything is decompressed; ``run --input`` and ``bisect --inputs`` print it as one line
+(and member), before anything is decompressed; ``run --input`` and ``bisect --input`` print it as one line
 and exit 2.
 """
 
@@ -360,7 +360,7 @@ def test_bisect_inputs_refuses_what_is_not_an_npz_of_numbers(tiny_program: tuple
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     ir = tiny_program[0].with_suffix(".json")
     weights = tiny_program[1]
-    base = ["bisect", str(ir), "--weights", str(weights), "--stage", "extracted", "--inputs"]
+    base = ["bisect", str(ir), "--weights", str(weights), "--stage", "extracted", "--input"]
     np.savez(tmp_path / "ok.npz", input_0=np.ones((2, 4), np.float32))
     assert main([*base, str(tmp_path / "ok.npz")]) == 0
     capsys.readouterr()

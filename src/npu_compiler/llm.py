@@ -190,12 +190,14 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     import torch
 
     from torch_ir.frontends.hf import extract_lm
-    from torch_ir.frontends.hf_checkpoint import is_checkpoint_dir, load_checkpoint
+    from torch_ir.frontends.hf_checkpoint import load_checkpoint
+    from torch_ir.frontends.hf_model import is_hf_model_path
 
     step = progress or (lambda label: None)
     torch_dtype = _torch_dtype(dtype)
     step("load")
-    if is_checkpoint_dir(source):
+    # a config.json alone is refused there too: generating needs the weights beside it
+    if is_hf_model_path(source):
         checkpoint = load_checkpoint(source)
         torch_dtype = torch_dtype or checkpoint.dtype
         meta = checkpoint.build_on_meta(torch_dtype)

@@ -51,9 +51,9 @@ def _check_early(args: argparse.Namespace) -> None:
     """Refuse what is wrong before minutes of building and compiling: a text prompt for a model without a
     tokenizer, token ids that cannot fit in the cache."""
     from npu_runtime import RuntimeInputError
-    from torch_ir.frontends.hf_checkpoint import is_checkpoint_dir
+    from torch_ir.frontends.hf_model import is_hf_model_path
 
-    if args.prompt is not None and not is_checkpoint_dir(args.source):
+    if args.prompt is not None and not is_hf_model_path(args.source):
         raise RuntimeInputError(f"{args.source!r} is a zoo model, which has no tokenizer: give --prompt-ids, or a "
                                 "checkpoint directory with tokenizer.json")
     if args.prompt_ids is not None:

@@ -2,7 +2,7 @@
 
     torch-ir bisect qwen2 -o bisect-out                       # a zoo name
     torch-ir bisect my_pkg.models:tiny --stage normalize:fuse --stage compiled:cpu
-    torch-ir bisect model.onnx --inputs inputs.npz --rtol 1e-3
+    torch-ir bisect model.onnx --input inputs.npz --rtol 1e-3
     torch-ir bisect model.json --weights model.safetensors
     torch-ir bisect my_pkg.models:tiny --weights tiny.safetensors   # loaded into the factory's model
 
@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .. import cli_options as options
 from ..errors import InputMismatchError
 
 
@@ -32,16 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a .safetensors or .pt state dict: the weights of an IR source, or loaded into the model of a "
                         "zoo name or module:factory (as verify --weights does; default: the model's own). An ONNX "
                         "file or a tinygrad factory has its own weights and takes none")
-    p.add_argument("--inputs", metavar="NPZ", help="inputs as an .npz file, one array per graph input in graph order "
-                                                   "(input_0, input_1, ... or any names; default: seeded random)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    options.inputs(p, old="--inputs")  # an .npz: one array per graph input in graph order (default: seeded)
+    options.seed(p)
     p.add_argument("--stage", action="append", choices=STAGE_NAMES, metavar="STAGE",
                    help=f"a stage to run (repeatable; default: all): {', '.join(STAGE_NAMES)}")
-    p.add_argument("--rtol", type=float, help="relative tolerance (default: the dtype's)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (default: the dtype's)")
+    options.tolerances(p)
     p.add_argument("--keep-going", action="store_true", help="run the stages after the first that diverges too")
-    p.add_argument("-o", "--output", metavar="DIR",
-                   help="directory for report.json/.md/.html, the error plot and the repro (made if missing)")
+    options.output(p, "the directory for report.json/.md/.html, the error plot and the repro", directory=True)
     p.set_defaults(func=cmd_bisect)
 
 
@@ -55,7 +53,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         _check_weights_flag(args.source)
     if args.output:  # before the inputs are read and the model is loaded
         check_output_dir(args.output, FILES)
-    inputs = _read_inputs(args.inputs) if args.inputs else None
+    inputs = _given_inputs(args.input) if args.input else None
     report = bisect(args.source, inputs=inputs, weights=args.weights, seed=args.seed, stages=args.stage,
                     rtol=args.rtol, atol=args.atol, out_dir=args.output, keep_going=args.keep_going)
     print(report.summary())
@@ -72,6 +70,20 @@ def _check_weights_flag(source: str) -> None:
     if form in NO_WEIGHTS:
         raise SubjectError(f"--weights cannot be used with {source!r}: {NO_WEIGHTS[form]}; --weights is for "
                            f"{WEIGHTS_TAKEN_BY}")
+
+
+def _given_inputs(items: list[str]) -> list[Any] | dict[str, Any]:
+    """``--input``: one ``FILE.npz`` (every input, in graph order) or ``NAME=FILE.npy`` items (by name)."""
+    import torch
+
+    from ..arrays import ArrayFileError, load_array
+
+    if len(items) == 1 and "=" not in items[0]:
+        return _read_inputs(items[0])
+    if any("=" not in item for item in items):
+        raise ArrayFileError("--input takes NAME=FILE.npy items (one per input) or one FILE.npz holding them all")
+    return {name: torch.from_numpy(load_array(path, f"--input {name}"))
+            for name, _, path in (item.partition("=") for item in items)}
 
 
 def _read_inputs(path: str) -> list[Any]:

@@ -6,6 +6,7 @@
     subject = load_subject("tinygrad:my_pkg.tg:make_mlp")     # a tinygrad factory: (model, example_inputs)
     subject = load_subject("model.json", weights="model.safetensors")   # the IR's own execution is trusted
     subject = load_subject("my_pkg.models:tiny", weights="tiny.safetensors")   # loaded into the factory's model
+    subject = load_subject("./minilm")                        # a Hugging Face directory: its own weights
 
 A ``module:factory`` spec means PyTorch unless it starts with ``tinygrad:`` (or ``frontend="tinygrad"`` is
 given): both kinds of factory look alike from outside, and importing the module to guess would run its code
@@ -35,14 +36,16 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExtractionError, InputMismatchError, TorchIRError, WeightsMismatchError
 from ..executor import IRExecutor
+from ..frontends.hf_model import is_hf_model_path
 from ..inputs import random_inputs
 from ..ir import NPU_IR, OpNode, load_ir
 from .subject import Subject, WeightsUsed
 
 TINYGRAD_PREFIX = "tinygrad:"
 FRONTENDS = ("torch", "onnx", "tinygrad", "ir")
-ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), "
-            "'tinygrad:package.module:factory', a path to an .onnx file, a path to an IR .json file "
+ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), a Hugging Face model "
+            "directory or its config.json, 'tinygrad:package.module:factory', a path to an .onnx file, a path to an "
+            "IR .json file "
             "(with weights=), or an NPU_IR object (with weights=)")
 # the forms of source that bring their own weights and have no PyTorch model to load a state dict into
 NO_WEIGHTS = {"onnx": "an ONNX model holds its own weights (its initializers)",
@@ -113,6 +116,8 @@ def source_form(source: str | os.PathLike | Any, frontend: str | None = None) ->
     if text.startswith(TINYGRAD_PREFIX) or frontend == "tinygrad":
         return "tinygrad"
     path = Path(text)
+    if frontend is None and (is_hf_model_path(text) or path.is_dir()):  # a config.json is a model, not an IR
+        return "torch"
     suffix = path.suffix.lower()
     if frontend == "onnx" or suffix == ".onnx":
         return "onnx"
@@ -145,7 +150,7 @@ def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int, weights: 
     model = resolved.build("cpu")  # seeded by the build itself (the zoo entry's seed, 0 for a factory)
     if state is not None:
         load_weights_into(model, state, _weights_where(weights))
-    used = _given_weights(weights) if weights is not None else _own_weights(spec)
+    used = _given_weights(weights) if weights is not None else _own_weights(spec, resolved)
     return _torch_subject(_extract_spec(resolved, model), model, resolved.args, resolved.kwargs, name=resolved.name,
                           inputs=inputs, seed=seed, weights_used=used)
 
@@ -162,8 +167,10 @@ def _extract_spec(resolved: Any, model: torch.nn.Module) -> NPU_IR:
     return resolved.extract(meta_model)
 
 
-def _own_weights(spec: str) -> WeightsUsed:
-    """The weights a zoo model or factory is built with when none are given."""
+def _own_weights(spec: str, resolved: Any) -> WeightsUsed:
+    """The weights a zoo model, a factory or a Hugging Face model is built with when none are given."""
+    if resolved.weights is not None:  # a Hugging Face model: its checkpoint's, or seeded ones for a config alone
+        return WeightsUsed.own(resolved.weights)
     if ":" in spec:  # the factory runs after torch.manual_seed(0): random weights it draws are seeded
         return WeightsUsed.own("the factory's own weights")
     from ..zoo import get_model
@@ -537,9 +544,17 @@ def _weights_beside(ir: NPU_IR, path: Path | None) -> Path | None:
 
 # -- inputs ------------------------------------------------------------------------------------------
 
-def _given(ir: NPU_IR, inputs: Sequence[Any], name: str) -> list[torch.Tensor]:
-    """The caller's inputs as torch tensors, one per graph input."""
+def _given(ir: NPU_IR, inputs: Sequence[Any] | Mapping[str, Any], name: str) -> list[torch.Tensor]:
+    """The caller's inputs as torch tensors, one per graph input (a mapping: by graph input name)."""
     from ..weights import as_tensor
+
+    if isinstance(inputs, Mapping):
+        names = [t.name for t in ir.graph_inputs]
+        stray, missing = sorted(set(inputs) - set(names)), [n for n in names if n not in inputs]
+        if stray or missing:
+            raise InputMismatchError(f"{name!r} takes the inputs {', '.join(names)}; the inputs given "
+                                     + (f"name {stray} " if stray else "") + (f"lack {missing}" if missing else ""))
+        inputs = [inputs[n] for n in names]
 
     values = [as_tensor(x, f"input {i} of {name!r}", InputMismatchError) for i, x in enumerate(inputs)]
     if len(values) != len(ir.graph_inputs):
