@@ -67,3 +67,22 @@ def test_extending_walkthrough_runs_as_written(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "{'SCALE_SHIFT': 1, 'aten.relu.default': 1}" in result.stdout
+
+
+def test_usage_hugging_face_recipe_runs_the_program_with_the_models_own_state_dict():
+    """docs/usage.md's Hugging Face recipe, as written: built under build_on_meta, compiled, run with
+    ``trained.state_dict()``, which lacks the non-persistent buffers (position_ids, token_type_ids) the program
+    rebuilds itself."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    import torch
+
+    text = (ROOT / "docs" / "usage.md").read_text()
+    section = text[text.index("### Hugging Face models"):]
+    recipe = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    assert "build_on_meta()" in recipe and "trained.state_dict()" in recipe
+    namespace: dict = {}
+    exec(compile("import torch\nimport torch_ir\n" + recipe, "docs/usage.md", "exec"), namespace)  # noqa: S102
+    with torch.no_grad():
+        expected = namespace["trained"](input_ids=namespace["ids"], attention_mask=namespace["mask"])
+    np.testing.assert_allclose(namespace["hidden"], expected.last_hidden_state.numpy(), rtol=1e-4, atol=1e-4)

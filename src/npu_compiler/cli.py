@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from torch_ir import cli_options as options
 from torch_ir.frontends.onnx.cli import UsageError, parse_input_shapes
 from torch_ir.naming import default_output
 
@@ -18,7 +19,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     source_help = "an IR JSON file, a zoo name or package.module:factory (extracted now, on meta)"
     p = sub.add_parser("compile", help="compile an IR into a program of kernel dispatches (.npubin)")
     p.add_argument("source", help=source_help)
-    p.add_argument("-o", "--output", help="program file (default: <name>.npubin)")
+    options.output(p, "the program file (default: <name>.npubin)")
     p.add_argument("--target", default="cpu", help="kernel library to compile for (default: cpu)")
     p.add_argument("--no-fuse", action="store_true", help="one dispatch per node: no CONV_ADD fusion")
     p.add_argument("--memory", default="greedy_by_size", choices=("greedy_by_size", "naive"),
@@ -42,7 +43,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hw", metavar="HARDWARE",
                    help="place against the kernels of the NPU described in HARDWARE (a hardware .toml/.json file or "
                         "cost-model preset with a [kernels] supported = [...] list): the rest goes to the CPU")
-    p.add_argument("--json", metavar="FILE", help="also write the plan (placements, partitions) as JSON")
+    options.json_file(p)  # the plan: placements and partitions
     p.set_defaults(func=cmd_partition)
 
     from .llm_cli import add_parser as add_generate_parser

@@ -283,6 +283,10 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
         "normalized_nodes": len(ir.nodes),
         # state-dict key -> tied keys, so a weights file that stored a tied weight once still loads
         "weight_aliases": {k: v for k, v in ir.weight_aliases.items() if {k, *v} & slot_keys},
+        # the slots no checkpoint holds (non-persistent buffers): how load_weights rebuilds them, or null when the
+        # IR had no recipe (then its error names them as buffers, not as weights of another model)
+        "non_persistent_buffers": {k: ir.non_persistent_buffers[k] for k in sorted(slot_keys)
+                                   if k in ir.non_persistent_buffers},
         "placement": placement_metadata(ir, lowered, fallback),
     }
     return CompiledProgram(
@@ -297,7 +301,8 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
     )
 
 
-#: Non-persistent buffers up to this size are embedded in the program as constants.
+#: Non-persistent buffers up to this size are embedded in the program as constants; larger ones stay weight slots,
+#: which ``npu_runtime.load_weights`` rebuilds from ``metadata["non_persistent_buffers"]`` when the weights lack them.
 REBUILT_BUFFER_BYTES = 1 << 20
 
 

@@ -14,6 +14,8 @@ import argparse
 import sys
 import time
 
+from torch_ir import cli_options as options
+
 from .llm import DEFAULT_CHUNK
 
 
@@ -36,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"prefill program length in tokens (default: {DEFAULT_CHUNK})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--seed", type=int, default=None, help="seed of the sampling")
+    options.seed(p, default=None)  # the sampling's (none: a fresh draw each run)
     p.set_defaults(func=cmd_generate)
 
 

@@ -32,7 +32,8 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from torch_ir.errors import TorchIRError
+from torch_ir.errors import IRValidationError, TorchIRError
+from torch_ir.ir.validate import check_buffer_recipes
 from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.values import check_value
 
@@ -112,7 +113,28 @@ def _check_specs(program: CompiledProgram, where: str) -> dict[str, TensorSpec]:
     if not isinstance(tied, dict) or not all(
             isinstance(v, list) and all(isinstance(x, str) for x in v) for v in tied.values()):
         raise _fail(where, "metadata.weight_aliases must map state-dict keys to lists of tied keys")
+    _check_buffer_recipes(program, where)
     return {**program.tensors, **weights, **state}
+
+
+def _check_buffer_recipes(program: CompiledProgram, where: str) -> None:
+    """``metadata.non_persistent_buffers``: for weight slots that are non-persistent buffers (no checkpoint holds
+    them), how ``load_weights`` rebuilds each (null: nobody can). Checked by the IR's own rules (a recipe is data of
+    a fixed table of kinds, never code) and against its slot: a recipe that made another shape or dtype would be
+    refused at load time anyway, but a file is refused as a whole, before anything is allocated."""
+    recipes = program.metadata.get("non_persistent_buffers", {})
+    try:
+        check_buffer_recipes(recipes, f"{where}: metadata")
+    except IRValidationError as e:
+        raise NpubinError(f"{e}; {_FIX}") from None
+    slots = {program.weight_keys.get(spec.name, spec.name): spec for spec in program.weight_specs}
+    for key, recipe in recipes.items():
+        spec = slots.get(key)
+        if spec is None:
+            raise _fail(where, f"metadata.non_persistent_buffers names {key[:80]!r}, which is no weight slot's key")
+        if recipe is not None and (recipe["shape"] != spec.shape or recipe["dtype"] != spec.dtype):
+            raise _fail(where, f"metadata.non_persistent_buffers[{key[:80]!r}] makes {recipe['dtype']}"
+                               f"{recipe['shape']}, its weight slot {spec.name!r} is {spec.dtype}{spec.shape}")
 
 
 def _check_state(program: CompiledProgram, weights: dict[str, TensorSpec], where: str) -> dict[str, Any]:

@@ -12,7 +12,8 @@ import torch
 from npu_program import dtypes
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
-from torch_ir.weights import find_weight_key, load_state_dict, reverse_aliases, tied_keys
+from torch_ir.ir import TensorMeta
+from torch_ir.weights import build_buffer, find_weight_key, load_state_dict, reverse_aliases, tied_keys
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, new_tensor
 
@@ -49,29 +50,50 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
     up (``torch_ir.weights.find_weight_key``: its key, the other names of a tied tensor, its graph name)
     and its shape and dtype checked; all problems are reported in one error naming the source. Keys
     the program does not read are allowed and listed in ``Weights.unused``.
+
+    A slot that is a non-persistent buffer (BERT's ``position_ids``: ``model.state_dict()`` and checkpoints never
+    hold one) and that the source lacks is rebuilt from the program's recipe
+    (``metadata["non_persistent_buffers"]``, carried over from the IR), so the model's own state dict loads; one
+    without a recipe is named as such, with the fix.
     """
     device = as_device(device if device is not None else "cpu")
     where = str(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__
     state = _read(source, where)
     tied = program.metadata.get("weight_aliases", {})
+    recipes = program.metadata.get("non_persistent_buffers", {})
     reverse = reverse_aliases(tied)
-    buffers, missing, wrong, used = {}, [], [], set()
+    buffers, missing, unknown_buffers, wrong, used = {}, [], [], [], set()
     for spec in program.weight_specs:
         key = program.weight_keys.get(spec.name, spec.name)
         found = find_weight_key(key, spec.name, tied, state, reverse)  # the IR's matcher: same files load
-        if found is None:
-            missing.append(f"{key} ({spec.dtype}{list(spec.shape)})")
+        if found is None and recipes.get(key) is not None:
+            array = _rebuilt(recipes[key], spec, key, program)
+        elif found is None:
+            (unknown_buffers if key in recipes else missing).append(f"{key} ({spec.dtype}{list(spec.shape)})")
             continue
-        used |= tied_keys(found, tied, reverse)
-        array = _host(state[found], found, where)  # only the tensors a slot reads are converted
-        problem = _mismatch(array, spec)
-        if problem:
-            wrong.append(f"{found}: {problem}")
-            continue
+        else:
+            used |= tied_keys(found, tied, reverse)
+            array = _host(state[found], found, where)  # only the tensors a slot reads are converted
+            problem = _mismatch(array, spec)
+            if problem:
+                wrong.append(f"{found}: {problem}")
+                continue
         buffers[spec.name] = NPUBuffer(new_tensor(device, spec, array), spec, device)
-    if missing or wrong:
-        raise RuntimeInputError(_report(where, program, missing, wrong, len(state)))
+    if missing or unknown_buffers or wrong:
+        python, cli = _report(where, program, missing, unknown_buffers, wrong, len(state))
+        raise RuntimeInputError(python, cli=cli)
     return Weights(program, buffers, sorted(set(state) - used))
+
+
+def _rebuilt(recipe: dict[str, Any], spec: TensorSpec, key: str, program: CompiledProgram) -> Any:
+    """A non-persistent buffer made from its recipe: data evaluated by ``build_buffer``'s fixed table of kinds
+    (arange, fill, values), checked against the slot and ``torch_ir.limits`` before anything is allocated."""
+    what = f"non-persistent buffer {key!r} of program {program.model_name!r}"
+    try:
+        value = build_buffer(recipe, TensorMeta(spec.name, list(spec.shape), spec.dtype), what)
+    except TorchIRError as e:
+        raise RuntimeInputError(str(e)) from None
+    return _host(value, key, what)
 
 
 def _read(source: WeightsInput, where: str) -> Mapping[str, Any]:
@@ -127,20 +149,38 @@ def _mismatch(value: Any, spec: TensorSpec) -> str | None:
     return None
 
 
-def _report(where: str, program: CompiledProgram, missing: list[str], wrong: list[str], held: int) -> str:
-    """A short summary (the first few of each list); ``TORCH_IR_FULL_ERRORS=1`` lists every key."""
+def _report(where: str, program: CompiledProgram, missing: list[str], unknown_buffers: list[str], wrong: list[str],
+            held: int) -> tuple[str, str]:
+    """A short summary (the first few of each list; ``TORCH_IR_FULL_ERRORS=1`` lists every key) and its fix, in
+    Python's words and in the command line's."""
     full = os.environ.get("TORCH_IR_FULL_ERRORS") == "1"
     lines = [f"weights from {where} do not match program {program.model_name!r}"]
     if len(missing) == len(program.weight_specs) and not wrong:
         lines.append(f"  none of its {len(missing)} weights is in the file, which holds {held} other tensor(s): "
                      "these are the weights of another model")
-    for title, items in (("missing", missing), ("wrong shape/dtype", wrong)):
+    for title, items in (("missing", missing), ("missing non-persistent buffers", unknown_buffers),
+                         ("wrong shape/dtype", wrong)):
         if items:
             shown = items if full else items[:3]
             more = "" if len(shown) == len(items) else f"; ... {len(items) - len(shown)} more"
             lines.append(f"  {title} ({len(items)}): " + "; ".join(shown) + more)
-    if not full and len(missing) + len(wrong) > 3:
+    if not full and len(missing) + len(unknown_buffers) + len(wrong) > 3:
         lines.append("(set TORCH_IR_FULL_ERRORS=1 to list every key)")
-    lines.append("Fix: give the weights of the model the program was compiled from (torch-ir extract MODEL "
-                 "--weights FILE writes seeded ones; from Python, torch_ir.save_weights(module_state(model), FILE))")
-    return "\n".join(lines)
+    python, cli = list(lines), list(lines)
+    if unknown_buffers:
+        # the IR executor's diagnosis (torch_ir.weights), for the same cause
+        why = ("The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
+               "checkpoints never hold them, and the program has no recipe to rebuild them (its model was built "
+               "under torch.device('meta') for extraction, where their values were not known).")
+        python.append(f"{why} Fix: pass the module itself, load_weights(model, program, device), or its state with "
+                      "every buffer, {**model.state_dict(), **dict(model.named_buffers())}; or build the model for "
+                      "extraction under torch_ir.build_on_meta() and compile again: the program then rebuilds them.")
+        cli.append(f"{why} Fix: extract and compile the model again with torch-ir (it builds models under "
+                   "build_on_meta, which records how to rebuild them), or save the weights with every buffer: "
+                   "torch_ir.save_weights(torch_ir.weights.module_state(model), FILE).")
+    if missing or wrong:
+        fix = ("Fix: give the weights of the model the program was compiled from (torch-ir extract MODEL --weights "
+               "FILE writes seeded ones; from Python, torch_ir.save_weights(module_state(model), FILE))")
+        python.append(fix)
+        cli.append(fix)
+    return "\n".join(python), "\n".join(cli)

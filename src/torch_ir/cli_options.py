@@ -13,7 +13,7 @@ every subcommand against it):
                             several (created if its parent exists; never a chain of missing folders)
 ``--markdown [FILE]``       a Markdown report, to FILE, or to standard output without one (or with ``-``)
 ``--json FILE``             the same result as JSON
-``--seed N``                the seed of random inputs and weights
+``--seed N``                the seed of what the command draws at random (inputs, weights, sampling)
 ``--rtol R``, ``--atol A``  comparison tolerances (default: the dtype's)
 ``--input-shape N=D0,..``   fix an input's dimensions
 ==========================  ===========================================================================
@@ -37,7 +37,7 @@ MEANINGS = {
     "--output": "the output",
     "--markdown": "write a Markdown report to FILE (standard output without FILE, or with -)",
     "--json": "also write the result as JSON to FILE",
-    "--seed": "seed of the random inputs and weights (default: 0)",
+    "--seed": "seed of what the command draws at random (inputs, weights, sampling)",
     "--rtol": "relative tolerance (default: the dtype's)",
     "--atol": "absolute tolerance (default: the dtype's)",
 }
@@ -93,8 +93,9 @@ def json_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help=MEANINGS["--json"])
 
 
-def seed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help=MEANINGS["--seed"])
+def seed(p: argparse.ArgumentParser, *, default: int | None = 0) -> None:
+    p.add_argument("--seed", type=int, default=default, metavar="N",
+                   help=MEANINGS["--seed"] + (f" (default: {default})" if default is not None else ""))
 
 
 def tolerances(p: argparse.ArgumentParser) -> None:

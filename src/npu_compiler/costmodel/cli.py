@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torch_ir import cli_options as options
+
 from .hardware import MAC_DTYPES, Hardware, presets
 
 if TYPE_CHECKING:
@@ -52,9 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"write a commented hardware file to start from (default: {DEFAULT_TEMPLATE}; '-': print "
                         "it) instead of costing: every field, its unit, its allowed range and an example value")
     p.add_argument("--force", action="store_true", help="let --hw-template replace an existing file")
-    p.add_argument("-o", "--output", metavar="DIR",
-                   help="directory to write cost.csv, roofline.png (roofline.svg without matplotlib) and "
-                        "report.html into (made if missing)")
+    options.output(p, "the directory for cost.csv, roofline.png (roofline.svg without matplotlib) and report.html",
+                   directory=True)
     p.add_argument("--top", type=int, default=5, metavar="N", help="heaviest dispatches to list (default: 5)")
     p.set_defaults(func=cmd_cost)
 

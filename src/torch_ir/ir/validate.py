@@ -229,6 +229,15 @@ def _check_constant_values(doc: dict, source: str) -> None:
 _RECIPES = ("arange", "fill", "values")
 
 
+def check_buffer_recipes(buffers: Any, source: str) -> None:
+    """A ``non_persistent_buffers`` map read from any file (an IR, a program's metadata): an object from state-dict
+    keys to null or a recipe of one of the fixed kinds (arange, fill, values), checked field by field. Recipes are
+    data that ``torch_ir.weights.build_buffer`` evaluates by that table; nothing in them is run."""
+    if not isinstance(buffers, dict) or not all(isinstance(k, str) for k in buffers):
+        _fail(source, "non_persistent_buffers", "expected an object from state-dict keys to null or a recipe")
+    _check_buffers(buffers, source)
+
+
 def _check_buffers(buffers: dict, source: str) -> None:
     """``non_persistent_buffers``: state-dict key -> null, or a recipe (see docs/ir_spec.md)."""
     max_dim = get_limits().max_dim
