@@ -19,7 +19,7 @@ def test_help_lists_every_subcommand():
 
 def test_extract_inspect_verify(tmp_path, capsys):
     ir_path, weights = tmp_path / "mlp.json", tmp_path / "mlp.safetensors"
-    assert main(["extract", "mlp", "-o", str(ir_path), "--weights", str(weights)]) == 0
+    assert main(["extract", "mlp", "-o", str(ir_path), "--save-weights", str(weights)]) == 0
     assert "aten.linear.default" in capsys.readouterr().out
     assert json.loads(ir_path.read_text())["model_name"] == "mlp"
 

@@ -42,10 +42,10 @@ def test_a_zoo_typo_suggests_the_closest_name(capsys):
 
 
 def test_no_output_is_written_when_a_later_one_cannot_be(tmp_path, monkeypatch, capsys):
-    """``extract -o r.json --weights /proc/x.safetensors`` wrote r.json, then failed: /proc takes no new files
+    """``extract -o r.json --save-weights /proc/x.safetensors`` wrote r.json, then failed: /proc takes no new files
     although ``os.access`` says root may write there. The directory is now probed before anything is built."""
     monkeypatch.chdir(tmp_path)
-    assert main(["extract", "mlp", "-o", "r.json", "--weights", "/proc/x.safetensors"]) == 2
+    assert main(["extract", "mlp", "-o", "r.json", "--save-weights", "/proc/x.safetensors"]) == 2
     err = capsys.readouterr().err
     assert "/proc" in err and len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
@@ -54,7 +54,7 @@ def test_no_output_is_written_when_a_later_one_cannot_be(tmp_path, monkeypatch, 
 def test_weights_of_another_model_are_a_short_summary(tmp_path, monkeypatch):
     for name in ("resnet", "mlp"):
         assert main(["extract", name, "-o", str(tmp_path / f"{name}.json"),
-                     "--weights", str(tmp_path / f"{name}.safetensors")]) == 0
+                     "--save-weights", str(tmp_path / f"{name}.safetensors")]) == 0
     program = npu_compiler.compile(torch_ir.load_ir(tmp_path / "resnet.json"))
     with pytest.raises(RuntimeInputError) as info:
         load_weights(tmp_path / "mlp.safetensors", program, Device())

@@ -267,12 +267,12 @@ SPEC = "tests.test_writers:tiny_factory"
 
 def test_extract_checks_every_output_before_writing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code = main(["extract", SPEC, "-o", "out.json", "--weights", "missing_dir/w.safetensors"])
+    code = main(["extract", SPEC, "-o", "out.json", "--save-weights", "missing_dir/w.safetensors"])
     err = capsys.readouterr().err
     assert code == 2 and "missing_dir/w.safetensors" in err and "does not exist" in err
     assert len(err.strip().splitlines()) == 1
     assert os.listdir(tmp_path) == []  # no IR left behind
-    assert main(["extract", SPEC, "-o", "out.json", "--weights", "w.safetensors"]) == 0
+    assert main(["extract", SPEC, "-o", "out.json", "--save-weights", "w.safetensors"]) == 0
     assert sorted(os.listdir(tmp_path)) == ["out.json", "w.safetensors"]
 
 

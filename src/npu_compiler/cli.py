@@ -16,7 +16,8 @@ from .llm import DEFAULT_CHUNK
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    source_help = "an IR JSON file, a zoo name or package.module:factory (extracted now, on meta)"
+    source_help = ("an IR JSON file, a zoo name, package.module:factory, or a Hugging Face model directory or its "
+                   "config.json (extracted now, on meta; no weights are read)")
     p = sub.add_parser("compile", help="compile an IR into a program of kernel dispatches (.npubin)")
     p.add_argument("source", help=source_help)
     options.output(p, "the program file (default: <name>.npubin)")

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from torch_ir.arrays import load_array
-
-from .device import RuntimeInputError
+from torch_ir import cli_options as options
+from torch_ir.arrays import read_cli_inputs
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -23,22 +22,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("program", help="a .npubin file (torch-ir compile)")
-        p.add_argument("--weights", required=True, help=".safetensors (or .pt) weights, keyed by state-dict key")
-        p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                       help="an input array (repeatable); inputs not given are random, seeded by --seed")
-        p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        options.weights(p, required=True, default_help="keyed by state-dict key")
+        options.inputs(p)  # inputs not given are random, seeded by --seed
+        options.seed(p)
         p.add_argument("--backend", choices=sorted(BACKENDS), default="cpu",
                        help="runtime backend (default: cpu); the program must be compiled for its target "
                             "(torch-ir compile --target webgpu)")
         p.set_defaults(func=func)
         if name == "run":
-            p.add_argument("-o", "--output", help="write the outputs to this .npz file")
+            options.output(p, "the outputs, as an .npz file")
             p.add_argument("--validate", action="store_true",
                            help="check every dispatch against its op's reference implementation; stop at the "
                                 "first that diverges, naming it")
         else:
             p.add_argument("--runs", type=int, default=10, help="timed runs (median reported)")
-            p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
+            options.json_file(p)
 
 
 def _setup(args: argparse.Namespace):
@@ -53,20 +51,10 @@ def _setup(args: argparse.Namespace):
     return program, executor, weights, _inputs(program, args.input, args.seed)
 
 
-def _load_npy(name: str, path: str) -> np.ndarray:
-    """One ``.npy`` input, by the toolkit's one array reader (``torch_ir.arrays``): a regular file within
-    torch_ir.limits, a numeric array (no pickles, strings or records), exactly as long as its header says."""
-    return load_array(path, f"input file for {name!r}")
-
-
 def _inputs(program, given: list[str], seed: int) -> dict[str, np.ndarray]:
-    """Arrays from ``NAME=FILE.npy``; the others random (floats normal, integers 0 or 1, as token ids or masks)."""
-    arrays = {}
-    for item in given:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise RuntimeInputError(f"--input {item!r}: write NAME=FILE.npy")
-        arrays[name] = _load_npy(name, path)
+    """Arrays from ``--input`` (``NAME=FILE.npy``, or an ``.npz`` of them all, by the toolkit's one reader); the
+    others random (floats normal, integers 0 or 1, as token ids or masks)."""
+    arrays = read_cli_inputs(given, [spec.name for spec in program.input_specs])
     rng = np.random.default_rng(seed)
     for spec in program.input_specs:
         if spec.name in arrays:

@@ -179,8 +179,8 @@ def _report(where: str, program: CompiledProgram, missing: list[str], unknown_bu
                    "build_on_meta, which records how to rebuild them), or save the weights with every buffer: "
                    "torch_ir.save_weights(torch_ir.weights.module_state(model), FILE).")
     if missing or wrong:
-        fix = ("Fix: give the weights of the model the program was compiled from (torch-ir extract MODEL --weights "
-               "FILE writes seeded ones; from Python, torch_ir.save_weights(module_state(model), FILE))")
+        fix = ("Fix: give the weights of the model the program was compiled from (torch-ir extract MODEL "
+               "--save-weights FILE writes seeded ones; from Python, torch_ir.save_weights(module_state(model), FILE))")
         python.append(fix)
         cli.append(fix)
     return "\n".join(python), "\n".join(cli)

@@ -1,17 +1,25 @@
-"""``torch-ir``: one command over the toolkit.
+"""``torch-ir``: one command over the toolkit. Flags mean the same in every command (docs/usage.md).
 
     torch-ir demo                       the whole pipeline on a built-in model: extract, verify, normalize,
                                         compile, run the program, profile
-    torch-ir extract resnet -o ir.json  weight-free extraction of a zoo model or package.module:factory
+    torch-ir extract resnet -o ir.json  weight-free extraction of a zoo model, package.module:factory or a
+                                        Hugging Face directory (--save-weights to write its weights)
     torch-ir inspect ir.json --mermaid  statistics, Mermaid DAG, Markdown report of an IR file
-    torch-ir verify bert                run the IR with seeded weights and compare with PyTorch eager
-    torch-ir zoo --category attention --output reports/   the report runner over the model zoo
+    torch-ir verify bert                run the IR and compare with PyTorch eager (--weights, --input)
+    torch-ir zoo --category attention -o reports/   the report runner over the model zoo
     torch-ir ops --markdown             the operator table (docs/operators.md)
     torch-ir normalize bert --markdown r.md   fuse into the NPU op set, with the report
-    torch-ir compile ir.json -o m.npubin      compile to a program of kernel dispatches (npu_compiler)
-    torch-ir partition ir.json          placement summary: NPU and CPU parts, and why
-    torch-ir run m.npubin --weights w.safetensors      run a program (npu_runtime, CPU backend)
+    torch-ir compile ir.json -o m.npubin      compile to a program of kernel dispatches (--bind batch=1)
+    torch-ir partition ir.json --hw npu.toml  placement summary: NPU and CPU parts, and why
+    torch-ir generate ./Qwen2.5-0.5B --prompt "Hi"    an LLM: prefill and decode with a KV cache
+    torch-ir run m.npubin --weights w.safetensors      run a program (CPU or WebGPU backend)
     torch-ir profile m.npubin --weights w.safetensors  time per dispatch and per kernel kind
+    torch-ir cost m.npubin --hw tpu_v1 -o cost/        cycles and DRAM bytes on a described NPU
+    torch-ir bisect qwen2 -o bisect/    which stage, rule or kernel makes the numbers wrong; a repro
+    torch-ir import-onnx model.onnx     ONNX -> IR JSON and weights   (verify-onnx: against onnxruntime)
+    torch-ir import-tinygrad pkg.mod:factory   tinygrad -> IR JSON and weights   (tinygrad-docs: the table)
+    torch-ir verify-onnx model.onnx     the imported IR against onnxruntime
+    torch-ir tinygrad-docs              the tinygrad frontend's UOp table (docs/tinygrad.md)
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import traceback
 from pathlib import Path
 
 from tqdm import tqdm
+
+from . import cli_options as options
 
 
 def _progress(desc: str, total: int | None = None) -> tqdm:
@@ -65,8 +75,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
     # every output is checked before anything is built or written: no IR left behind by a bad --weights path
     if args.output:
         check_output_path(args.output, "IR file")
-    if args.weights:
-        check_output_path(args.weights, "weights file")
+    if args.save_weights:
+        check_output_path(args.save_weights, "weights file")
     spec = resolve_spec(args.model)
     out = Path(args.output) if args.output else default_output(spec.name, ".json")
     check_output_path(out, "IR file")
@@ -80,9 +90,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
         ir.save(out, indent=1 if args.pretty else None)
     print(ir_statistics(ir))
     print(f"wrote {out}")
-    if args.weights:
-        save_weights(module_state(spec.build("cpu")), args.weights)
-        print(f"wrote {spec.weights or 'seeded weights'} to {args.weights}")
+    if args.save_weights:
+        save_weights(module_state(spec.build("cpu")), args.save_weights)
+        print(f"wrote {spec.weights or 'seeded weights'} to {args.save_weights}")
     return 0
 
 
@@ -91,7 +101,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .ir import load_ir
     from .report import ir_statistics, markdown_report, to_mermaid
 
-    if args.markdown:
+    if args.markdown not in (None, "-"):
         check_output_path(args.markdown, "report file")
     ir = load_ir(args.ir)
     stats = ir_statistics(ir)
@@ -102,13 +112,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.mermaid:
         print()
         print(to_mermaid(ir))
-    if args.markdown:
+    if args.markdown == "-":
+        print(markdown_report(ir, stats))
+    elif args.markdown:
         atomic_write(args.markdown, markdown_report(ir, stats), what="report file")
         print(f"wrote {args.markdown}")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .debug.sources import load_weights_into
+    from .inputs import write_report
     from .ir import load_ir
     from .verify import verify_ir
     from .weights import load_state_dict, module_state
@@ -121,13 +135,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ir = load_ir(args.ir) if args.ir else spec.extract(spec.build("meta"))
         step("reference model")
         real = spec.build("cpu")
-        weights = load_state_dict(args.weights) if args.weights else module_state(real)
-        if args.weights:
-            real.load_state_dict(weights, strict=False)
+        if args.weights:  # the file's weights in the model too, every one of them (as bisect --weights)
+            load_weights_into(real, load_state_dict(args.weights), f"weights file {args.weights!r}")
+        weights = module_state(real)
         step("execute and compare")
-        ok, report = verify_ir(ir, weights, real, spec.args, rtol=args.rtol, atol=args.atol, test_kwargs=spec.kwargs)
-    print(report.to_markdown() if args.markdown else report)
+        test_args = _verify_inputs(ir, spec, args) if args.input else spec.args
+        ok, report = verify_ir(ir, weights, real, test_args, rtol=args.rtol, atol=args.atol, test_kwargs=spec.kwargs)
+    write_report(args.markdown, report.to_markdown, str(report))
     return 0 if ok else 1
+
+
+def _verify_inputs(ir, spec, args: argparse.Namespace) -> tuple:
+    """``--input``: the model's positional inputs, given ones from the files, the others the example's."""
+    import torch
+
+    from .arrays import read_cli_inputs
+    from .errors import InputMismatchError
+
+    if spec.kwargs or len(spec.args) != len(ir.graph_inputs):
+        raise InputMismatchError(f"--input needs a model whose inputs are its {len(ir.graph_inputs)} positional "
+                                 f"arguments; {spec.name!r} takes {len(spec.args)} and {len(spec.kwargs)} by name")
+    arrays = read_cli_inputs(args.input, [t.name for t in ir.graph_inputs])
+    return tuple(torch.from_numpy(arrays[t.name]) if t.name in arrays else example
+                 for t, example in zip(ir.graph_inputs, spec.args))
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -170,25 +200,36 @@ def cmd_ops(args: argparse.Namespace) -> int:
         from npu_program.kernels import KERNELS
 
         if args.markdown:
-            sys.stdout.write(kernels_markdown())
+            _markdown_out(args.markdown, kernels_markdown())
         else:
             for k in KERNELS.values():
                 print(f"{k.name:32s} {k.kind:13s} {k.doc}")
         return 0
     if args.npu:
         if args.markdown:
-            sys.stdout.write(npu_docs_markdown())
+            _markdown_out(args.markdown, npu_docs_markdown())
         else:
             for op in NPU_OPS.values():
                 print(f"{op.name:12s} ({', '.join(op.inputs)}) -> {', '.join(op.outputs)}: {op.doc}")
         return 0
     if args.markdown:
-        sys.stdout.write(operators_markdown())
+        _markdown_out(args.markdown, operators_markdown())
     else:
         for name, op in sorted(registered_ops().items()):
             print(f"{name:40s} {op.doc}")
         print("(every ATen / torch.library op also runs on the generic path; see --markdown)")
     return 0
+
+
+def _markdown_out(target: str, text: str) -> None:
+    """``--markdown``: the text to standard output (``-``), or to the file named."""
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        from .fileio import atomic_write
+
+        atomic_write(target, text, what="Markdown file")
+        print(f"wrote {target}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,15 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the whole pipeline on a built-in model (extract on meta, verify against eager, "
                                     "normalize, compile, run the program, profile), with one short report")
     p.add_argument("--model", default="convnet", help=model_help)
-    p.add_argument("--output", default="reports/demo", help="directory for the IR, the program and the weights")
+    options.output(p, "the directory for the IR, the program and the weights", directory=True, default="reports/demo")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("extract", help="weight-free extraction to IR JSON")
     p.add_argument("model", help=model_help)
-    p.add_argument("-o", "--output", help="IR JSON path (default: <name>.json)")
+    options.output(p, "the IR JSON file (default: <name>.json)")
     p.add_argument("--name", help="model name recorded in the IR")
-    p.add_argument("--weights", help="also save the model's weights (seeded ones for a zoo model or a config.json "
-                                     "alone) to this .safetensors file")
+    options.save_weights(p, default_help="seeded ones for a zoo model or a config.json alone")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_extract)
 
@@ -219,26 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ir", help="IR JSON file")
     p.add_argument("--text", action="store_true", help="print the graph, one node a line")
     p.add_argument("--mermaid", action="store_true", help="print the Mermaid DAG")
-    p.add_argument("--markdown", metavar="FILE", help="write a Markdown report")
+    options.markdown(p, "statistics and the Mermaid graph")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("verify", help="execute the IR and compare with PyTorch eager, node by node on failure")
     p.add_argument("model", help=model_help)
     p.add_argument("--ir", help="an IR file to verify (default: extract it now)")
-    p.add_argument("--weights", help=".safetensors/.pt weights (default: the model's seeded weights)")
-    p.add_argument("--rtol", type=float)
-    p.add_argument("--atol", type=float)
-    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+    options.weights(p, default_help="default: the model's own, seeded for a zoo model")
+    options.inputs(p)
+    options.seed(p)
+    options.tolerances(p)
+    options.markdown(p, "the verification report")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("zoo", help="run the pipeline over the model zoo and write reports")
     p.add_argument("--list", action="store_true", help="list the models and exit")
     p.add_argument("--category", help="only models of this category")
-    p.add_argument("--output", default="reports", help="directory for the reports")
+    options.output(p, "the directory for the reports", directory=True, default="reports")
     p.set_defaults(func=cmd_zoo)
 
     p = sub.add_parser("ops", help="the operator registry")
-    p.add_argument("--markdown", action="store_true", help="print docs/operators.md (with --npu: docs/npu_ops.md)")
+    options.markdown(p, "docs/operators.md (with --npu: docs/npu_ops.md; with --kernels: docs/kernels.md)")
     p.add_argument("--npu", action="store_true", help="the NPU op set of the normalization passes")
     p.add_argument("--kernels", action="store_true",
                    help="the kernel table of the compiler and runtime (with --markdown: docs/kernels.md)")

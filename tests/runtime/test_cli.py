@@ -13,7 +13,7 @@ from torch_ir.zoo.runner import resolve_spec
 
 def _extract(tmp_path, model: str):
     ir, weights = tmp_path / f"{model}.json", tmp_path / f"{model}.safetensors"
-    assert main(["extract", model, "-o", str(ir), "--weights", str(weights)]) == 0
+    assert main(["extract", model, "-o", str(ir), "--save-weights", str(weights)]) == 0
     return ir, weights
 
 

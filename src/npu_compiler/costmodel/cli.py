@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cost", help="estimate cycles, latency, DRAM traffic and utilization of a program on an NPU")
     p.add_argument("source", nargs="?",
                    help="a .npubin program, an LLM directory (prefill.npubin, decode.npubin), or an IR "
-                        "JSON file, a zoo name or package.module:factory (compiled first, with host "
+                        "JSON file, a zoo name, package.module:factory, or a Hugging Face model directory or its "
+                        "config.json, weight-free (compiled first, with host "
                         "fallback for unsupported nodes; an LLM into its prefill and decode programs)")
     p.add_argument("--hw", help=f"hardware: a preset name ({', '.join(presets())}) or a .toml/.json hardware file "
                                 "(--hw-template writes one to start from)")

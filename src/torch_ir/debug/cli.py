@@ -27,12 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bisect", help="find the stage, rule, node or kernel where a model's numbers go wrong, "
                                       "and write a standalone repro")
-    p.add_argument("source", help="a zoo name, package.module:factory (PyTorch), tinygrad:package.module:factory, "
-                                  "a .onnx file, or an IR .json file (with --weights)")
-    p.add_argument("--weights", metavar="FILE",
-                   help="a .safetensors or .pt state dict: the weights of an IR source, or loaded into the model of a "
-                        "zoo name or module:factory (as verify --weights does; default: the model's own). An ONNX "
-                        "file or a tinygrad factory has its own weights and takes none")
+    p.add_argument("source", help="a zoo name, package.module:factory (PyTorch), a Hugging Face model directory or "
+                                  "its config.json, tinygrad:package.module:factory, a .onnx file, or an IR .json "
+                                  "file (with --weights)")
+    options.weights(p, default_help="the weights of an IR source, or loaded into the model of a zoo name or "
+                                    "module:factory; default: the model's own. An ONNX file or a tinygrad factory "
+                                    "has its own weights and takes none")
     options.inputs(p, old="--inputs")  # an .npz: one array per graph input in graph order (default: seeded)
     options.seed(p)
     p.add_argument("--stage", action="append", choices=STAGE_NAMES, metavar="STAGE",

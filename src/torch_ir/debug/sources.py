@@ -50,7 +50,7 @@ ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTor
 # the forms of source that bring their own weights and have no PyTorch model to load a state dict into
 NO_WEIGHTS = {"onnx": "an ONNX model holds its own weights (its initializers)",
               "tinygrad": "a tinygrad factory makes its own weights"}
-WEIGHTS_TAKEN_BY = "a zoo name, a module:factory (PyTorch) or an IR .json"
+WEIGHTS_TAKEN_BY = "a zoo name, a module:factory (PyTorch), a Hugging Face model or an IR .json"
 
 
 class SubjectError(TorchIRError, ValueError):

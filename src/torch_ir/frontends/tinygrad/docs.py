@@ -79,7 +79,7 @@ the returned weights are the ones its later forwards compute with: running the I
 calling the model. Weights the user realized or loaded are taken as they are; `Tensor.empty` ones
 stay declarations without data.
 The executor takes torch tensors: `{k: torch.from_numpy(v) for k, v in weights.items()}`, or save
-them with `torch-ir import-tinygrad ... --weights model.safetensors`. numpy has no bfloat16:
+them with `torch-ir import-tinygrad ... --save-weights model.safetensors`. numpy has no bfloat16:
 tinygrad returns such weights as float32, which the IR (declaring bfloat16) refuses; cast them with
 `torch.from_numpy(v).to(torch.bfloat16)`.
 
