@@ -92,3 +92,13 @@ def test_input_is_one_flag_for_named_arrays_and_archives(tmp_path, capsys):
                  f"{name}={tmp_path / 'x.npy'}"]) == 0
     assert main(["run", str(program), "--weights", str(weights), "--input", f"nope={tmp_path / 'x.npy'}"]) == 2
     assert "not inputs of the model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["zoo", "--category", "attention"], ["bisect", "mlp"], ["demo"]])
+def test_an_output_directory_is_made_only_in_an_existing_parent(argv, tmp_path, capsys):
+    """``-o /nonexistent/x`` used to grow the whole chain of folders; now only the last one is made."""
+    missing = tmp_path / "no" / "such" / "dir"
+    assert main([*argv, "-o", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "no").exists()

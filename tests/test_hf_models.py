@@ -142,6 +142,7 @@ def test_verify(saved, which, capsys, recwarn):
     assert bool(random) == which.endswith("config.json")
 
 
+@pytest.mark.filterwarnings("ignore:.*seeded random weights")  # asserted in the report instead
 @pytest.mark.parametrize("which", ["bert", "llama/config.json"])
 def test_bisect_says_which_weights(saved, which, tmp_path, capsys):
     out = tmp_path / "bisect"
@@ -161,7 +162,8 @@ def test_extract_weights_saves_the_checkpoint_weights(saved, tmp_path, capsys):
     from safetensors.torch import load_file
 
     weights = tmp_path / "w.safetensors"
-    assert main(["extract", str(saved["llama"]), "-o", str(tmp_path / "m.json"), "--save-weights", str(weights)]) == 0
+    assert main(["extract", str(saved["llama"]), "-o", str(tmp_path / "m.json"),
+                 "--save-weights", str(weights)]) == 0
     assert "the checkpoint's weights" in capsys.readouterr().out
     stored = load_file(saved["llama"] / "model.safetensors")
     assert torch.equal(load_file(weights)["lm_head.weight"], stored["lm_head.weight"])

@@ -48,12 +48,10 @@ def _stage_printer(bar: tqdm):
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    from .fileio import check_writable_dir
+    from .fileio import make_output_dir
     from .zoo.runner import resolve_spec
 
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    check_writable_dir(out, "demo output directory")
+    out = make_output_dir(args.output, "demo output directory")
     spec = resolve_spec(args.model)
     with _progress(f"{spec.name}", total=6) as bar:
         result = run_demo(spec, out, _stage_printer(bar))
@@ -161,7 +159,7 @@ def _verify_inputs(ir, spec, args: argparse.Namespace) -> tuple:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
-    from .fileio import atomic_write
+    from .fileio import atomic_write, make_output_dir
     from .zoo import get_model, list_models
     from .zoo.runner import resolve_spec, run_model
 
@@ -170,8 +168,7 @@ def cmd_zoo(args: argparse.Namespace) -> int:
         for e in entries:
             print(f"{e.name:24s} {e.category:12s} {e.description}")
         return 0 if entries else 1
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_output_dir(args.output, "zoo report directory")
     rows, failed = [], 0
     for entry in tqdm(entries, desc="models", unit="model", disable=None, file=sys.stderr):
         try:

@@ -171,6 +171,28 @@ def _probe_create(directory: Path, named: Path, what: str) -> None:
     _remove_quietly(probe)
 
 
+def make_output_dir(path: str | os.PathLike, what: str = "output directory") -> Path:
+    """``-o DIR`` of a command that writes several files: an existing writable directory, or a new one made in
+    an existing, writable parent. Never a chain of missing folders: a mistyped ``-o /nonexistent/x`` is an
+    error, not a tree grown at the root."""
+    target = Path(path)
+    if target.is_dir():
+        check_writable_dir(target, what)
+        return target
+    if os.path.lexists(target):
+        raise OutputWriteError(f"cannot use {what} {str(target)!r}: it exists and is not a directory; give a "
+                               "directory (new or existing)")
+    check_writable_dir(target.parent, what, target=target)
+    try:
+        target.mkdir()
+    except FileExistsError:
+        if not target.is_dir():
+            raise
+    except OSError as err:
+        raise write_error(target, err, what) from None
+    return target
+
+
 def write_error(target: Path, err: OSError, what: str = "file") -> OutputWriteError:
     """The one-line error for a failed write of ``target``: what went wrong and how to fix it."""
     directory = target.parent if str(target.parent) else Path(".")
@@ -340,6 +362,6 @@ def _fsync_directory(directory: Path) -> None:
 
 __all__ = [
     "OutputDirectoryMissingError", "OutputIsADirectoryError", "OutputNotADirectoryError", "OutputPermissionError",
-    "atomic_write", "check_output_path", "check_regular_file", "check_writable_dir", "file_kind", "read_input",
-    "write_error",
+    "atomic_write", "check_output_path", "check_regular_file", "check_writable_dir", "file_kind",
+    "make_output_dir", "read_input", "write_error",
 ]

@@ -170,15 +170,11 @@ def _write_template(args: argparse.Namespace) -> int:
 
 def _prepare_output(output: Path, png: bool) -> None:
     """Make the report directory and check that every report can be written into it."""
-    from torch_ir.fileio import check_writable_dir, write_error
+    from torch_ir.fileio import make_output_dir
 
     from .report import check_report_paths
 
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise write_error(output, err, "cost report directory") from None
-    check_writable_dir(output, "cost report directory")
+    make_output_dir(output, "cost report directory")  # never a chain of missing folders
     if not png:
         print("note: matplotlib is not installed: the roofline is written as roofline.svg "
               "(pip install 'torch-ir[cost]' for roofline.png)")

@@ -45,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     """Run ``torch-ir bisect``."""
+    from ..fileio import make_output_dir
     from .bisect import bisect
     from .outdir import check_output_dir
     from .repro import FILES
@@ -52,7 +53,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.weights:  # before anything is read: a flag that does not fit the source costs nothing
         _check_weights_flag(args.source)
     if args.output:  # before the inputs are read and the model is loaded
-        check_output_dir(args.output, FILES)
+        check_output_dir(make_output_dir(args.output, "bisect output directory"), FILES)
     inputs = _given_inputs(args.input) if args.input else None
     report = bisect(args.source, inputs=inputs, weights=args.weights, seed=args.seed, stages=args.stage,
                     rtol=args.rtol, atol=args.atol, out_dir=args.output, keep_going=args.keep_going)
