@@ -97,3 +97,21 @@ def test_compile_binds_a_dynamic_batch_and_names_the_program(tmp_path, capsys):
         capsys.readouterr()
         assert main(["compile", str(ir_path), "-o", str(out), *bad]) == 2
         assert rule in capsys.readouterr().err
+
+
+def test_command_line_errors_speak_of_flags_not_python_arguments(tmp_path, capsys):
+    """The same error raised in Python names ``weights=``; on the command line it names ``--weights``."""
+    ir_path = tmp_path / "m.json"
+    assert main(["extract", "convnet", "-o", str(ir_path)]) == 0
+    capsys.readouterr()
+    assert main(["bisect", str(ir_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--weights FILE" in err and "weights=" not in err
+    (tmp_path / "model.txt").write_text("x")
+    assert main(["bisect", str(tmp_path / "model.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "(with --weights)" in err and "weights=" not in err and "NPU_IR" not in err
+    from torch_ir.debug.sources import SubjectError, load_subject
+
+    with pytest.raises(SubjectError, match=r"with weights="):
+        load_subject(str(tmp_path / "model.txt"))

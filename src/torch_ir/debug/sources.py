@@ -43,10 +43,16 @@ from .subject import Subject, WeightsUsed
 
 TINYGRAD_PREFIX = "tinygrad:"
 FRONTENDS = ("torch", "onnx", "tinygrad", "ir")
-ACCEPTED = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), a Hugging Face model "
-            "directory or its config.json, 'tinygrad:package.module:factory', a path to an .onnx file, a path to an "
-            "IR .json file "
-            "(with weights=), or an NPU_IR object (with weights=)")
+_FORMS = ("a zoo name (`torch-ir zoo --list`), 'package.module:factory' (PyTorch), a Hugging Face model "
+          "directory or its config.json, 'tinygrad:package.module:factory', a path to an .onnx file, a path to an "
+          "IR .json file")
+ACCEPTED = f"{_FORMS} (with weights=), or an NPU_IR object (with weights=)"
+ACCEPTED_CLI = f"{_FORMS} (with --weights)"  # the same, in the command line's words
+
+
+def _bad_source(text: str) -> SubjectError:
+    """A refused source, the accepted forms listed in Python's words and (``.cli``) the command line's."""
+    return SubjectError(text.replace("{accepted}", ACCEPTED), cli=text.replace("{accepted}", ACCEPTED_CLI))
 # the forms of source that bring their own weights and have no PyTorch model to load a state dict into
 NO_WEIGHTS = {"onnx": "an ONNX model holds its own weights (its initializers)",
               "tinygrad": "a tinygrad factory makes its own weights"}
@@ -111,7 +117,7 @@ def source_form(source: str | os.PathLike | Any, frontend: str | None = None) ->
     if type(source).__name__ == "ModelProto":  # onnx's class; onnx is not imported for other sources
         return "onnx"
     if not isinstance(source, (str, os.PathLike)):
-        raise SubjectError(f"cannot bisect a {type(source).__name__}: give {ACCEPTED}")
+        raise _bad_source(f"cannot bisect a {type(source).__name__}: give {{accepted}}")
     text = os.fspath(source)
     if text.startswith(TINYGRAD_PREFIX) or frontend == "tinygrad":
         return "tinygrad"
@@ -124,8 +130,8 @@ def source_form(source: str | os.PathLike | Any, frontend: str | None = None) ->
     if frontend == "ir" or suffix == ".json":
         return "ir"
     if path.exists():  # checked before a spec: "pkg.mod:f" has the "suffix" ".mod:f", a file never a colon
-        raise SubjectError(f"cannot bisect the file {text!r}: files are told apart by their suffix (.onnx, .json) "
-                           f"and it has {suffix or 'none'}; give {ACCEPTED}")
+        raise _bad_source(f"cannot bisect the file {text!r}: files are told apart by their suffix (.onnx, .json) "
+                          f"and it has {suffix or 'none'}; give {{accepted}}")
     return "torch"
 
 
@@ -146,7 +152,7 @@ def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int, weights: 
     except ExtractionError:
         raise
     except TorchIRError as e:  # an unknown zoo name: say every form, not only the two of a spec
-        raise SubjectError(f"cannot bisect {spec!r}: {e}; the source may be {ACCEPTED}") from None
+        raise _bad_source(f"cannot bisect {spec!r}: {e}; the source may be {{accepted}}") from None
     model = resolved.build("cpu")  # seeded by the build itself (the zoo entry's seed, 0 for a factory)
     if state is not None:
         load_weights_into(model, state, _weights_where(weights))
@@ -536,9 +542,10 @@ def _weights_beside(ir: NPU_IR, path: Path | None) -> Path | None:
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
         where = f"IR {str(path)!r}" if path is not None else f"IR {ir.model_name!r}"
-        raise WeightsMismatchError(f"{where} has {len(ir.weights)} weights and no weights were given"
-                                   + (f" (none of {[str(c) for c in candidates]} exists)" if candidates else "")
-                                   + "; pass weights= (a .safetensors file or a state dict)")
+        text = f"{where} has {len(ir.weights)} weights and no weights were given" \
+            + (f" (none of {[str(c) for c in candidates]} exists)" if candidates else "")
+        raise WeightsMismatchError(text + "; pass weights= (a .safetensors file or a state dict)",
+                                   cli=text + "; give --weights FILE (a .safetensors or .pt file)")
     return found
 
 
