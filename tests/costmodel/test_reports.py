@@ -194,8 +194,11 @@ def test_cli_errors_are_clear(program: npu_compiler.CompiledProgram, tmp_path: P
     (tmp_path / "a_file").write_text("")
     with pytest.raises(OutputWriteError):  # a directory that cannot be made: refused before costing
         run_cli("cost", str(path), "--hw", PRESET, "-o", str(tmp_path / "a_file" / "reports"))
-    run_cli("cost", str(path), "--hw", PRESET, "-o", str(tmp_path / "new" / "reports"))  # made when missing
-    assert (tmp_path / "new" / "reports" / "report.html").is_file()
+    with pytest.raises(OutputWriteError, match="does not exist"):  # never a chain of missing folders
+        run_cli("cost", str(path), "--hw", PRESET, "-o", str(tmp_path / "new" / "reports"))
+    assert not (tmp_path / "new").exists()
+    run_cli("cost", str(path), "--hw", PRESET, "-o", str(tmp_path / "new"))  # made in an existing parent
+    assert (tmp_path / "new" / "report.html").is_file()
     with pytest.raises(TorchIRError) as e:
         run_cli("cost", str(tmp_path / "absent.npubin"), "--hw", PRESET)
     assert error_line(e.value)[0] == 2
