@@ -13,7 +13,15 @@ from npu_program import dtypes
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 from torch_ir.ir import TensorMeta
-from torch_ir.weights import build_buffer, find_weight_key, load_state_dict, reverse_aliases, tied_keys
+from torch_ir.weights import (
+    build_buffer,
+    find_weight_key,
+    key_lines,
+    load_state_dict,
+    nonpersistent_why,
+    reverse_aliases,
+    tied_keys,
+)
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, new_tensor
 
@@ -153,25 +161,15 @@ def _report(where: str, program: CompiledProgram, missing: list[str], unknown_bu
             held: int) -> tuple[str, str]:
     """A short summary (the first few of each list; ``TORCH_IR_FULL_ERRORS=1`` lists every key) and its fix, in
     Python's words and in the command line's."""
-    full = os.environ.get("TORCH_IR_FULL_ERRORS") == "1"
     lines = [f"weights from {where} do not match program {program.model_name!r}"]
     if len(missing) == len(program.weight_specs) and not wrong:
         lines.append(f"  none of its {len(missing)} weights is in the file, which holds {held} other tensor(s): "
                      "these are the weights of another model")
-    for title, items in (("missing", missing), ("missing non-persistent buffers", unknown_buffers),
-                         ("wrong shape/dtype", wrong)):
-        if items:
-            shown = items if full else items[:3]
-            more = "" if len(shown) == len(items) else f"; ... {len(items) - len(shown)} more"
-            lines.append(f"  {title} ({len(items)}): " + "; ".join(shown) + more)
-    if not full and len(missing) + len(unknown_buffers) + len(wrong) > 3:
-        lines.append("(set TORCH_IR_FULL_ERRORS=1 to list every key)")
+    lines += key_lines([("missing", missing), ("missing non-persistent buffers", unknown_buffers),
+                        ("wrong shape/dtype", wrong)])
     python, cli = list(lines), list(lines)
     if unknown_buffers:
-        # the IR executor's diagnosis (torch_ir.weights), for the same cause
-        why = ("The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
-               "checkpoints never hold them, and the program has no recipe to rebuild them (its model was built "
-               "under torch.device('meta') for extraction, where their values were not known).")
+        why = nonpersistent_why("the program")  # the IR executor's diagnosis, for the same cause
         python.append(f"{why} Fix: pass the module itself, load_weights(model, program, device), or its state with "
                       "every buffer, {**model.state_dict(), **dict(model.named_buffers())}; or build the model for "
                       "extraction under torch_ir.build_on_meta() and compile again: the program then rebuilds them.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -395,20 +395,37 @@ def _mismatch(meta: TensorMeta, tensor: torch.Tensor) -> str | None:
     return None
 
 
+def key_lines(groups: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    """``  title (n): key; key; key; ... N more`` per non-empty group: the first few keys (a mismatch of a whole
+    model would make a kilobyte line), every key with ``TORCH_IR_FULL_ERRORS=1``, said on the last line."""
+    full = os.environ.get("TORCH_IR_FULL_ERRORS") == "1"
+    lines = []
+    for title, items in groups:
+        if items:
+            shown = list(items) if full else list(items[:3])
+            more = "" if len(shown) == len(items) else f"; ... {len(items) - len(shown)} more"
+            lines.append(f"  {title} ({len(items)}): " + "; ".join(shown) + more)
+    if not full and sum(len(items) for _, items in groups) > 3:
+        lines.append("(set TORCH_IR_FULL_ERRORS=1 to list every key)")
+    return lines
+
+
+def nonpersistent_why(holder: str) -> str:
+    """Why a non-persistent buffer is missing from a state dict, for the IR executor and the runtime alike."""
+    return ("The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
+            f"checkpoints never hold them, and {holder} has no recipe to rebuild them (its model was built under "
+            "torch.device('meta') for extraction, where their values were not known).")
+
+
 def _mismatch_report(ir: NPU_IR, missing: list, unknown_buffers: list, wrong: list, unexpected: list
                      ) -> WeightsMismatchError:
     """The error, its fix in Python's words and (``.cli``) in the command line's."""
-    lines = [f"weights do not match IR {ir.model_name!r}:"]
-    for title, items in (("missing", missing), ("missing non-persistent buffers", unknown_buffers),
-                         ("wrong shape/dtype", wrong), ("unexpected", unexpected)):
-        if items:
-            shown = items[:15] + ([f"... and {len(items) - 15} more"] if len(items) > 15 else [])
-            lines.append(f"  {title} ({len(items)}): " + "; ".join(shown))
+    lines = [f"weights do not match IR {ir.model_name!r}:"] + key_lines(
+        [("missing", missing), ("missing non-persistent buffers", unknown_buffers), ("wrong shape/dtype", wrong),
+         ("unexpected", unexpected)])
     python, cli = list(lines), list(lines)
     if unknown_buffers:
-        why = ("The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
-               "checkpoints never hold them, and the IR has no recipe to rebuild them (it was extracted from a "
-               "model built under torch.device('meta'), where their values were not known).")
+        why = nonpersistent_why("the IR")
         python.append(f"{why} Fix: pass the module itself, IRExecutor(ir, model), or its state with every buffer, "
                       "{**model.state_dict(), **dict(model.named_buffers())}; or build the model for extraction "
                       "under torch_ir.build_on_meta(), which records how to rebuild them in the IR.")
