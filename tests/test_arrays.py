@@ -349,7 +349,7 @@ def test_run_input_refuses_non_numeric_arrays(tiny_program: tuple[Path, Path], t
                             (np.zeros((2, 4), [("a", "<f2"), ("b", "<f2")]), "holds records")):
         bad = write(tmp_path / "bad.npy", npy_bytes(array))
         assert main(["run", str(program), "--weights", str(weights), "--input", f"{name}={bad}"]) == 2
-        _one_error_line(capsys, "run", f"input file for {name!r} {str(bad)!r}", fragment)
+        _one_error_line(capsys, "run", f"--input {name} {str(bad)!r}", fragment)
     np.savez(tmp_path / "x.npz", x=np.ones((2, 4), np.float32))
     assert main(["profile", str(program), "--weights", str(weights), "--runs", "1",
                  "--input", f"{name}={tmp_path / 'x.npz'}"]) == 2
