@@ -102,3 +102,11 @@ def test_an_output_directory_is_made_only_in_an_existing_parent(argv, tmp_path, 
     err = capsys.readouterr().err
     assert "does not exist" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "no").exists()
+
+
+def test_the_readme_demo_runs_in_an_empty_directory(tmp_path, monkeypatch):
+    """``torch-ir demo`` with its own default ``-o reports/demo`` makes that path whole (a fresh clone has no
+    ``reports/``); only a directory the user names is made one level at most."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo"]) == 0
+    assert (tmp_path / "reports" / "demo").is_dir()

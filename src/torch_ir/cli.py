@@ -34,6 +34,8 @@ from tqdm import tqdm
 
 from . import cli_options as options
 
+DEMO_OUTPUT = "reports/demo"  # the demo's own default: made whole (a directory the user names is made one level)
+
 
 def _progress(desc: str, total: int | None = None) -> tqdm:
     return tqdm(total=total, desc=desc, unit="step", leave=False, disable=None, file=sys.stderr)
@@ -51,7 +53,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .fileio import make_output_dir
     from .zoo.runner import resolve_spec
 
-    out = make_output_dir(args.output, "demo output directory")
+    out = make_output_dir(args.output, "demo output directory", parents=args.output == DEMO_OUTPUT)
     spec = resolve_spec(args.model)
     with _progress(f"{spec.name}", total=6) as bar:
         result = run_demo(spec, out, _stage_printer(bar))
@@ -241,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the whole pipeline on a built-in model (extract on meta, verify against eager, "
                                     "normalize, compile, run the program, profile), with one short report")
     p.add_argument("--model", default="convnet", help=model_help)
-    options.output(p, "the directory for the IR, the program and the weights", directory=True, default="reports/demo")
+    options.output(p, "the directory for the IR, the program and the weights", directory=True, default=DEMO_OUTPUT)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("extract", help="weight-free extraction to IR JSON")

@@ -171,10 +171,11 @@ def _probe_create(directory: Path, named: Path, what: str) -> None:
     _remove_quietly(probe)
 
 
-def make_output_dir(path: str | os.PathLike, what: str = "output directory") -> Path:
+def make_output_dir(path: str | os.PathLike, what: str = "output directory", *, parents: bool = False) -> Path:
     """``-o DIR`` of a command that writes several files: an existing writable directory, or a new one made in
-    an existing, writable parent. Never a chain of missing folders: a mistyped ``-o /nonexistent/x`` is an
-    error, not a tree grown at the root."""
+    an existing, writable parent. Never a chain of missing folders for a path the user typed: a mistyped
+    ``-o /nonexistent/x`` is an error, not a tree grown at the root (``parents=True``: a command's own default,
+    such as ``reports/demo``, is made whole)."""
     target = Path(path)
     if target.is_dir():
         check_writable_dir(target, what)
@@ -182,6 +183,8 @@ def make_output_dir(path: str | os.PathLike, what: str = "output directory") -> 
     if os.path.lexists(target):
         raise OutputWriteError(f"cannot use {what} {str(target)!r}: it exists and is not a directory; give a "
                                "directory (new or existing)")
+    if parents and not target.parent.exists():
+        make_output_dir(target.parent, what, parents=True)
     check_writable_dir(target.parent, what, target=target)
     try:
         target.mkdir()
