@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,34 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            help="check every dispatch against its op's reference implementation; stop at the "
                                 "first that diverges, naming it")
         else:
-            p.add_argument("--runs", type=int, default=10, help="timed runs (median reported)")
+            add_timing_options(p, runs=20)
             options.json_file(p)
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum`` (refused as a usage error, not a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_timing_options(p: argparse.ArgumentParser, runs: int | None = None) -> None:
+    """The options of a command that times a program (``profile``; ``demo`` takes ``--threads``)."""
+    if runs is not None:
+        p.add_argument("--runs", type=at_least(1), default=runs, metavar="N",
+                       help=f"timed runs, after the warm-up (default {runs}); the median and p10-p90 are reported")
+        p.add_argument("--warmup", type=at_least(0), default=None, metavar="N",
+                       help="untimed runs first (default: until the median of the last 5 stops moving, at most "
+                            "200 runs or 10 s)")
+    p.add_argument("--threads", type=at_least(1), default=None, metavar="N",
+                   help="PyTorch intra-op threads for the runs (default: PyTorch's, one per core)")
 
 
 def _setup(args: argparse.Namespace):
@@ -101,7 +128,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.json:  # refuse an unwritable path before the timed runs, not after them
         check_output_path(args.json, "profile file")
     _, executor, weights, inputs = _setup(args)
-    profile = executor.profile(inputs, weights, runs=args.runs)
+    profile = executor.profile(inputs, weights, runs=args.runs, warmup=args.warmup, threads=args.threads)
     print(profile.table())
     if args.json:
         atomic_write(args.json, json.dumps(profile.to_dict(), indent=1), what="profile file")

@@ -28,6 +28,7 @@ from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
 from .embedding_ids import check_ids, ids_checks
 from .reference import check_host_dispatches, check_output_shapes
 from .state import State, check_slot
+from .threads import RunThreads
 from .validate import DispatchValidator
 from .weights import Weights, load_weights
 
@@ -85,6 +86,9 @@ class Executor:
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
         # The persistent buffers the steps read and write (outside the arena, like weights); None until bound.
         self.state: State | None = None
+        # the CPU backend's choice of thread count per run (npu_runtime.threads); None elsewhere
+        run_threads = getattr(backend, "run_threads", None)
+        self.threads: RunThreads | None = run_threads() if run_threads is not None else None
 
     def _kernel(self, index: int, dispatch: Any) -> Any:
         check_output_shapes(index, dispatch, self.specs, self.program.model_name,  # before any prepacking
@@ -183,7 +187,13 @@ class Executor:
         Without one, the State bound before is used (the first run makes one, ``executor.state``)."""
         self.ensure_bound(weights, state)
         self.copy_in(inputs)
-        self.run_steps(self._validator() if self.validate else None)
+        if self.validate:
+            self.run_steps(self._validator())
+        elif self.threads is None:
+            self.run_steps()
+        else:
+            with self.threads.run():
+                self.run_steps()
         return self.copy_out()
 
     def _validator(self) -> StepHook:
@@ -262,11 +272,12 @@ class Executor:
                 for spec in self.program.output_specs}
 
     def profile(self, inputs: Mapping[str, InputValue], weights: Any = None, *, runs: int = 10,
-                warmup: int = 2) -> Any:
-        """Time every dispatch over ``runs`` runs (see ``npu_runtime.profile.Profile``)."""
+                warmup: int | None = None, threads: int | None = None) -> Any:
+        """Time every dispatch over ``runs`` runs after a warm-up (None: until the times settle), at ``threads``
+        threads (None: torch's count); see ``npu_runtime.profile.Profile``."""
         from .profile import profile_executor
 
-        return profile_executor(self, inputs, weights, runs=runs, warmup=warmup)
+        return profile_executor(self, inputs, weights, runs=runs, warmup=warmup, threads=threads)
 
 
 def _already_computed(inputs: Any, outputs: Any) -> None:

@@ -56,7 +56,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = make_output_dir(args.output, "demo output directory", parents=args.output == DEMO_OUTPUT)
     spec = resolve_spec(args.model)
     with _progress(f"{spec.name}", total=6) as bar:
-        result = run_demo(spec, out, _stage_printer(bar))
+        result = run_demo(spec, out, _stage_printer(bar), threads=args.threads)
     print(f"{spec.name}: the whole pipeline, from a model built on the meta device to a compiled program")
     print("\n".join(result.lines))
     print(f"wrote: {', '.join(str(f) for f in result.files)}")
@@ -244,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "normalize, compile, run the program, profile), with one short report")
     p.add_argument("--model", default="convnet", help=model_help)
     options.output(p, "the directory for the IR, the program and the weights", directory=True, default=DEMO_OUTPUT)
+    from npu_runtime.cli import add_timing_options
+
+    add_timing_options(p)  # --threads, for the profile step
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("extract", help="weight-free extraction to IR JSON")

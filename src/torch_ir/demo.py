@@ -26,6 +26,9 @@ from .verify import verify_ir
 from .weights import module_state, save_weights
 from .zoo.runner import ModelSpec
 
+# timed runs of the profile step, after its warm-up (until stable): enough for a p10-p90
+PROFILE_RUNS = 20
+
 
 @dataclass
 class DemoResult:
@@ -34,8 +37,10 @@ class DemoResult:
     files: list[Path] = field(default_factory=list)
 
 
-def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda label: None) -> DemoResult:
-    """The pipeline on ``spec``; ``step(label)`` is called as each stage starts (a progress bar)."""
+def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda label: None, *,
+             threads: int | None = None) -> DemoResult:
+    """The pipeline on ``spec``; ``step(label)`` is called as each stage starts (a progress bar); the profile
+    runs at ``threads`` PyTorch threads (None: PyTorch's count)."""
     import npu_compiler
     from npu_runtime import Device, Executor, load_weights
 
@@ -104,11 +109,22 @@ def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda la
     result.lines.append(_row("5. run the program", f"{'equal to eager' if rtol_ok else 'DIFFERENT from eager'} "
                              f"(max abs error {max(errors, default=0.0):.2g})", t))
 
-    profile, t = stage("profile", lambda: executor.profile(inputs, weights, runs=5, warmup=1))
-    top = ", ".join(f"{k} {share:.0%}" for k, _, _, share in profile.by_kernel()[:3])
-    result.lines.append(_row("6. profile", f"{profile.run_ms:.2f} ms a run; time by kernel: {top}; runtime "
-                             f"overhead {profile.host_us_per_dispatch:.2f} µs/dispatch", t))
+    profile, t = stage("profile", lambda: executor.profile(inputs, weights, runs=PROFILE_RUNS, threads=threads))
+    result.lines += _profile_lines(profile, t)
     return result
+
+
+def _profile_lines(profile: Any, seconds: float) -> list[str]:
+    """The profile's row (median and p10-p90 of a run after a warm-up until stable, the top kernels), and
+    under it the profile's warning when the spread says another process was using the CPU."""
+    top = ", ".join(f"{k} {share:.0%}" for k, _, _, share in profile.by_kernel()[:3])
+    threads = f"{profile.threads} thread{'s' if profile.threads != 1 else ''}"
+    lines = [_row("6. profile", f"{profile.spread.text()} a run; {threads}, {profile.runs} runs after "
+                  f"{profile.warmup.text()}; time by kernel: {top}; runtime overhead "
+                  f"{profile.host_us_per_dispatch:.2f} µs/dispatch", seconds)]
+    if profile.noisy:
+        lines.append(f"{'':<26} {profile.noisy}")
+    return lines
 
 
 def _row(stage: str, text: str, seconds: float) -> str:

@@ -9,6 +9,7 @@ from npu_program.kernels import kernels_for
 from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.values import dtype_from_name
 
+from ..threads import RunThreads
 from .base import Kernel
 from .cpu_kernels import Reference, make_kernel
 
@@ -22,7 +23,10 @@ def _nhwc(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
 class CPUBackend:
     """Runs compiled programs with PyTorch's CPU kernels (oneDNN convolutions, BLAS GEMMs).
 
-    ``threads`` sets PyTorch's intra-op thread count for the whole process (None leaves it as it is).
+    ``threads`` sets PyTorch's intra-op thread count for the whole process (None leaves it as it is) and
+    fixes every run to it. Without it, each executor's runs use all of torch's threads or one, whichever is
+    faster while it runs (``npu_runtime.threads.RunThreads``: a neighbour process taking a core stalls
+    PyTorch's OpenMP pool); ``adaptive=False`` keeps torch's count for every run.
     """
 
     name = "cpu"
@@ -33,9 +37,19 @@ class CPUBackend:
         """Every kernel of the table with a CPU implementation (read when asked: a record added later counts)."""
         return kernels_for("cpu")
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, *, adaptive: bool = True) -> None:
         if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be at least 1, got {threads}")
             torch.set_num_threads(threads)
+        self.threads = threads
+        self.adaptive = adaptive
+
+    def run_threads(self) -> RunThreads | None:
+        """A new per-executor thread policy for ``Executor.run`` (None: runs use torch's count as it is)."""
+        if self.threads is not None:
+            return RunThreads(fixed=self.threads)
+        return RunThreads() if self.adaptive else None
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
