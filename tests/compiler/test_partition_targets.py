@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from npu_compiler import get_target, is_op_supported, partition
-from npu_compiler.costmodel.hardware import HardwareError, hardware_from_dict, hardware_template, load_hardware
+from npu_compiler.costmodel.hardware import HardwareError, hardware_from_dict, load_hardware
+from npu_compiler.costmodel.hardware_template import hardware_template
 from npu_compiler.library import target_for_hardware
 from npu_runtime import CPUBackend, DAGExecutor
 from tests.helpers import build_pair

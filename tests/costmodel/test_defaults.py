@@ -18,15 +18,8 @@ import npu_compiler
 import torch_ir
 from npu_compiler.costmodel import CSV_COLUMNS, CostReport, HardwareError, cost_program
 from npu_compiler.costmodel import hardware as hardware_module
-from npu_compiler.costmodel.hardware import (
-    RANGES,
-    TEMPLATE_EXAMPLE,
-    hardware_from_dict,
-    hardware_template,
-    hardware_to_dict,
-    load_hardware,
-    presets,
-)
+from npu_compiler.costmodel.hardware import RANGES, hardware_from_dict, load_hardware, presets
+from npu_compiler.costmodel.hardware_template import TEMPLATE_EXAMPLE, hardware_template, hardware_to_dict
 from npu_compiler.costmodel.report import (
     SORT_SCRIPT,
     block_of,

@@ -148,7 +148,7 @@ def _write_template(args: argparse.Namespace) -> int:
     from torch_ir.fileio import atomic_write, check_output_path
 
     from . import CostModelError
-    from .hardware import hardware_template
+    from .hardware_template import hardware_template
 
     if args.source is not None:
         raise CostModelError(f"--hw-template writes a hardware file and costs nothing, but a model was given "

@@ -4,7 +4,7 @@ A :class:`Hardware` is loaded from a TOML or JSON file (``load_hardware``), or f
 ``presets/`` by name (``presets()`` lists them). The file format (every key required except
 ``dma_overlaps_compute``, which defaults to true, ``native_dtype`` and the ``[kernels]`` table; unknown keys are
 refused so a typo cannot pass silently; ``torch-ir cost --hw-template FILE`` writes this, every field commented
-with its unit and range, from ``hardware_template``)::
+with its unit and range, from ``hardware_template.hardware_template``)::
 
     name = "my-npu"
     clock_mhz = 1000
@@ -54,38 +54,22 @@ costing a program at a meaningless speed. The file itself must be a regular file
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from npu_program.kernels import KERNELS
-from torch_ir.errors import InputReadError, LimitExceededError, TorchIRError
-from torch_ir.fileio import check_regular_file, read_input
 
-try:  # the standard library's from Python 3.11; tomli is the same parser for 3.10
-    import tomllib as _toml
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    try:
-        import tomli as _toml  # type: ignore[no-redef]
-    except ModuleNotFoundError:
-        _toml = None  # type: ignore[assignment]
+from .hardware_file import MAX_FILE_BYTES, HardwareError, LongNumber, quote, read_description
 
 PRESET_DIR = Path(__file__).parent / "presets"
 DATAFLOWS = ("output_stationary", "weight_stationary", "input_stationary")
 MAC_DTYPES = ("int8", "fp16", "bf16", "fp32")
 VECTOR_CLASSES = ("elementwise", "normalization", "softmax", "reduction", "movement")
 SPLIT_SRAM = ("weights_kib", "activations_kib", "accumulators_kib")
-#: A hardware file is a page of text (the presets are about 1 KiB): anything larger is refused unread.
-MAX_FILE_BYTES = 1 << 20
-#: Digits of the longest number literal read (a valid field needs at most about 15): a longer one is refused
-#: before it is converted, so that no file makes Python convert (or refuse, past 4300 digits) a huge integer.
-MAX_NUMBER_DIGITS = 100
 #: The longest hardware name: a label shown in reports, one line.
 MAX_NAME_CHARS = 200
 #: Kernel kinds a ``[kernels] supported`` entry may name for all the kernels of that kind (host kernels run on
@@ -93,11 +77,6 @@ MAX_NAME_CHARS = 200
 KERNEL_KINDS = tuple(sorted({k.kind for k in KERNELS.values()} - {"host"}))
 #: The most entries ``[kernels] supported`` may list (every kernel and kind once is about 160).
 MAX_KERNEL_ENTRIES = 1000
-
-
-class HardwareError(TorchIRError, ValueError):
-    """A hardware description is missing, unreadable or breaks a rule; the message names the file, the field,
-    the rule and the fix."""
 
 
 @dataclass(frozen=True)
@@ -241,144 +220,8 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     if suffix not in (".toml", ".json"):
         raise HardwareError(f"{path}: a hardware file must end in .toml or .json, not {suffix or 'nothing'!r}; "
                             f"fix: rename it or convert it")
-    if suffix == ".toml" and _toml is None:  # pragma: no cover - Python 3.10 without tomli
-        raise HardwareError(f"{path}: reading TOML needs Python 3.11 or the tomli package; fix: pip install tomli, "
-                            f"or give the same description as a .json file")
-    text = _decode(_read(path), path)
-    data = _parse_toml(text, path) if suffix == ".toml" else _parse_json(text, path)
+    data = read_description(path, suffix, _Validator(str(path)).out_of_range)
     return hardware_from_dict(data, str(path))
-
-
-def _read(path: Path) -> bytes:
-    """The file's bytes: a regular file (a FIFO, a device or a link to one is refused before it is opened) of
-    at most ``MAX_FILE_BYTES``, read with that bound."""
-    fix = "give the path of a regular .toml or .json hardware file"
-    try:
-        check_regular_file(path, "hardware file", fix)
-        _check_size(path, path.stat().st_size)
-        data = read_input(path, "hardware file", fix)
-    except (InputReadError, LimitExceededError) as err:
-        raise HardwareError(str(err)) from None
-    except OSError as err:  # removed or made unreadable between the checks
-        raise HardwareError(f"hardware file {path}: cannot be read ({err.strerror or err}); fix: {fix}") from None
-    _check_size(path, len(data))  # it grew after it was checked
-    return data
-
-
-def _check_size(path: Path, size: int) -> None:
-    if size > MAX_FILE_BYTES:
-        raise HardwareError(f"hardware file {path}: is {size:,} bytes, over the {MAX_FILE_BYTES:,} bytes a hardware "
-                            "description may take (one is about 1 KiB); fix: give the hardware description itself")
-
-
-def _decode(raw: bytes, path: Path) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise HardwareError(f"hardware file {path}: is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
-                            f"{err.start}); fix: save it as UTF-8") from None
-
-
-def _too_deep(path: Path) -> HardwareError:
-    return HardwareError(f"hardware file {path}: is nested too deeply to be a hardware description (it has at "
-                         "most three levels of tables); fix: correct the file")
-
-
-def _parse_json(text: str, path: Path) -> Any:
-    """Strict JSON: a duplicate key is refused (json keeps the last one silently); NaN and Infinity are read,
-    for the field check to name them; an over-long number is kept unconverted (``_LongNumber``)."""
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_json_int, parse_float=_json_float)
-    except json.JSONDecodeError as err:
-        raise HardwareError(f"hardware file {path}: cannot be read as JSON (line {err.lineno}, column {err.colno}: "
-                            f"{err.msg}); fix: correct the syntax") from None
-    except _DuplicateKeyError as err:
-        raise HardwareError(f"hardware file {path}: key {_quote(err.key)} appears twice in one object (JSON "
-                            "readers disagree on which one wins); fix: keep one of them") from None
-    except RecursionError:
-        raise _too_deep(path) from None
-
-
-def _parse_toml(text: str, path: Path) -> Any:
-    """TOML (the parser refuses duplicate keys itself); an over-long number is refused, naming its field,
-    before the parser would convert it."""
-    long = _long_literal(text)
-    if long:
-        number, name = _LongNumber(long.group()), _toml_field_at(text, long.start())
-        if name is None:
-            raise HardwareError(f"hardware file {path}: line {text.count(chr(10), 0, long.start()) + 1}: {number} is "
-                                "longer than any number of a hardware file; fix: correct the value")
-        _Validator(str(path)).out_of_range(name, number)
-    try:
-        return _toml.loads(text)
-    except _toml.TOMLDecodeError as err:
-        raise HardwareError(f"hardware file {path}: cannot be read as TOML ({err}); fix: correct the syntax") from None
-    except ValueError as err:  # a value the parser could not convert (its own error names no line)
-        raise HardwareError(f"hardware file {path}: cannot be read as TOML ({err}); fix: correct the value") from None
-    except RecursionError:
-        raise _too_deep(path) from None
-
-
-class _DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in table:
-            raise _DuplicateKeyError(key)
-        table[key] = value
-    return table
-
-
-@dataclass(frozen=True)
-class _LongNumber:
-    """A number literal longer than ``MAX_NUMBER_DIGITS``, left unconverted: the field check refuses it by name."""
-
-    literal: str
-
-    def __str__(self) -> str:
-        return f"a number of {sum(c.isdigit() for c in self.literal):,} digits"
-
-
-#: A run of digits, with TOML's ``_`` between them.
-_DIGIT_RUN = re.compile(r"[0-9][0-9_]*")
-
-
-def _long_literal(text: str) -> re.Match[str] | None:
-    """The first run of more than ``MAX_NUMBER_DIGITS`` digits in ``text`` (one linear scan)."""
-    for run in _DIGIT_RUN.finditer(text):
-        if len(run.group()) > MAX_NUMBER_DIGITS and sum(c.isdigit() for c in run.group()) > MAX_NUMBER_DIGITS:
-            return run
-    return None
-
-
-def _json_int(literal: str) -> int | _LongNumber:
-    return _LongNumber(literal) if len(literal) > MAX_NUMBER_DIGITS else int(literal)
-
-
-def _json_float(literal: str) -> float | _LongNumber:
-    return _LongNumber(literal) if len(literal) > MAX_NUMBER_DIGITS else float(literal)
-
-
-#: A TOML key before its ``=`` (bare or quoted, dotted).
-_TOML_KEY = re.compile(r"([A-Za-z0-9_.\"'-]+)\s*=")
-
-
-def _toml_field_at(text: str, pos: int) -> str | None:
-    """The dotted field a TOML value at ``pos`` belongs to, as far as its line tells (for a message only): the
-    last ``[table]`` header above it and the last ``key =`` before it on its line. The text is hostile: the key
-    is looked for in the last 200 characters only and headers without a pattern, so that no line of a million
-    brackets or letters makes a regular expression backtrack quadratically."""
-    line_start = text.rfind("\n", 0, pos) + 1
-    keys = _TOML_KEY.findall(text[max(line_start, pos - 200):pos])
-    header = next((line.strip().strip("[]").strip() for line in reversed(text[:line_start].splitlines())
-                   if line.lstrip().startswith("[")), "")
-    name = ".".join(part.strip("\"'") for part in (header, keys[-1] if keys else "") if part)
-    return name or None
 
 
 # -- checking the description ---------------------------------------------------------------------------------------
@@ -454,7 +297,7 @@ def _did_you_mean(entry: Any, known: set[str]) -> str:
     if not isinstance(entry, str) or len(entry) > 100:  # no fuzzy match over a hostile megabyte string
         return ""
     close = difflib.get_close_matches(entry, sorted(known), n=1)
-    return f"; did you mean {_quote(close[0])}?" if close else ""
+    return f"; did you mean {quote(close[0])}?" if close else ""
 
 
 def _name(v: _Validator, name: Any) -> str:
@@ -495,7 +338,7 @@ class _Validator:
         self.label = f"hardware {source}" if source.startswith("<") else f"hardware file {source}"
 
     def fail(self, name: str, rule: str, fix: str) -> NoReturn:
-        where = f"field {_quote(name)}" if name else "the top level"
+        where = f"field {quote(name)}" if name else "the top level"
         raise HardwareError(f"{self.label}: {where} {rule}; fix: {fix}")
 
     def table(self, value: Any, name: str, keys: set[str], optional: set[str] | frozenset[str] = frozenset()
@@ -517,7 +360,7 @@ class _Validator:
         is, within the range."""
         rng = RANGES[name]
         shown, fix = _show(value), rng.fix()
-        if isinstance(value, _LongNumber):
+        if isinstance(value, LongNumber):
             self.out_of_range(name, value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             kind = " (a boolean is not one)" if isinstance(value, bool) else ""
@@ -544,13 +387,6 @@ class _Validator:
         self.fail(name, f"= {_show(value)} is outside {rng.describe()}", rng.fix())
 
 
-def _quote(name: str) -> str:
-    """A field name in double quotes, with any newline or control character escaped and its length bounded
-    (an unknown key is the file's text)."""
-    text = json.dumps(name)
-    return text if len(text) <= 80 else text[:76] + '..."'
-
-
 def _show(value: Any) -> str:
     """A value for a message, on one line and bounded: a 1,000-deep array or a 5,000-digit integer is
     described, not printed (``str`` of such an integer raises, ``repr`` of such an array recurses)."""
@@ -563,159 +399,18 @@ def _show(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, str):
-        return _quote(value)
+        return quote(value)
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
         return f"an array of {len(value)} item{'s' if len(value) != 1 else ''}"
     if value is None:
         return "null"
-    if isinstance(value, _LongNumber):
+    if isinstance(value, LongNumber):
         return str(value)
-    return f"a {type(value).__name__} ({_quote(str(value))})"  # a TOML date or time
+    return f"a {type(value).__name__} ({quote(str(value))})"  # a TOML date or time
 
-
-# -- writing a description -----------------------------------------------------------------------------------------
-
-#: The preset whose values the template shows by default (renamed ``TEMPLATE_NAME``).
-TEMPLATE_EXAMPLE = "edge_4tops"
-TEMPLATE_NAME = "my-npu"
-#: What each field is, for the template's comments (its unit and range come from ``RANGES``).
-_MEANING = {
-    "clock_mhz": "clock",
-    "array.rows": "rows of processing elements", "array.cols": "columns of processing elements",
-    **{f"macs_per_cycle.{d}": f"{d} rate" for d in MAC_DTYPES},
-    "vector.lanes": "vector lanes",
-    **{f"vector.ops_per_cycle.{c}": f"{c} rate" for c in VECTOR_CLASSES},
-    "sram.weights_kib": "weight buffer", "sram.activations_kib": "activation buffer",
-    "sram.accumulators_kib": "accumulators (partial sums, 4 bytes each)",
-    "sram.shared_kib": "one buffer for everything",
-    "dram.bandwidth_gbps": "bandwidth (1 GB/s = 1e9 bytes/s)",
-    "dram.latency_ns": "latency, once per dispatch",
-}
-_TABLE_NOTES = {
-    "array": "the MAC array: rows x cols processing elements (PEs)",
-    "macs_per_cycle": "MACs per PE per cycle by dtype (one at least above 0)",
-    "vector": "the vector unit: every kernel that is not a contraction",
-    "vector.ops_per_cycle": "element operations per lane per cycle, by op class",
-    "sram": "on-chip SRAM: three buffers, or one shared_kib",
-    "dram": "the external memory the NPU streams from",
-}
-_KERNELS_NOTE = [
-    "Optional: the kernels this NPU has, by name (docs/kernels.md: GEMM, SOFTMAX, aten.add.Tensor, ...) or by",
-    f"kind ({', '.join(KERNEL_KINDS)}).",
-    "`torch-ir partition MODEL --hw FILE` places the others on the CPU; without this table every kernel is assumed.",
-]
-_COMMENT_COLUMN = 32  # where a value's comment starts
-
-
-def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
-    """``hw`` in the file format (``hardware_from_dict`` of it gives ``hw`` back, less its ``source``)."""
-    sram = ({"shared_kib": _number(hw.sram_weights_bytes / 1024)} if hw.sram_shared else
-            {k: _number(getattr(hw, f"sram_{k[:-4]}_bytes") / 1024) for k in SPLIT_SRAM})
-    data: dict[str, Any] = {"name": hw.name, "clock_mhz": _number(hw.clock_mhz), "dataflow": hw.dataflow,
-                            "dma_overlaps_compute": hw.dma_overlaps_compute}
-    if hw.declared_native_dtype is not None:
-        data["native_dtype"] = hw.declared_native_dtype
-    data.update({
-        "array": {"rows": hw.rows, "cols": hw.cols},
-        "macs_per_cycle": {d: _number(hw.macs_per_cycle[d]) for d in MAC_DTYPES},
-        "vector": {"lanes": hw.vector_lanes,
-                   "ops_per_cycle": {c: _number(hw.vector_ops_per_cycle[c]) for c in VECTOR_CLASSES}},
-        "sram": sram,
-        "dram": {"bandwidth_gbps": _number(hw.dram_bandwidth_gbps), "latency_ns": _number(hw.dram_latency_ns)},
-    })
-    if hw.kernels is not None:
-        data["kernels"] = {"supported": list(hw.kernels)}
-    return data
-
-
-def hardware_template(hw: Hardware | None = None) -> str:
-    """A hardware file to start from, as TOML: every field with what it is, its unit and its allowed range
-    (``RANGES``), the optional ones commented out when ``hw`` leaves them out. The values are ``hw``'s, by default
-    the ``TEMPLATE_EXAMPLE`` preset's; the text loads back as ``hw`` (``load_hardware``)."""
-    if hw is None:
-        hw = dataclasses.replace(load_hardware(TEMPLATE_EXAMPLE), name=TEMPLATE_NAME)
-    data = hardware_to_dict(hw)
-    example = f" (the {TEMPLATE_EXAMPLE} preset)" if hw.name == TEMPLATE_NAME else ""
-    lines = [
-        f"# An NPU for the cost model: torch-ir cost MODEL --hw {TEMPLATE_NAME.replace('-', '_')}.toml",
-        "# (docs/cost_model.md). Every field is required unless marked optional; unknown keys are refused.",
-        f"# Each number must lie in the range beside it. The values are an example{example}: replace them.",
-        "",
-        _line("name", data["name"], f"a label for the reports: one line, at most {MAX_NAME_CHARS} characters"),
-        _number_line("clock_mhz", data["clock_mhz"]),
-        _line("dataflow", data["dataflow"], f"{', '.join(DATAFLOWS[:-1])} or {DATAFLOWS[-1]}"),
-        _line("dma_overlaps_compute", data["dma_overlaps_compute"],
-              "optional (default true): DRAM transfers run while the array computes"),
-        _line("native_dtype", data.get("native_dtype", hw.native_dtype),
-              "optional: the dtype `torch-ir cost` costs at; default: the fastest rate's",
-              commented="native_dtype" not in data),
-    ]
-    for table in ("array", "macs_per_cycle", "vector", "sram", "dram"):
-        lines += ["", _line(f"[{table}]", None, _TABLE_NOTES[table])]
-        lines += _table_lines(table, data[table], hw)
-    kernels = data.get("kernels", {"supported": ["GEMM", "CONV", "CONV_ADD", "movement"]})
-    commented = "kernels" not in data
-    lines += ["", *(f"# {note}" for note in _KERNELS_NOTE), _line("[kernels]", None, None, commented=commented),
-              _line("supported", kernels["supported"], None, commented=commented)]
-    return "\n".join(lines) + "\n"
-
-
-def _table_lines(table: str, values: dict[str, Any], hw: Hardware) -> list[str]:
-    """The fields of one table, a nested table (``vector.ops_per_cycle``) after them under its own header."""
-    lines: list[str] = []
-    for key, value in values.items():
-        if isinstance(value, dict):
-            lines += [_line(f"[{table}.{key}]", None, _TABLE_NOTES[f"{table}.{key}"])]
-            lines += [_number_line(f"{table}.{key}.{k}", v) for k, v in value.items()]
-        else:
-            lines.append(_number_line(f"{table}.{key}", value))
-    if table == "sram":  # the other form, to switch to
-        other = (["weights_kib", "activations_kib", "accumulators_kib"] if hw.sram_shared else ["shared_kib"])
-        example = _number(hw.sram_total_bytes / 1024)
-        lines += [_line(k, values.get("shared_kib", example), None, commented=True, meaning_of=f"sram.{k}")
-                  for k in other]
-    return lines
-
-
-def _number_line(name: str, value: float) -> str:
-    """``key = value  # meaning: lo to hi unit`` for the field ``name`` of ``RANGES``."""
-    return _line(name.rsplit(".", 1)[-1], value, _field_note(name))
-
-
-def _field_note(name: str) -> str:
-    rng = RANGES[name]
-    whole = ", a whole number" if rng.integer else ""
-    zero = f"; 0: {rng.zero}" if rng.zero else ""
-    return f"{_MEANING[name]}: {rng.lo:g} to {rng.hi:g} {rng.unit}{whole}{zero}"
-
-
-def _line(key: str, value: Any, note: str | None, *, commented: bool = False, meaning_of: str = "") -> str:
-    """One line of the template: a ``key = value`` (or a ``[table]`` header when ``value`` is None) with its
-    comment aligned; ``commented``: the whole line commented out (an optional field left out)."""
-    if meaning_of:
-        note = f"or instead, {_field_note(meaning_of)}"
-    text = key if value is None else f"{key} = {_toml_value(value)}"
-    text = f"# {text}" if commented else text
-    return f"{text:<{_COMMENT_COLUMN - 1}} # {note}" if note else text
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):  # a TOML basic string: JSON's escapes, non-ASCII kept as it is (no surrogates)
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return repr(value)
-
-
-def _number(value: float) -> float | int:
-    """A whole float as an int (``1000``, not ``1000.0``), for a file a person reads."""
-    return int(value) if float(value).is_integer() and abs(value) < 2 ** 53 else value
 
 
 __all__ = ["DATAFLOWS", "KERNEL_KINDS", "MAC_DTYPES", "MAX_FILE_BYTES", "RANGES", "VECTOR_CLASSES", "Hardware",
-           "HardwareError", "Range", "hardware_from_dict", "hardware_template", "hardware_to_dict", "load_hardware",
-           "presets"]
+           "HardwareError", "Range", "hardware_from_dict", "load_hardware", "presets"]
