@@ -13,15 +13,8 @@ from npu_program import dtypes
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 from torch_ir.ir import TensorMeta
-from torch_ir.weights import (
-    build_buffer,
-    find_weight_key,
-    key_lines,
-    load_state_dict,
-    nonpersistent_why,
-    reverse_aliases,
-    tied_keys,
-)
+from torch_ir.weights import build_buffer, find_weight_key, load_state_dict, reverse_aliases, tied_keys
+from torch_ir.weights_messages import key_lines, nonpersistent_why
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, new_tensor
 

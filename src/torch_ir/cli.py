@@ -121,11 +121,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .debug.sources import load_weights_into
     from .inputs import write_report
     from .ir import load_ir
     from .verify import verify_ir
-    from .weights import load_state_dict, module_state
+    from .weights import load_state_dict, load_weights_into, module_state
     from .zoo.runner import resolve_spec
 
     spec = resolve_spec(args.model)

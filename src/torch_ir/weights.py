@@ -29,6 +29,7 @@ from .fileio import atomic_write, check_output_path, check_regular_file
 from .ir import NPU_IR, TensorMeta
 from .limits import check_shape
 from .ops.values import INLINE_DTYPES, dtype_from_name, dtype_name
+from .weights_messages import key_lines, nonpersistent_why
 
 WeightsSource = str | os.PathLike | Mapping[str, Any] | torch.nn.Module | ExportedProgram
 
@@ -395,26 +396,45 @@ def _mismatch(meta: TensorMeta, tensor: torch.Tensor) -> str | None:
     return None
 
 
-def key_lines(groups: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
-    """``  title (n): key; key; key; ... N more`` per non-empty group: the first few keys (a mismatch of a whole
-    model would make a kilobyte line), every key with ``TORCH_IR_FULL_ERRORS=1``, said on the last line."""
-    full = os.environ.get("TORCH_IR_FULL_ERRORS") == "1"
-    lines = []
-    for title, items in groups:
-        if items:
-            shown = list(items) if full else list(items[:3])
-            more = "" if len(shown) == len(items) else f"; ... {len(items) - len(shown)} more"
-            lines.append(f"  {title} ({len(items)}): " + "; ".join(shown) + more)
-    if not full and sum(len(items) for _, items in groups) > 3:
-        lines.append("(set TORCH_IR_FULL_ERRORS=1 to list every key)")
-    return lines
+def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Put the state dict ``state`` into ``model`` as ``torch-ir verify --weights`` does
+    (``model.load_state_dict(state, strict=False)``), refusing what that lets pass silently.
+
+    Example::
+
+        load_weights_into(model, load_state_dict("tiny.safetensors"), "weights file 'tiny.safetensors'")
+
+    A weight of the model that ``state`` lacks would keep its seeded random value and a key the model has no
+    place for would be dropped, while the report says the file's weights were used: both are a
+    ``WeightsMismatchError`` naming ``where`` (as is a shape that differs). Tied weights (one tensor under two
+    names, stored once by ``torch_ir.save_weights``) load through either name; non-persistent buffers in
+    ``state`` (``module_state`` saves them) are left to the values the model computed when built.
+    """
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a shape that differs: refused even with strict=False
+        raise WeightsMismatchError(f"{where} does not fit model {type(model).__name__}: {e}") from None
+    missing = _not_loaded(model, result.missing_keys)
+    buffers = {name for name, _ in model.named_buffers()}
+    unexpected = [k for k in result.unexpected_keys if k not in buffers]
+    if missing or unexpected:
+        problems = [f"{len(keys)} {what} ({_first_keys(keys)})" for keys, what in (
+            (missing, "of the model's weights are missing"), (unexpected, "keys name no weight of the model")) if keys]
+        raise WeightsMismatchError(f"{where} does not hold the weights of model {type(model).__name__}: "
+                                   f"{'; '.join(problems)}; give a file saved from this model's state_dict() "
+                                   "(torch.save or torch_ir.save_weights)")
 
 
-def nonpersistent_why(holder: str) -> str:
-    """Why a non-persistent buffer is missing from a state dict, for the IR executor and the runtime alike."""
-    return ("The missing buffers are non-persistent (registered with persistent=False): model.state_dict() and "
-            f"checkpoints never hold them, and {holder} has no recipe to rebuild them (its model was built under "
-            "torch.device('meta') for extraction, where their values were not known).")
+def _not_loaded(model: torch.nn.Module, missing: Sequence[str]) -> list[str]:
+    """The ``missing`` keys whose tensor no loaded key shares: a tied weight is loaded through its other name."""
+    tensors = model.state_dict(keep_vars=True)  # the tensors themselves: tied names give the same object
+    absent = set(missing)
+    loaded = {id(t) for k, t in tensors.items() if k not in absent}
+    return [k for k in missing if id(tensors[k]) not in loaded]
+
+
+def _first_keys(keys: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(keys[:shown]) + (f", ... and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def _mismatch_report(ir: NPU_IR, missing: list, unknown_buffers: list, wrong: list, unexpected: list

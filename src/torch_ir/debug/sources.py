@@ -142,7 +142,7 @@ def _shown(source: Any) -> str:
 # -- PyTorch ---------------------------------------------------------------------------------------
 
 def _torch_spec(spec: str, *, inputs: Sequence[Any] | None, seed: int, weights: Any = None) -> Subject:
-    from ..weights import load_state_dict
+    from ..weights import load_state_dict, load_weights_into
     from ..zoo.runner import resolve_spec
 
     # given weights are read first: a missing or unreadable file is told before the factory runs
@@ -197,47 +197,6 @@ def _weights_where(weights: Any) -> str:
     if isinstance(weights, (str, os.PathLike)):
         return f"weights file {os.fspath(weights)!r}"
     return f"the weights given (a {type(weights).__name__})"
-
-
-def load_weights_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
-    """Put the state dict ``state`` into ``model`` as ``torch-ir verify --weights`` does
-    (``model.load_state_dict(state, strict=False)``), refusing what that lets pass silently.
-
-    Example::
-
-        load_weights_into(model, load_state_dict("tiny.safetensors"), "weights file 'tiny.safetensors'")
-
-    A weight of the model that ``state`` lacks would keep its seeded random value and a key the model has no
-    place for would be dropped, while the report says the file's weights were used: both are a
-    ``WeightsMismatchError`` naming ``where`` (as is a shape that differs). Tied weights (one tensor under two
-    names, stored once by ``torch_ir.save_weights``) load through either name; non-persistent buffers in
-    ``state`` (``module_state`` saves them) are left to the values the model computed when built.
-    """
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # a shape that differs: refused even with strict=False
-        raise WeightsMismatchError(f"{where} does not fit model {type(model).__name__}: {e}") from None
-    missing = _not_loaded(model, result.missing_keys)
-    buffers = {name for name, _ in model.named_buffers()}
-    unexpected = [k for k in result.unexpected_keys if k not in buffers]
-    if missing or unexpected:
-        problems = ([f"{len(missing)} of the model's weights are missing ({_first(missing)})"] if missing else []) \
-            + ([f"{len(unexpected)} keys name no weight of the model ({_first(unexpected)})"] if unexpected else [])
-        raise WeightsMismatchError(f"{where} does not hold the weights of model {type(model).__name__}: "
-                                   f"{'; '.join(problems)}; give a file saved from this model's state_dict() "
-                                   "(torch.save or torch_ir.save_weights)")
-
-
-def _not_loaded(model: torch.nn.Module, missing: Sequence[str]) -> list[str]:
-    """The ``missing`` keys whose tensor no loaded key shares: a tied weight is loaded through its other name."""
-    tensors = model.state_dict(keep_vars=True)  # the tensors themselves: tied names give the same object
-    absent = set(missing)
-    loaded = {id(t) for k, t in tensors.items() if k not in absent}
-    return [k for k in missing if id(tensors[k]) not in loaded]
-
-
-def _first(keys: Sequence[str], shown: int = 5) -> str:
-    return ", ".join(keys[:shown]) + (f", ... and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def subject_from_torch(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None, *,
@@ -571,5 +530,5 @@ def _given(ir: NPU_IR, inputs: Sequence[Any] | Mapping[str, Any], name: str) -> 
 
 
 __all__ = ["ACCEPTED", "NO_WEIGHTS", "TINYGRAD_PREFIX", "WEIGHTS_TAKEN_BY", "SubjectError", "load_subject",
-           "load_weights_into", "source_form", "subject_from_ir", "subject_from_onnx", "subject_from_tinygrad",
+           "source_form", "subject_from_ir", "subject_from_onnx", "subject_from_tinygrad",
            "subject_from_torch"]
