@@ -20,15 +20,8 @@ from npu_compiler.costmodel import CSV_COLUMNS, CostReport, HardwareError, cost_
 from npu_compiler.costmodel import hardware as hardware_module
 from npu_compiler.costmodel.hardware import RANGES, hardware_from_dict, load_hardware, presets
 from npu_compiler.costmodel.hardware_template import TEMPLATE_EXAMPLE, hardware_template, hardware_to_dict
-from npu_compiler.costmodel.report import (
-    SORT_SCRIPT,
-    block_of,
-    cost_csv,
-    report_html,
-    roofline_labels,
-    roofline_points,
-    roofline_svg,
-)
+from npu_compiler.costmodel.report import SORT_SCRIPT, block_of, cost_csv, report_html
+from npu_compiler.costmodel.roofline import roofline_labels, roofline_points, roofline_svg
 from torch_ir.cli import main
 
 from .test_costmodel import TOY
@@ -258,7 +251,7 @@ def test_the_roofline_names_its_costliest_points(report: CostReport) -> None:
 
 def test_the_png_annotates_the_labels_and_the_page_names_every_point_on_hover(report: CostReport) -> None:
     pytest.importorskip("matplotlib")
-    from npu_compiler.costmodel.report import roofline_figure, roofline_png
+    from npu_compiler.costmodel.roofline import roofline_figure, roofline_png
 
     hw = report.hardware
     texts = [t.get_text() for t in roofline_figure(report, hw).axes[0].texts]

@@ -23,7 +23,8 @@ import npu_compiler
 import torch_ir
 from npu_compiler.costmodel import HardwareError, cost_program, hardware_from_dict, load_hardware
 from npu_compiler.costmodel.hardware import MAX_FILE_BYTES, PRESET_DIR, RANGES
-from npu_compiler.costmodel.report import cost_csv, report_html, roofline_png, roofline_svg
+from npu_compiler.costmodel.report import cost_csv, report_html
+from npu_compiler.costmodel.roofline import roofline_png, roofline_svg
 from torch_ir.cli import main
 
 try:  # the standard library's from Python 3.11

@@ -25,9 +25,9 @@ from npu_compiler.costmodel.report import (
     check_report_paths,
     cost_csv,
     report_html,
-    roofline_svg,
     write_reports,
 )
+from npu_compiler.costmodel.roofline import roofline_svg
 from torch_ir.cli import main
 
 PRESET = "edge_4tops"

@@ -20,7 +20,8 @@ import torch_ir
 from npu_compiler.costmodel import CSV_COLUMNS, HardwareError, cost_program, load_hardware
 from npu_compiler.costmodel import report as report_module
 from npu_compiler.costmodel.cli import add_parser
-from npu_compiler.costmodel.report import roofline_points, write_reports
+from npu_compiler.costmodel.report import write_reports
+from npu_compiler.costmodel.roofline import roofline_points
 from torch_ir.errors import OutputWriteError
 
 PRESET = "edge_4tops"

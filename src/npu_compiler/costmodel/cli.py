@@ -84,7 +84,7 @@ def _programs(source: str) -> dict[str, object]:
 def cmd_cost(args: argparse.Namespace) -> int:
     """Run ``torch-ir cost``."""
     from . import CostModelError, cost_lm, cost_program, load_hardware
-    from .report import have_matplotlib, write_reports
+    from .report import have_matplotlib, write_reports  # the report's own test of matplotlib
 
     if args.hw_template is not None:
         return _write_template(args)
