@@ -9,6 +9,7 @@ loaded program (``memory_check``: the memory-plan checker it shares with the com
 the one dtype table. ``kernels``, ``dtypes``, ``codec`` and ``program`` import neither torch nor numpy.
 """
 
-from .kernels import KERNELS, KernelCost, KernelDef, get_kernel
+from .cost_formulas import KernelCost
+from .kernels import KERNELS, KernelDef, get_kernel
 
 __all__ = ["KERNELS", "KernelCost", "KernelDef", "get_kernel"]
