@@ -3,6 +3,9 @@
     with Load(workers=2):           # two neighbours until the block ends
         ...time something...
 
+    with Load(workers=2, kind="shell"):  # two shell loops starting processes, the load issue 26 measured
+        ...
+
     .venv/bin/python bench/runtime/load.py --workers 2 --seconds 30   # the same load on its own, for a look
 
 What a shared machine does to a latency benchmark is not a steady "other process at 100 %": it is a
@@ -13,6 +16,10 @@ for a scheduler tick and every other waits. So each worker here loops: fork a ch
 writes ``32 MiB`` to ``max_mb`` (page faults, and the kernel's work to map and free them), computes for
 5-100 ms and exits; the worker pauses 0-20 ms and forks the next. Sizes and times are drawn from a
 seeded generator, so two runs of a benchmark see the same pattern.
+
+The ``shell`` kind is the lighter load that issue 26 measured first ("two shell loops starting
+processes"): each worker is ``sh -c 'while :; do /bin/true; done'``, process starts without the
+allocations.
 
 Bounded, on this machine only: every worker exits by itself after ``seconds`` (and when its parent is
 gone), and ``Load`` kills them (their whole process group) when the block ends, even on an exception.
@@ -36,22 +43,29 @@ MIN_MB = 32
 CHILD_SECONDS = (0.005, 0.1)
 # The worker waits this long between children, seconds (uniform): the gaps in which the cores are free.
 PAUSE_SECONDS = (0.0, 0.02)
+KINDS = ("alloc", "shell")
+# a ``shell`` worker: a loop that starts a process after another, ended by Load or by ``timeout``
+SHELL_LOOP = "while :; do /bin/true; done"
 
 
 class Load:
     """``workers`` background processes of short-lived children (see the module's docstring), from ``__enter__``
     to ``__exit__``; none outlives ``seconds``."""
 
-    def __init__(self, workers: int = 2, *, max_mb: int = 512, seconds: float = 600.0, seed: int = 0) -> None:
-        if workers < 0 or max_mb < MIN_MB or seconds <= 0:
-            raise ValueError(f"workers >= 0, max_mb >= {MIN_MB} and seconds > 0, got {workers}, {max_mb}, {seconds}")
-        self.workers, self.max_mb, self.seconds, self.seed = workers, max_mb, seconds, seed
+    def __init__(self, workers: int = 2, *, max_mb: int = 512, seconds: float = 600.0, seed: int = 0,
+                 kind: str = "alloc") -> None:
+        if workers < 0 or max_mb < MIN_MB or seconds <= 0 or kind not in KINDS:
+            raise ValueError(f"workers >= 0, max_mb >= {MIN_MB}, seconds > 0 and kind in {KINDS}, "
+                             f"got {workers}, {max_mb}, {seconds}, {kind!r}")
+        self.workers, self.max_mb, self.seconds, self.seed, self.kind = workers, max_mb, seconds, seed, kind
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Load:
         for i in range(self.workers):
             command = [sys.executable, __file__, "--worker", "--max-mb", str(self.max_mb),
                        "--seconds", str(self.seconds), "--seed", str(self.seed + i)]
+            if self.kind == "shell":
+                command = ["timeout", "-s", "KILL", str(self.seconds), "sh", "-c", SHELL_LOOP]
             # a session of its own: stop() ends the worker and any child it has at that moment, together
             self.processes.append(subprocess.Popen(command, start_new_session=True))
         time.sleep(0.2)  # the workers' start (an interpreter each) is not part of what is measured
@@ -107,12 +121,14 @@ def main() -> None:
     parser.add_argument("--max-mb", type=int, default=512, help="largest allocation of a child, MiB (default 512)")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the load lasts (default 30)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", choices=KINDS, default="alloc",
+                        help="alloc: allocating children (default); shell: shell loops starting processes")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one worker, started by Load
     args = parser.parse_args()
     if args.worker:
         worker(args.max_mb, args.seconds, args.seed)
         return
-    with Load(args.workers, max_mb=args.max_mb, seconds=args.seconds, seed=args.seed):
+    with Load(args.workers, max_mb=args.max_mb, seconds=args.seconds, seed=args.seed, kind=args.kind):
         time.sleep(args.seconds)
 
 

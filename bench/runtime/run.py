@@ -266,9 +266,10 @@ def time_phases(runners: dict[str, Callable[[], Any]], args: argparse.Namespace,
     with cpu_pressure(pressure, "quiet"):
         phases["quiet"] = time_in_blocks(runners, args.runs, args.warmup)
     if args.load:
-        log(f"{name}: the same beside {args.load} neighbour processes (load.py, allocations up to "
-            f"{args.load_mb} MiB)...")
-        with Load(args.load, max_mb=args.load_mb, seconds=LOAD_SECONDS), cpu_pressure(pressure, "loaded"):
+        what = f"allocations up to {args.load_mb} MiB" if args.load_kind == "alloc" else "shell loops"
+        log(f"{name}: the same beside {args.load} neighbour processes (load.py, {what})...")
+        with (Load(args.load, max_mb=args.load_mb, seconds=LOAD_SECONDS, kind=args.load_kind),
+              cpu_pressure(pressure, "loaded")):
             phases["loaded"] = time_in_blocks(runners, args.runs, args.warmup)
     return phases, pressure
 
@@ -386,6 +387,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--load", type=int, default=0, metavar="N",
                         help="also time every runner beside N neighbour processes this script starts and stops "
                              "(load.py: short-lived children that allocate and compute); default 0: no load")
+    parser.add_argument("--load-kind", choices=("alloc", "shell"), default="alloc",
+                        help="the neighbours: alloc, short-lived children that allocate and compute (default); "
+                             "shell, shell loops that start processes (the lighter load issue 26 measured first)")
     parser.add_argument("--load-mb", type=int, default=512, metavar="MB",
                         help="the largest allocation of a neighbour's child, MiB (default 512)")
     args = parser.parse_args()
