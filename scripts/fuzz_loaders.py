@@ -345,7 +345,7 @@ class Seeds:
         """Run the valid program and compile the valid IR once in this process, so that forked workers inherit
         oneDNN's generated kernels instead of generating them again in every child (a second each)."""
         import npu_compiler
-        from npu_compiler.npubin import decode_npubin
+        from npu_program.npubin import decode_npubin
         from torch_ir.ir.serialize import ir_from_dict
 
         run_program(decode_npubin(self.program), self, random.Random(0))
@@ -421,7 +421,7 @@ def run_input(kind: str, value: Any, seeds: Seeds, rng: random.Random | None = N
                 finally:
                     os.unlink(handle.name)
                 return "loaded"
-            from npu_compiler.npubin import decode_npubin
+            from npu_program.npubin import decode_npubin
 
             program = decode_npubin(value, "<fuzz>")
             if kind == "npubin_bytes":

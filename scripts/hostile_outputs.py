@@ -65,7 +65,7 @@ def _load_array(case: Case, d: Path) -> None:
 def _bisect_planted(case: Case, d: Path) -> None:
     """bisect into a fresh directory holding this case's planted links; raises what bisect raises, or an
     AssertionError when a victim changed (that is the failure, whatever bisect did)."""
-    from torch_ir.debug.bisect import bisect
+    from npu_tools.debug.bisect import bisect
 
     with tempfile.TemporaryDirectory(prefix="bisect_planted") as tmp:
         out, victims = _plant(Path(tmp), repro_link=case.id.endswith("repro_dir"))
@@ -82,7 +82,7 @@ def _bisect_planted(case: Case, d: Path) -> None:
 
 def _bisect_names(case: Case, d: Path) -> None:
     """bisect of an IR whose faulty node has a hostile name: the report and repro are written, names inert."""
-    from torch_ir.debug.bisect import bisect
+    from npu_tools.debug.bisect import bisect
 
     with tempfile.TemporaryDirectory(prefix="bisect_names") as tmp:
         out = Path(tmp) / "out"

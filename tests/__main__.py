@@ -7,7 +7,7 @@
 
 import sys
 
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 if __name__ == "__main__":
     argv = ["--list" if a == "--list-models" else a for a in sys.argv[1:]]

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npu_tools.cli import main
 from torch_ir.arrays import MAX_HEADER_BYTES, ArrayFileError, load_array, load_arrays
-from torch_ir.cli import main
 from torch_ir.errors import InputReadError, LimitExceededError, TorchIRError
 from torch_ir.limits import limits
 

@@ -6,11 +6,11 @@ import json
 import subprocess
 import sys
 
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 
 def test_help_lists_every_subcommand():
-    result = subprocess.run([sys.executable, "-m", "torch_ir.cli", "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "npu_tools.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
     for command in ("demo", "extract", "inspect", "verify", "zoo", "ops", "normalize", "compile", "partition", "run",
                     "profile"):

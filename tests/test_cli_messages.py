@@ -10,7 +10,7 @@ import torch
 import npu_compiler
 import torch_ir
 from npu_runtime import Device, RuntimeInputError, load_weights
-from torch_ir.cli import main
+from npu_tools.cli import main
 from torch_ir.fileio import file_kind
 
 
@@ -111,7 +111,7 @@ def test_command_line_errors_speak_of_flags_not_python_arguments(tmp_path, capsy
     assert main(["bisect", str(tmp_path / "model.txt")]) == 2
     err = capsys.readouterr().err
     assert "(with --weights)" in err and "weights=" not in err and "NPU_IR" not in err
-    from torch_ir.debug.sources import SubjectError, load_subject
+    from npu_tools.debug.sources import SubjectError, load_subject
 
     with pytest.raises(SubjectError, match=r"with weights="):
         load_subject(str(tmp_path / "model.txt"))

@@ -1,5 +1,5 @@
 """One meaning per flag (issue 26, item 8): every subcommand's options parsed, each shared flag declared by
-``torch_ir.cli_options`` (its help begins with the one meaning), old spellings working with a warning."""
+``npu_tools.cli_options`` (its help begins with the one meaning), old spellings working with a warning."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from torch_ir import cli_options
-from torch_ir.cli import build_parser, main
+from npu_tools import cli_options
+from npu_tools.cli import build_parser, main
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

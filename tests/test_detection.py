@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import torch_ir
+from npu_tools.zoo import build_pair, get_model
+from npu_tools.zoo.detection import TinyYOLO
 from torch_ir.frontends.constants import build_on_meta
-from torch_ir.zoo import build_pair, get_model
-from torch_ir.zoo.detection import TinyYOLO
 
 from .helpers import assert_outputs_close
 

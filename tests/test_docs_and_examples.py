@@ -39,7 +39,7 @@ def test_operators_doc_is_generated_from_the_registry():
 
 
 def test_npu_ops_doc_is_generated_from_the_op_table():
-    from torch_ir.passes.docs import npu_docs_markdown
+    from npu_compiler.passes.docs import npu_docs_markdown
 
     assert (ROOT / "docs" / "npu_ops.md").read_text() == npu_docs_markdown(), (
         "docs/npu_ops.md is stale: run `torch-ir ops --npu --markdown > docs/npu_ops.md`")

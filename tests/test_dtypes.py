@@ -1,4 +1,4 @@
-"""The one dtype table (``npu_program.dtypes``) against torch, numpy and onnx, and its refusals."""
+"""The one dtype table (``torch_ir.dtypes``) against torch, numpy and onnx, and its refusals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from npu_program import dtypes
-from npu_program.dtypes import DTYPES, DType
+from torch_ir import dtypes
+from torch_ir.dtypes import DTYPES, DType
 
 ROWS = list(DTYPES.values())
 IDS = [d.name for d in ROWS]
@@ -192,11 +192,11 @@ def test_module_imports_neither_torch_nor_numpy() -> None:
             "print(sorted(k for k in ('torch', 'numpy') if k in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    assert importlib.util.find_spec("npu_program.dtypes") is not None
+    assert importlib.util.find_spec("torch_ir.dtypes") is not None
 
 
 def test_import_the_dtype_table_does_not_import_torch() -> None:
     """The table lives in npu_program, which a program reader imports without torch."""
-    code = "import sys, npu_program.dtypes, npu_program.kernels; print('torch' in sys.modules)"
+    code = "import sys, torch_ir.dtypes, npu_program.kernels; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

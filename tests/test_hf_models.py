@@ -16,10 +16,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from torch_ir.cli import main  # noqa: E402
+from npu_tools.cli import main  # noqa: E402
+from npu_tools.zoo.runner import resolve_spec  # noqa: E402
 from torch_ir.frontends.hf_files import CheckpointError  # noqa: E402
 from torch_ir.frontends.hf_model import is_hf_model_path, open_hf_model  # noqa: E402
-from torch_ir.zoo.runner import resolve_spec  # noqa: E402
 
 VOCAB = 96
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

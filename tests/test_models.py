@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_ir
-from torch_ir.passes import normalize
+from npu_compiler.passes import normalize
 from torch_ir.weights import module_state
 
 from .helpers import assert_outputs_close
@@ -162,7 +162,7 @@ def test_real_weights_entry_loads_the_checkpoint() -> None:
 def test_zoo_model_verifies_and_reports(name: str, tmp_path) -> None:
     """The report runner (torch-ir zoo / python -m tests): verify passes, and the reports are written."""
     _available(name)
-    from torch_ir.zoo.runner import resolve_spec, run_model
+    from npu_tools.zoo.runner import resolve_spec, run_model
 
     result = run_model(resolve_spec(name), tmp_path)
     assert result.ok, result.report.to_text()

@@ -12,11 +12,11 @@ import torch
 
 import npu_compiler
 import torch_ir
+from npu_compiler.passes import NormalizeOptions, normalize
 from npu_program.npubin import NpubinError, decode_npubin, encode_npubin
 from torch_ir.errors import IRValidationError
 from torch_ir.ir import ir_from_dict, ir_to_dict, provenance_of
-from torch_ir.passes import NormalizeOptions, normalize
-from torch_ir.passes.rewrite import rewrite
+from torch_ir.rewrite import rewrite
 
 
 class Block(torch.nn.Module):
@@ -66,7 +66,7 @@ def test_a_fused_node_lists_every_source_node_the_common_module_and_the_rules(ir
 
 
 def test_rewrite_logs_each_application_and_stops_at_the_limit(ir):
-    from torch_ir.passes.normalize import STAGES
+    from npu_compiler.passes.pipeline import STAGES
 
     rules = dict(STAGES)["canonicalize"]
     whole = rewrite(ir, rules)

@@ -7,7 +7,8 @@ import dataclasses
 import torch
 
 import torch_ir
-from torch_ir.passes import Op, Rule, Var, eliminate_dead_code, rewrite, select
+from npu_compiler.passes import Op, Rule, Var, eliminate_dead_code, select
+from torch_ir import rewrite
 
 from .helpers import assert_outputs_close
 

@@ -1,6 +1,6 @@
 """What the tinygrad rules needed from the rewrite engine: aliases, shared view interiors, producers, long sweeps.
 
-(These test ``torch_ir.passes.rewrite`` itself, on IRs built by hand; they live here because the
+(These test ``torch_ir.rewrite`` itself, on IRs built by hand; they live here because the
 tinygrad frontend is what asked for them.)
 """
 
@@ -11,8 +11,9 @@ import dataclasses
 import torch
 
 import torch_ir
+from npu_compiler.passes import Op, Rule, Var
+from torch_ir import rewrite
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
-from torch_ir.passes import Op, Rule, Var, rewrite
 
 from .helpers import assert_outputs_close
 

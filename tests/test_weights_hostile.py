@@ -16,10 +16,10 @@ import npu_compiler
 import torch_ir
 from npu_runtime import Device, load_weights
 from npu_runtime.device import RuntimeInputError
-from torch_ir.cli import main
+from npu_tools.cli import main
+from npu_tools.zoo.runner import resolve_spec
 from torch_ir.errors import ExtractionError, WeightsMismatchError
 from torch_ir.weights import load_state_dict, match_weights, module_state, save_weights
-from torch_ir.zoo.runner import resolve_spec
 
 FLOAT8 = getattr(torch, "float8_e4m3fn", None)
 

@@ -21,8 +21,8 @@ from torch import nn
 
 import npu_compiler
 import torch_ir
-from npu_compiler.npubin import read_npubin, write_npubin
-from torch_ir.cli import main
+from npu_program.npubin import read_npubin, write_npubin
+from npu_tools.cli import main
 from torch_ir.errors import OutputWriteError, TorchIRError
 from torch_ir.fileio import atomic_write, check_output_path
 from torch_ir.ir import load_ir, save_ir

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import sys
 import tempfile
 import time
@@ -23,13 +22,15 @@ from pathlib import Path
 
 import torch
 
+from npu_compiler.passes import pipeline
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from torch_ir.debug.bisect import bisect  # noqa: E402
-from torch_ir.debug.sources import subject_from_torch  # noqa: E402
-from torch_ir.debug.stages import STAGE_NAMES  # noqa: E402
+from npu_tools.debug.bisect import bisect  # noqa: E402
+from npu_tools.debug.sources import subject_from_torch  # noqa: E402
+from npu_tools.debug.stages import STAGE_NAMES  # noqa: E402
 
-NORMALIZE = importlib.import_module("torch_ir.passes.normalize")
+NORMALIZE = pipeline
 RULES = {r.name: r for r in NORMALIZE.ALL_RULES}
 
 

@@ -1,6 +1,6 @@
 """The models of the compile-coverage sweep: the built-in zoo, transformers architectures, ONNX CNNs.
 
-transformers entries are ``torch_ir.zoo.ZooEntry`` objects that are not registered in the zoo: tiny
+transformers entries are ``npu_tools.zoo.ZooEntry`` objects that are not registered in the zoo: tiny
 configs (hidden 16-64, 1-2 layers, 32x32 or 64x64 images, 8 tokens) with seeded random weights, so
 nothing is downloaded and the same ``build("meta")`` / ``build("cpu")`` / ``example_inputs()`` flow
 as the zoo's applies. Batch norms get random statistics (fresh ones are the identity, which would
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torch_ir.zoo import Inputs, ZooEntry, get_model, list_models
+from npu_tools.zoo import Inputs, ZooEntry, get_model, list_models
 
 VOCAB = 128
 TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # inside the tiny vocabulary

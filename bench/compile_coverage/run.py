@@ -5,7 +5,7 @@
     .venv/bin/python bench/compile_coverage/run.py --models bert,swin --json rows.json
     .venv/bin/python bench/compile_coverage/run.py --dag        # fall back through partition + DAGExecutor
 
-The models (``models.py``): the built-in zoo (``torch_ir.zoo``), about sixty transformers architectures
+The models (``models.py``): the built-in zoo (``npu_tools.zoo``), about sixty transformers architectures
 from tiny configs with seeded random weights, and the nine classic CNNs that ship with the ``onnx``
 package (light models, their constant weights replaced by seeded random ones).
 
@@ -58,11 +58,11 @@ import npu_compiler  # noqa: E402
 from models import OnnxModel, onnx_entries, randomized_light_model, transformers_entries, zoo_entries  # noqa: E402
 from npu_compiler.llm import is_lm, sequence_symbol  # noqa: E402
 from npu_runtime import Device, Executor, load_weights  # noqa: E402
+from npu_tools.zoo import ZooEntry  # noqa: E402
 from torch_ir import extract_ir  # noqa: E402
 from torch_ir.ir import NPU_IR, specialize  # noqa: E402
 from torch_ir.verify import compare_tensors, default_tolerance  # noqa: E402
 from torch_ir.weights import module_state  # noqa: E402
-from torch_ir.zoo import ZooEntry  # noqa: E402
 
 SOURCES = ("zoo", "transformers", "onnx")
 Model = ZooEntry | OnnxModel

@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+from npu_compiler.passes import normalize  # noqa: E402
 from torch_ir import extract_ir  # noqa: E402
 from torch_ir.ops.npu import NPU_OPS  # noqa: E402
-from torch_ir.passes import normalize  # noqa: E402
 
 
 def qwen2_0_5b():

@@ -8,10 +8,11 @@
     plan = partition(ir_dict, is_op_supported)          # NPU and CPU parts, for npu_runtime.DAGExecutor
 """
 
+from npu_program.npubin import NpubinError
+
 from .compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
 from .compiler import COMPILER_VERSION, CompileError, CompileOptions, UnsupportedOpsError, compile
 from .library import TARGETS, Target, get_target, is_op_supported, register_target, unsupported_reason
-from .npubin import NpubinError
 from .partition import Partition, PartitionPlan, Placement, partition
 
 __all__ = [

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from npu_compiler.passes import NormalizeOptions, normalize
 from npu_program.kernels import KERNELS
 from npu_program.program import bind_outputs
 from torch_ir.ir import NPU_IR, OpNode, load_ir
@@ -28,16 +29,15 @@ from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.registry import is_supported, resolve_overload, unsafe_reason
 from torch_ir.ops.values import dtype_from_name
-from torch_ir.passes import NormalizeOptions, normalize
 from torch_ir.weights import build_buffer
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
 from .cost import node_flops
 from .errors import CompileError, UnsupportedOpsError
-from .fusion import fuse_kernels
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
 from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
+from .passes.kernel_fusion import fuse_kernels
 from .state import state_slots, state_specs
 from .static_shapes import bind_shapes, check_static_inputs
 
@@ -51,7 +51,7 @@ FALLBACKS = ("cpu",)
 class CompileOptions:
     """How to compile. The defaults give the fastest program for the target."""
 
-    # Run torch_ir.passes.normalize first (turn ATen graphs into NPU ops). Off only for an IR already normalized.
+    # Run npu_compiler.passes.pipeline first (turn ATen graphs into NPU ops). Off only for an IR already normalized.
     normalize: bool = True
     normalize_options: NormalizeOptions | None = None
     # "greedy_by_size" reuses memory; "naive" gives every tensor its own bytes (for comparison).

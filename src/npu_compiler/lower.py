@@ -7,7 +7,7 @@ Three steps, each small, each reading the kernel table (``npu_program.kernels``)
    happens between two convolutions;
 2. *one dispatch per node*: the kernel has the node's op type and its attributes as parameters; a
    *view* kernel of a contiguous tensor is no dispatch at all, only an alias (a view of the same bytes);
-3. *in place*: a ``CONV_ADD`` (made by ``npu_compiler.fusion``) writes its output over its residual
+3. *in place*: a ``CONV_ADD`` (made by ``npu_compiler.passes.kernel_fusion``) writes its output over its residual
    when the residual dies there.
 
 *Host dispatches* (``compile(fallback="cpu")``: nodes the target has no kernel for) are plain dispatches

@@ -10,16 +10,18 @@ order of level is a valid schedule, and no two partitions of one device at one l
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_compiler.passes import normalize as normalize_ir
+from npu_program.program import CompiledProgram
 from torch_ir.ir import NPU_IR, OpNode, subgraph
-from torch_ir.passes import normalize as normalize_ir
 
-from .compiler import CompileError, IRSource, load_source, with_public_output_names
+from .compiler import CompileError, CompileOptions, IRSource, compile, load_source, with_public_output_names
 from .cost import node_flops
-from .library import Target, get_target, unsupported_reason
+from .library import Target, get_target, is_op_supported, unsupported_reason
 
 NPU, CPU = "npu", "cpu"
 
@@ -41,6 +43,8 @@ class Partition:
     device: str
     ir: NPU_IR
     level: int
+    #: The compiled program of an NPU part (``PartitionPlan.compiled``); None for a CPU part or until compiled.
+    program: CompiledProgram | None = None
 
     @property
     def nodes(self) -> list[str]:
@@ -100,6 +104,26 @@ class PartitionPlan:
             lines.append(f"  {part.index}: {part.device.upper()} {len(part.nodes)} nodes; reads "
                          f"{_names(part.inputs)}; gives {_names(part.outputs)}")
         return "\n".join(lines)
+
+    def compiled(self, target: str) -> PartitionPlan:
+        """This plan with every NPU part's program compiled for ``target``: what ``npu_runtime.DAGExecutor``
+        runs, so that the runtime need not import the compiler. A plan made for another target (seed 004's
+        ``partition(ir, is_op_supported)``, target cpu, given to ``DAGExecutor(plan, MetalBackend())``) is placed
+        again for ``target`` first, with a warning; nodes the first plan kept off the NPU stay off it."""
+        plan = self if target == self.target else self._placed_for(target)
+        options = CompileOptions(normalize=False, public_output_names=False)
+        for part in plan.partitions:
+            if part.device == NPU and (part.program is None or part.program.target != target):
+                part.program = compile(part.ir, target=target, options=options)
+        return plan
+
+    def _placed_for(self, target: str) -> PartitionPlan:
+        refused = {p.node for p in self.placements if p.device != NPU}
+        kept_off = {n.op_type for n in self.ir.nodes if n.name in refused}
+        warnings.warn(f"the partition plan of {self.ir.model_name!r} was made for target {self.target!r}; placed "
+                      f"again for {target!r} (partition(..., target={target!r}) avoids this)", stacklevel=4)
+        return partition(self.ir, lambda op: is_op_supported(op, target) and op not in kept_off, target=target,
+                         normalize=False, public_output_names=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,7 @@
 """The contract between the NPU compiler and the runtime: the kernel table and the program schema.
 
 Plain data, importable without the compiler: ``npu_compiler`` emits dispatches of the kernels listed in
-``kernels`` (``npu_runtime`` backends implement them, ``torch_ir.passes`` reads the layout and view facts,
+``kernels`` (``npu_runtime`` backends implement them, ``npu_compiler.passes`` reads the layout and view facts,
 ``docs/kernels.md`` is generated from the same records); ``program`` holds the compiled program's
 dataclasses (``CompiledProgram``, ``TensorSpec``, ``StateSpec``, ``Dispatch``, ``MemoryPlan``), written
 and read through the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-checks a

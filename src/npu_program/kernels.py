@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_ir.dtypes import nbytes as dtype_nbytes
+
 from .cost_formulas import (
     Flops,
     KernelCost,
@@ -47,9 +49,8 @@ from .cost_formulas import (
     reduce_flops,
     whole,
 )
-from .dtypes import nbytes as dtype_nbytes
 
-#: The dtypes a kernel runs unless its record says otherwise (names of the dtype table, `npu_program.dtypes`).
+#: The dtypes a kernel runs unless its record says otherwise (names of the dtype table, `torch_ir.dtypes`).
 KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
 FLOATS = frozenset({"float32", "float16", "bfloat16"})
 

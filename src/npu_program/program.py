@@ -28,14 +28,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dtypes import get_dtype, nbytes
+from torch_ir.dtypes import get_dtype, nbytes
 
 #: Initial values a state slot may ask for.
 STATE_INITS = ("zeros",)
 
 
 def dtype_size(dtype: str) -> int:
-    """Bytes per element of `dtype` (from the one dtype table, `npu_program.dtypes`); an unknown name is an error
+    """Bytes per element of `dtype` (from the one dtype table, `torch_ir.dtypes`); an unknown name is an error
     because a guessed size corrupts memory plans, and so is a packed sub-byte dtype (use `dtypes.nbytes`)."""
     return get_dtype(dtype).itemsize
 

@@ -10,6 +10,7 @@
 
 from .backends import Backend, CPUBackend, get_backend
 from .backends.webgpu import MetalBackend, NoAdapterError, WebGPUBackend
+from .dag import DAGExecutor
 from .device import Device, NPUBuffer, RuntimeInputError
 from .executor import DispatchError, Executor
 from .generate import Generation, Generator
@@ -24,10 +25,3 @@ __all__ = [
     "WebGPUBackend", "Weights", "get_backend", "load_weights",
 ]
 
-
-def __getattr__(name: str):
-    if name == "DAGExecutor":  # imports the compiler's partitioner; loaded on first use
-        from .dag import DAGExecutor
-
-        return DAGExecutor
-    raise AttributeError(f"module 'npu_runtime' has no attribute {name!r}")

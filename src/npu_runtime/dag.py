@@ -5,22 +5,19 @@
     dag.load_weights(state_dict)
     result = dag.execute(inputs={"x": array})      # output name -> numpy array
 
-Every NPU partition is compiled once, at construction, for the backend's target; tensors that cross
-between partitions go through host memory (on a real NPU that is the DMA between the two).
+The plan compiles its NPU partitions for the backend's target (``PartitionPlan.compiled``, the compiler's own
+method): the runtime runs programs and never imports the compiler. Tensors that cross between partitions go
+through host memory (on a real NPU that is the DMA between the two).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from npu_compiler import CompileOptions
-from npu_compiler import compile as compile_ir
-from npu_compiler.partition import NPU, Partition, PartitionPlan
 from torch_ir.executor import IRExecutor
 from torch_ir.weights import load_state_dict
 
@@ -33,13 +30,10 @@ from .weights import load_weights
 class _Stage:
     """One partition, ready to run: a compiled program on the device, or the reference executor."""
 
-    def __init__(self, part: Partition, device: Device) -> None:
-        self.part = part
-        self.executor: Executor | None = None
+    def __init__(self, part: Any, device: Device) -> None:
+        self.part = part  # an npu_compiler.partition.Partition; its program is None for a CPU part
+        self.executor = Executor(part.program, device) if part.program is not None else None
         self.reference: IRExecutor | None = None
-        if part.device == NPU:
-            options = CompileOptions(normalize=False, public_output_names=False)
-            self.executor = Executor(compile_ir(part.ir, target=device.backend.target, options=options), device)
 
     def load(self, state: dict[str, torch.Tensor], device: Device) -> None:
         if self.executor is not None:
@@ -60,10 +54,11 @@ class _Stage:
 class DAGExecutor:
     """Runs every partition of ``plan`` in order on ``backend`` (a backend, a ``Device`` or a name)."""
 
-    def __init__(self, plan: PartitionPlan, backend: Backend | Device | str | None = None) -> None:
+    def __init__(self, plan: Any, backend: Backend | Device | str | None = None) -> None:
+        """``plan``: an ``npu_compiler.partition.PartitionPlan`` (typed loosely: the runtime does not import the
+        compiler); its NPU parts are compiled for the backend's target by the plan itself."""
         self.device = as_device(backend if backend is not None else "cpu")
-        if self.device.backend.target != plan.target:
-            plan = _replace(plan, self.device.backend.target)
+        plan = plan.compiled(self.device.backend.target)
         self.plan = plan
         self.stages = [_Stage(part, self.device) for part in plan.partitions]
         self.loaded = False
@@ -100,21 +95,6 @@ class DAGExecutor:
         for stage in self.stages:
             stage.run(env)
         return {t.name: _numpy(env[t.name]) for t in self.plan.ir.graph_outputs}
-
-
-def _replace(plan: PartitionPlan, target: str) -> PartitionPlan:
-    """``plan`` placed again for ``target``: a plan made with ``partition(ir, is_op_supported)`` (the default
-    target, cpu) given to another backend (seed 004's ``DAGExecutor(plan, MetalBackend())``) runs on that
-    backend's kernels, what it lacks on the CPU. Nodes the first plan kept off the NPU stay off it."""
-    from npu_compiler import is_op_supported
-    from npu_compiler import partition as place
-
-    refused = {p.node for p in plan.placements if p.device != NPU}
-    kept_off = {n.op_type for n in plan.ir.nodes if n.name in refused}
-    warnings.warn(f"the partition plan of {plan.ir.model_name!r} was made for target {plan.target!r}; placed again "
-                  f"for {target!r} (partition(..., target={target!r}) avoids this)", stacklevel=3)
-    return place(plan.ir, lambda op: is_op_supported(op, target) and op not in kept_off, target=target,
-                 normalize=False, public_output_names=False)
 
 
 def _tensor(value: Any) -> torch.Tensor:

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from npu_program import dtypes
 from npu_program.program import TensorSpec
+from torch_ir import dtypes
 from torch_ir.errors import TorchIRError
 
 from .backends import Backend, get_backend
@@ -39,7 +39,7 @@ def as_device(device_or_backend: Device | Backend | str) -> Device:
 
 
 def numpy_dtype_name(array: np.ndarray) -> str:
-    """The program's name (``npu_program.dtypes``) of the array's dtype; numpy's own name for one it lacks."""
+    """The program's name (``torch_ir.dtypes``) of the array's dtype; numpy's own name for one it lacks."""
     return dtypes.name_of(array.dtype)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from npu_program import dtypes
 from npu_program.program import CompiledProgram, TensorSpec
+from torch_ir import dtypes
 from torch_ir.errors import TorchIRError
 from torch_ir.ir import TensorMeta
 from torch_ir.weights import build_buffer, find_weight_key, load_state_dict, reverse_aliases, tied_keys

@@ -10,6 +10,8 @@
 
 __version__ = "0.1.0"
 
+import importlib
+
 from .errors import (  # noqa: E402
     ExecutionError,
     ExtractionError,
@@ -20,11 +22,9 @@ from .errors import (  # noqa: E402
     WeightsMismatchError,
 )
 from .executor import IRExecutor  # noqa: E402
-from .frontends import build_on_meta, extract_ir, from_exported_program  # noqa: E402
 from .ir import NPU_IR, OpNode, TensorMeta, load_ir  # noqa: E402
 from .ops import register_op  # noqa: E402
 from .report import ir_statistics, markdown_report, to_mermaid  # noqa: E402
-from .verify import verify_ir, verify_ir_with_state_dict  # noqa: E402
 from .weights import exported_program_state, load_state_dict, match_weights, save_weights  # noqa: E402
 
 __all__ = [
@@ -36,8 +36,15 @@ __all__ = [
 ]
 
 
+# The frontends load on first use (PEP 562): the layers above the IR (the program reader, the runtime) import
+# torch_ir for its errors, file I/O and limits, and must not load a model importer with them.
+_LAZY = {"build_on_meta": "frontends", "extract_ir": "frontends", "from_exported_program": "frontends",
+         "verify_ir": "verify", "verify_ir_with_state_dict": "verify"}
+
+
 def __getattr__(name: str):
-    # Frontends of optional frameworks load on first use, so `import torch_ir` never needs them.
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     if name == "import_tinygrad":
         from .frontends.tinygrad import import_tinygrad
 

@@ -16,7 +16,7 @@ from npu_compiler.library import is_op_supported
 from npu_compiler.memory import check_plan, lifetimes, no_reuse_bytes
 from npu_program.kernels import kernels_where
 from npu_runtime import Device, Executor, load_weights
-from torch_ir.cli import main as torch_ir_cli
+from npu_tools.cli import main as torch_ir_cli
 from torch_ir.weights import module_state
 
 from ..helpers import assert_outputs_close, build_pair, randomize_batch_norm

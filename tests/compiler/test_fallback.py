@@ -30,7 +30,7 @@ from npu_program import npubin
 from npu_program.codec import from_json, to_json
 from npu_runtime import CPUBackend, Device, Executor, RuntimeInputError, load_weights
 from npu_runtime.backends.base import HostKernel
-from torch_ir.cli import main as torch_ir_cli
+from npu_tools.cli import main as torch_ir_cli
 from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.weights import module_state
 

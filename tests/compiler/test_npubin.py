@@ -12,9 +12,9 @@ import torch
 
 import npu_compiler
 import torch_ir
-from npu_compiler import npubin
 from npu_compiler.compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
-from npu_compiler.npubin import NpubinError, read_npubin, write_npubin
+from npu_program import npubin
+from npu_program.npubin import NpubinError, read_npubin, write_npubin
 
 FIXED_SIZE = 20  # magic 8 + major 2 + minor 2 + header length 8
 

@@ -17,9 +17,9 @@ from npu_compiler.costmodel.hardware import HardwareError, hardware_from_dict, l
 from npu_compiler.costmodel.hardware_template import hardware_template
 from npu_compiler.library import target_for_hardware
 from npu_runtime import CPUBackend, DAGExecutor
+from npu_tools.cli import main
 from tests.helpers import build_pair
 from torch_ir import extract_ir
-from torch_ir.cli import main
 
 from ..costmodel.test_costmodel import TOY
 

@@ -14,8 +14,6 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-import npu_compiler.compiled_program
-import npu_compiler.npubin
 from npu_program import npubin
 from npu_program.check import check_program
 from npu_program.codec import SchemaError, from_json, to_json
@@ -174,13 +172,6 @@ def test_a_format_1_0_file_still_loads_and_runs_equal_to_eager() -> None:
         expected = model(x)
     got = torch.from_numpy(out[program.output_specs[0].name].to_numpy())
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_the_seeds_import_paths_are_re_exports() -> None:
-    assert npu_compiler.compiled_program.CompiledProgram is CompiledProgram
-    assert npu_compiler.compiled_program.TensorSpec is TensorSpec
-    assert npu_compiler.npubin.NpubinError is npubin.NpubinError
-    from npu_compiler import NpubinError  # noqa: F401 - importable from the package too
 
 
 def test_the_runtime_does_not_import_the_compiler() -> None:

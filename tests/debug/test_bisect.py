@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from npu_runtime.backends import cpu_kernels
-from torch_ir.cli import main
-from torch_ir.debug.bisect import bisect
-from torch_ir.debug.sources import subject_from_torch
-from torch_ir.debug.stages import STAGE_NAMES
+from npu_tools.cli import main
+from npu_tools.debug.bisect import bisect
+from npu_tools.debug.sources import subject_from_torch
+from npu_tools.debug.stages import STAGE_NAMES
 
 from .test_bisect_faults import install_cpu_kernel, qwen_subject  # noqa: F401 - a fixture
 
@@ -98,11 +98,9 @@ def deep_factory():
 def test_stage_irs_are_normalize_stopped_after_each_stage(qwen_subject):  # noqa: F811 - the fixture
     """The pipeline builds each normalize stage from the previous one (fast probing); the nodes must be those of
     ``normalize(ir, NormalizeOptions(stop_after=...))``, for a whole stage and part way through one."""
-    import importlib
+    from npu_compiler.passes import pipeline as normalize
+    from npu_tools.debug.stages import Pipeline
 
-    from torch_ir.debug.stages import Pipeline
-
-    normalize = importlib.import_module("torch_ir.passes.normalize")
     pipe = Pipeline(qwen_subject)
     for stage, n in (("canonicalize", None), ("fuse", 7), ("late_fuse", None)):
         ours = pipe.ir(f"normalize:{stage}", n)

@@ -13,7 +13,6 @@ fresh process.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import os
 import subprocess
@@ -25,13 +24,14 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from npu_compiler.passes import pipeline
 from npu_program.kernels import KERNELS
 from npu_runtime.backends import cpu_kernels
-from torch_ir.debug.bisect import bisect
-from torch_ir.debug.sources import subject_from_torch
+from npu_tools.debug.bisect import bisect
+from npu_tools.debug.sources import subject_from_torch
 
 ROOT = Path(__file__).resolve().parents[2]
-NORMALIZE = importlib.import_module("torch_ir.passes.normalize")  # the module (the package exports the function)
+NORMALIZE = pipeline
 
 
 # -- a tiny Qwen2-like model ------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def small_onnx(path: Path) -> Path:
 
 def test_onnx_converter_fault_is_named(monkeypatch, tmp_path):
     pytest.importorskip("onnxruntime")
-    from torch_ir.debug.sources import subject_from_onnx
+    from npu_tools.debug.sources import subject_from_onnx
     from torch_ir.frontends.onnx.converters import TABLE, Entry
 
     monkeypatch.setitem(TABLE, ("", "Sigmoid"), [Entry("Sigmoid", 1, wrong_sigmoid)])
@@ -298,13 +298,13 @@ def tinygrad_mlp():
 
 
 def test_tinygrad_mapping_fault_is_named(monkeypatch, tmp_path):
-    from torch_ir.frontends.tinygrad.cli import default_device
+    from npu_tools.commands.import_tinygrad import default_device
 
     default_device()  # before tinygrad is imported: it reads its device from the environment then
     pytest.importorskip("tinygrad")
     from tinygrad.uop.ops import Ops
 
-    from torch_ir.debug.sources import subject_from_tinygrad
+    from npu_tools.debug.sources import subject_from_tinygrad
     from torch_ir.frontends.tinygrad import mapping
 
     right = mapping.TABLE[Ops.EXP2]
@@ -328,7 +328,7 @@ class Squash(nn.Module):
 
 
 def test_wgsl_kernel_fault_is_named(monkeypatch, tmp_path):
-    from torch_ir.debug.stages import webgpu_problem
+    from npu_tools.debug.stages import webgpu_problem
 
     problem = webgpu_problem()
     if problem is not None:

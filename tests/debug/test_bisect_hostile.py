@@ -22,13 +22,13 @@ from torch import nn
 
 import torch_ir
 from npu_runtime.backends import cpu_kernels
-from torch_ir.cli import main
-from torch_ir.debug import bisect as bisect_module
-from torch_ir.debug import repro as repro_module
-from torch_ir.debug.bisect import bisect
-from torch_ir.debug.drift import NodeError, Verdict, _svg, plot
-from torch_ir.debug.outdir import PlantedOutputError
-from torch_ir.debug.report import code_span, fenced
+from npu_tools.cli import main
+from npu_tools.debug import bisect as bisect_module
+from npu_tools.debug import repro as repro_module
+from npu_tools.debug.bisect import bisect
+from npu_tools.debug.drift import NodeError, Verdict, _svg, plot
+from npu_tools.debug.outdir import PlantedOutputError
+from npu_tools.debug.report import code_span, fenced
 from torch_ir.fileio import atomic_write
 from torch_ir.weights import module_state
 

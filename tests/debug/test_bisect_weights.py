@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from torch_ir.cli import main
-from torch_ir.debug import sources
-from torch_ir.debug.bisect import bisect
+from npu_tools.cli import main
+from npu_tools.debug import sources
+from npu_tools.debug.bisect import bisect
 from torch_ir.errors import ExtractionError
 from torch_ir.weights import module_state, save_weights
 

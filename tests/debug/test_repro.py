@@ -29,20 +29,20 @@ import pytest
 import torch
 from onnx import helper
 
+from npu_compiler.passes import NormalizeOptions, normalize
+from npu_tools.debug.repro import ReproCase, ReproError, sub_ir, sub_weights, write_repro
+from npu_tools.debug.sources import subject_from_onnx, subject_from_torch
 from tests.onnx.graphs import FLOAT, make_model
-from torch_ir.debug.repro import ReproCase, ReproError, sub_ir, sub_weights, write_repro
-from torch_ir.debug.sources import subject_from_onnx, subject_from_torch
 from torch_ir.errors import OutputWriteError
 from torch_ir.executor import IRExecutor
 from torch_ir.ir import NPU_IR, check_integrity
-from torch_ir.passes import NormalizeOptions, normalize
-from torch_ir.passes.rewrite import rewrite
+from torch_ir.rewrite import rewrite
 
 # Faults as real code, importable by the repro's process (tmp_path is put on its PYTHONPATH).
 FAULTS = textwrap.dedent('''
     from dataclasses import replace
 
-    from torch_ir.passes.normalize import ALL_RULES
+    from npu_compiler.passes.pipeline import ALL_RULES
 
     _RMS = next(r for r in ALL_RULES if r.name == "rms_norm")
 

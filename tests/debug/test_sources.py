@@ -17,13 +17,9 @@ import pytest
 import torch
 from onnx import helper
 
+from npu_tools.debug.sources import SubjectError, load_subject, subject_from_torch
+from npu_tools.debug.subject import Subject
 from tests.onnx.graphs import FLOAT, make_model
-from torch_ir.debug.sources import (
-    SubjectError,
-    load_subject,
-    subject_from_torch,
-)
-from torch_ir.debug.subject import Subject
 from torch_ir.errors import InputMismatchError, WeightsMismatchError
 from torch_ir.executor import IRExecutor
 from torch_ir.inputs import random_inputs
@@ -58,7 +54,7 @@ class SmallCNN(torch.nn.Module):
 
 
 def make_cnn() -> tuple[torch.nn.Module, tuple]:
-    """A ``module:factory`` spec's factory (resolved by ``torch_ir.zoo.runner.resolve_spec``)."""
+    """A ``module:factory`` spec's factory (resolved by ``npu_tools.zoo.runner.resolve_spec``)."""
     return SmallCNN(), (torch.randn(1, 3, 6, 6),)
 
 

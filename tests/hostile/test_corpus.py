@@ -38,7 +38,7 @@ import npu_compiler
 import torch_ir
 from npu_compiler.compiled_program import CompiledProgram
 from npu_runtime import Device, Executor, load_weights
-from torch_ir.cli import main
+from npu_tools.cli import main
 from torch_ir.errors import TorchIRError
 from torch_ir.limits import limits
 from torch_ir.naming import default_output
@@ -369,7 +369,7 @@ def test_index_lists_every_case(cases, generator, tmp_path: Path) -> None:
 def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "scripts")])}
     env.pop("TORCH_IR_TRACEBACK", None)
-    return subprocess.run([sys.executable, "-m", "torch_ir.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "npu_tools.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

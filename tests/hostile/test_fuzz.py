@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from npu_compiler.npubin import decode_npubin
+from npu_program.npubin import decode_npubin
 from torch_ir.errors import TorchIRError
 from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.limits import limits

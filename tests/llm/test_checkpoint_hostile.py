@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from npu_tools.cli import main
 from tests.llm.checkpoints import make_checkpoint
-from torch_ir.cli import main
 from torch_ir.errors import LimitExceededError, TorchIRError
 from torch_ir.frontends.hf_checkpoint import (
     CheckpointError,

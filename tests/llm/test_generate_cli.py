@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 from .checkpoints import make_checkpoint, transformers_continuation
 

@@ -1,4 +1,4 @@
-"""The test models: the whole built-in zoo (``torch_ir.zoo``), plus models extraction must reject.
+"""The test models: the whole built-in zoo (``npu_tools.zoo``), plus models extraction must reject.
 
 The zoo lives in the package so that the CLI and the README can build its models by name; this
 module re-exports it and adds the bad models, which only the tests need.
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torch_ir.zoo import ZooEntry, build_pair, categories, get_model, list_models
+from npu_tools.zoo import ZooEntry, build_pair, categories, get_model, list_models
 
 __all__ = [
     "BAD_MODELS", "DataDependentBranch", "NonTensorOutput", "NumpyRoundTrip", "ZooEntry", "build_pair",

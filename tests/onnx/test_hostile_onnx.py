@@ -23,7 +23,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from torch_ir.cli import main as torch_ir_main
+from npu_tools.cli import main as torch_ir_main
 from torch_ir.errors import (
     ExtractionError,
     IRValidationError,

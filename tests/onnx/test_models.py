@@ -17,12 +17,15 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 pytest.importorskip("transformers")
 
+from npu_compiler.passes import (
+    normalize,  # noqa: E402
+    npu_histogram,
+)
+from npu_tools.zoo import build_pair, get_model  # noqa: E402
 from tests.helpers import assert_outputs_close  # noqa: E402
 from tests.onnx.graphs import ort_run  # noqa: E402
 from torch_ir import IRExecutor, extract_ir  # noqa: E402
 from torch_ir.frontends.onnx import import_onnx  # noqa: E402
-from torch_ir.passes import normalize, npu_histogram  # noqa: E402
-from torch_ir.zoo import build_pair, get_model  # noqa: E402
 
 MODELS = ["resnet", "bert", "gpt2", "vit", "llama"]  # about 40 s together, export included
 

@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
+from npu_tools.commands.import_onnx import add_parser, parse_input_shapes  # noqa: E402
 from tests.onnx.graphs import reshape_by_shape_model  # noqa: E402
 from torch_ir.frontends.onnx import import_onnx  # noqa: E402
-from torch_ir.frontends.onnx.cli import add_parser, parse_input_shapes  # noqa: E402
 from torch_ir.frontends.onnx.verify import verify_onnx  # noqa: E402
 
 

@@ -9,10 +9,10 @@ from torch import nn
 
 import npu_compiler
 import torch_ir
+from npu_compiler.passes import normalize
+from npu_compiler.passes.build import npu_node_name
+from npu_tools.zoo import get_model
 from torch_ir.ir import check_integrity
-from torch_ir.passes import normalize
-from torch_ir.passes.build import npu_node_name
-from torch_ir.zoo import get_model
 
 from ..helpers import build_pair
 

@@ -15,14 +15,14 @@ from torch import nn
 
 import npu_compiler
 import torch_ir
+from npu_compiler.passes import normalize
 from npu_program.kernels import KERNELS
 from npu_runtime import Device, Executor, load_weights
 from npu_runtime.backends.cpu_kernels import Attention, GateUp
+from npu_tools.zoo import build_pair as zoo_pair
+from npu_tools.zoo import get_model
 from torch_ir.ir import specialize
-from torch_ir.passes import normalize
 from torch_ir.weights import module_state
-from torch_ir.zoo import build_pair as zoo_pair
-from torch_ir.zoo import get_model
 
 from ..helpers import assert_outputs_close, build_pair
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 import torch_ir
+from npu_compiler.passes import ALL_RULES, FAMILIES, NormalizeOptions, QConfig, normalize
 from torch_ir.ir import NPU_IR, OpNode, Provenance, TensorMeta, check_integrity
-from torch_ir.passes import ALL_RULES, FAMILIES, NormalizeOptions, QConfig, normalize
 
 from ..helpers import Fn, build_pair
 
@@ -878,8 +878,8 @@ def test_qconfig_precedence_roles_and_layouts_survive_save(tmp_path):
 
 
 def test_attention_layouts_and_kv_role_on_llama_kv(tmp_path):
-    from torch_ir.zoo import build_pair as zoo_pair
-    from torch_ir.zoo import get_model
+    from npu_tools.zoo import build_pair as zoo_pair
+    from npu_tools.zoo import get_model
 
     entry = get_model("llama_kv")
     if not entry.available():

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import torch
 
-from torch_ir.cli import main
-from torch_ir.zoo.runner import resolve_spec
+from npu_tools.cli import main
+from npu_tools.zoo.runner import resolve_spec
 
 
 def _extract(tmp_path, model: str):

@@ -18,15 +18,15 @@ from torch import nn
 
 import npu_compiler
 import torch_ir
+from npu_compiler.passes import normalize
 from npu_runtime import Device, Executor, load_weights
 from npu_runtime.device import RuntimeInputError
 from npu_runtime.executor import DispatchError
+from npu_tools.cli import main
 from tests.onnx.graphs import FLOAT, INT64, make_model, ort_run
 from tests.webgpu.kernels import needs_gpu
-from torch_ir.cli import main
 from torch_ir.errors import ExecutionError, TorchIRError
 from torch_ir.inputs import random_inputs
-from torch_ir.passes import normalize
 from torch_ir.weights import module_state
 
 VOCAB, DIM, SEQ = 16, 4, 3

@@ -34,7 +34,7 @@ from npu_runtime.profile import (
     warm_up,
 )
 from npu_runtime.threads import RunThreads
-from torch_ir.cli import main
+from npu_tools.cli import main
 from torch_ir.weights import module_state, save_weights
 
 from .test_runtime import compile_pair, random_inputs
@@ -152,8 +152,8 @@ def test_the_profile_command_takes_threads_warmup_and_runs(convnet, tmp_path, ca
 
 
 def test_demo_takes_threads_and_reports_the_spread():
-    from torch_ir.cli import build_parser
-    from torch_ir.demo import _profile_lines
+    from npu_tools.cli import build_parser
+    from npu_tools.demo import _profile_lines
 
     args = build_parser().parse_args(["demo", "--threads", "1"])
     assert args.threads == 1

@@ -16,7 +16,7 @@ import torch_ir
 from npu_program.npubin import NpubinError
 from npu_program.program import CompiledProgram
 from npu_runtime import Device, Executor, RuntimeInputError, load_weights
-from torch_ir.cli import main
+from npu_tools.cli import main
 
 
 class Ramp(torch.nn.Module):

@@ -6,7 +6,7 @@ Without tinygrad installed (it is an optional extra) these tests are not collect
 
 import importlib.util
 
-from torch_ir.frontends.tinygrad.cli import default_device
+from npu_tools.commands.import_tinygrad import default_device
 
 default_device()
 

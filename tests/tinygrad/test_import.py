@@ -9,9 +9,9 @@ from tinygrad.nn.state import get_state_dict
 from tinygrad.tensor import Tensor
 
 import torch_ir
+from npu_compiler.passes import normalize
 from torch_ir.errors import ExtractionError
 from torch_ir.frontends.tinygrad import import_tinygrad
-from torch_ir.passes import normalize
 
 from ..helpers import assert_outputs_close
 from .models import CNN, LLAMA_CONFIG, MLP, LlamaBlock, TinyLlama, add_mul, realize_weights, rotary_tables

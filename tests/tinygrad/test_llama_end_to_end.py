@@ -26,10 +26,10 @@ from tinygrad.helpers import Context
 from tinygrad.tensor import Tensor
 
 from npu_compiler import compile as compile_ir
+from npu_compiler.passes.pipeline import npu_histogram
 from npu_runtime import Device, Executor, load_weights
 from torch_ir.frontends.tinygrad import import_tinygrad
 from torch_ir.ir.serialize import ir_from_dict
-from torch_ir.passes.normalize import npu_histogram
 
 from ..helpers import assert_outputs_close
 from .models import LLAMA_CONFIG as CONFIG
@@ -115,7 +115,7 @@ def test_the_docs_shell_example_runs(tmp_path, monkeypatch):
     The logits are compared with the imported IR run by the IR executor; the tests above compare the
     same model's runtime logits with tinygrad's."""
     import torch_ir
-    from torch_ir.cli import main
+    from npu_tools.cli import main
 
     text = (ROOT / "docs" / "tinygrad.md").read_text()
     (block,) = re.findall(r"```sh\n(.*?)```", text, flags=re.S)

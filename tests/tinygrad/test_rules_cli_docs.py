@@ -77,7 +77,7 @@ def test_conv_layer_is_one_conv2d_with_its_parameters(kwargs):
 
 
 def test_cli_import_tinygrad_writes_ir_and_weights(tmp_path, capsys):
-    from torch_ir.frontends.tinygrad.cli import add_parser
+    from npu_tools.commands.import_tinygrad import add_parser
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command", required=True))
@@ -95,8 +95,8 @@ def test_cli_import_tinygrad_writes_ir_and_weights(tmp_path, capsys):
 
 
 def test_cli_names_a_bad_factory():
+    from npu_tools.commands.import_tinygrad import load_factory
     from torch_ir.errors import TorchIRError
-    from torch_ir.frontends.tinygrad.cli import load_factory
 
     with pytest.raises(TorchIRError, match="package.module:factory"):
         load_factory("tests.tinygrad.models")

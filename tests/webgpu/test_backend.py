@@ -124,7 +124,7 @@ def test_metal_backend_names_the_portable_one_where_there_is_no_metal():
 
 
 def test_cli_compile_run_profile_on_webgpu(tmp_path, capsys):
-    from torch_ir.cli import main
+    from npu_tools.cli import main
 
     model, x, ir = small_mlp()
     ir.save(tmp_path / "mlp.json")

@@ -151,7 +151,7 @@ def test_what_the_target_lacks_runs_on_the_cpu_through_partition():
 def test_generate_cli_on_webgpu_equals_transformers(tmp_path, capsys):
     """``torch-ir generate --backend webgpu`` on a checkpoint directory: the text equals transformers' greedy
     continuation, and the timings name the dispatches of each phase."""
-    from torch_ir.cli import main
+    from npu_tools.cli import main
 
     from ..llm.checkpoints import make_checkpoint, transformers_continuation
 

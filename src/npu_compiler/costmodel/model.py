@@ -86,9 +86,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npu_program.cost_formulas import whole
-from npu_program.dtypes import nbytes as dtype_nbytes
 from npu_program.kernels import KERNELS, KernelDef, get_kernel
 from npu_program.program import CompiledProgram, Dispatch, TensorSpec
+from torch_ir.dtypes import nbytes as dtype_nbytes
 from torch_ir.errors import TorchIRError
 from torch_ir.report.cells import one_line
 

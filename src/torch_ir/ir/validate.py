@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from npu_program.dtypes import DTYPES, is_dtype
+from torch_ir.dtypes import DTYPES, is_dtype
 
 from ..errors import IRValidationError, TorchIRError
 from ..limits import get_limits

@@ -1,7 +1,7 @@
 """The NPU op set: each op declared once, with its inputs, attributes, reference implementation,
 shape rule and documentation.
 
-The normalization passes (``torch_ir.passes.normalize``) rewrite ATen graphs into these ops; the
+The normalization passes (``npu_compiler.passes.normalize``) rewrite ATen graphs into these ops; the
 compiler's kernel libraries implement them; ``docs/npu_ops.md`` is generated from this table
 (``torch-ir ops --npu --markdown``). The reference implementations are registered in the op
 registry, so a normalized IR runs in ``IRExecutor`` and is verified like any other.
@@ -416,7 +416,7 @@ def npu_ops_markdown() -> str:
         "",
         "Generated from `torch_ir/ops/npu.py` by `torch-ir ops --npu --markdown`; do not edit by hand.",
         "",
-        "The normalization passes rewrite ATen graphs into these ops (see `docs/passes.md`). Each has a",
+        "The normalization passes rewrite ATen graphs into these ops (the rules: \"Rewrite rules\" below). Each has a",
         "reference implementation registered in the op registry, so a normalized IR runs in `IRExecutor`.",
         "Elementwise ops, pooling, views and everything else stay the ATen ops they are.",
         "Inputs marked `?` are optional and trailing.",

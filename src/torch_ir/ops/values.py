@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from npu_program import dtypes
+from torch_ir import dtypes
 
 from .symbolic import eval_sym, parse_sym
 
@@ -45,7 +45,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """The torch dtype of an IR dtype name; anything but a name of ``npu_program.dtypes.DTYPES`` with a torch
+    """The torch dtype of an IR dtype name; anything but a name of ``torch_ir.dtypes.DTYPES`` with a torch
     dtype is a ValueError (names come from files: never ``getattr(torch, name)``)."""
     return dtypes.torch_dtype(name)
 

@@ -1,7 +1,7 @@
 """The normalization report: node counts by op type before and after, the fusions applied and the
 ones rejected (with the reason), the NPU op histogram and a Mermaid graph of the normalized IR.
 
-It reads ``ir.metadata["normalize"]``, which ``torch_ir.passes.normalize`` writes, so it works on a
+It reads ``ir.metadata["normalize"]``, which ``npu_compiler.passes.pipeline`` writes, so it works on a
 normalized IR loaded from a file as well.
 """
 
@@ -56,7 +56,7 @@ def _info(ir: NPU_IR) -> dict[str, Any]:
     info = ir.metadata.get("normalize")
     if info is None:
         raise ValueError(f"IR {ir.model_name!r} was not normalized (no metadata['normalize']); "
-                         "run torch_ir.passes.normalize(ir) or `torch-ir normalize` first")
+                         "run npu_compiler.passes.normalize(ir) or `torch-ir normalize` first")
     return info
 
 

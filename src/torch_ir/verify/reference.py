@@ -25,8 +25,6 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils import _pytree as pytree
 
-from ..frontends.meta_model import on_meta
-from ..frontends.torch_export import export_program, innermost_module
 from ..ir import NPU_IR
 
 EXPORT_MODES = ("real weights", "meta weights")
@@ -35,6 +33,11 @@ EXPORT_MODES = ("real weights", "meta weights")
 def export_reference(ir: NPU_IR, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any],
                      mode: str) -> ExportedProgram:
     """Export ``model`` as ``extract_ir`` does; ``mode`` is one of ``EXPORT_MODES``."""
+    # the frontend here, not at the top: the runtime's validation imports this package's comparisons and must
+    # not load the torch.export frontend with them
+    from ..frontends.meta_model import on_meta
+    from ..frontends.torch_export import export_program
+
     shapes = _dynamic_shapes(ir, model, args, kwargs)
     if mode == "meta weights":
         args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, dict(kwargs)))
@@ -89,6 +92,8 @@ def run_reference(ep: ExportedProgram, model: torch.nn.Module, args: tuple,
 
 def module_of(ep: ExportedProgram, name: str) -> str | None:
     """``"model.layers.0.mlp (LlamaMLP)"``: the innermost module the node ``name`` was traced in."""
+    from ..frontends.torch_export import innermost_module
+
     node = next((n for n in ep.graph.nodes if n.name == name), None)
     module = innermost_module(node) if node is not None else None
     if module is None:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from npu_program import dtypes
+from torch_ir import dtypes
 
 from ...ir import OpNode, TensorMeta
 from ...limits import fold_allowed, get_limits

@@ -25,7 +25,7 @@ import onnx
 import torch
 from onnx.reference import ReferenceEvaluator
 
-from npu_program import dtypes
+from torch_ir import dtypes
 
 from ...errors import IRValidationError
 from ...ir import NPU_IR

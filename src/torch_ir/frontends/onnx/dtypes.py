@@ -1,4 +1,4 @@
-"""ONNX element types <-> the IR's dtype names <-> numpy, through the one dtype table (``npu_program.dtypes``)."""
+"""ONNX element types <-> the IR's dtype names <-> numpy, through the one dtype table (``torch_ir.dtypes``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import torch
 
-from npu_program import dtypes
+from torch_ir import dtypes
 
 from ...errors import ExtractionError
 from ...ops.values import dtype_from_name
@@ -14,7 +14,7 @@ from ...ops.values import dtype_from_name
 TP = onnx.TensorProto
 
 #: ONNX element type -> IR dtype name, for the types the IR can hold (those with a torch dtype); strings and
-#: packed sub-byte types (INT4, FLOAT4E2M1, ...) are absent. Derived from ``npu_program.dtypes.DTYPES``.
+#: packed sub-byte types (INT4, FLOAT4E2M1, ...) are absent. Derived from ``torch_ir.dtypes.DTYPES``.
 ONNX_TO_IR: dict[int, str] = {d.onnx: d.name for d in dtypes.DTYPES.values()
                               if d.onnx is not None and d.torch_name is not None}
 IR_TO_ONNX = {v: k for k, v in ONNX_TO_IR.items()}

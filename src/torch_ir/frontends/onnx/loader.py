@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npu_program import dtypes
+from torch_ir import dtypes
 
 from ...errors import ExtractionError, TorchIRError
 from ...limits import check_alloc, check_shape

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from torch_ir.rewrite import Match, Op, Rule, Var
+
 from ...ir import OpNode, TensorMeta
 from ...ops.registry import bind_kernel
-from ...passes import Match, Op, Rule, Var
 from .rules import reduced_first
 
 VIEWS = ("aten.reshape.default", "aten.permute.default", "aten.expand.default", "aten.constant_pad_nd.default",

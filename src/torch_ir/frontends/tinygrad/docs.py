@@ -49,7 +49,7 @@ Tested with tinygrad 0.14 (`pip install "tinygrad>=0.14,<0.15"`). tinygrad runs 
   as a `STACK` of `CONST`s in its sources and is read with `UOp.marg`); it is memoized, so a
   shared subgraph is imported once, and it has no recursion limit.
 - **Translation** is literal, one UOp to one ATen op (table below); then the rule sets, run by
-  the one rewrite engine (`torch_ir.passes.rewrite`), make the IR read like the model:
+  the one rewrite engine (`torch_ir.rewrite`), make the IR read like the model:
   a tinygrad matmul (MUL of broadcast views, then REDUCE(ADD) over a permuted axis) becomes one
   `aten.matmul`, a `Linear` one `aten.linear`, the convolution pattern `aten.conv2d` and pooling
   `aten.max_pool2d` / `aten.avg_pool2d` (both found by tracing which input element each window

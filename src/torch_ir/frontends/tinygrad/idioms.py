@@ -15,8 +15,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from torch_ir.rewrite import Match, Op, Rule, Var
+
 from ...ir import OpNode, TensorMeta
-from ...passes import Match, Op, Rule, Var
 
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 STACK = "aten.stack.default"

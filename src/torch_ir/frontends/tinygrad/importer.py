@@ -71,7 +71,7 @@ def import_tinygrad_traced(model: Any, example_inputs: Sequence[Any], *, input_n
                            ) -> tuple[NPU_IR, dict[str, np.ndarray], dict[str, UOp]]:
     """The literal translation (``import_tinygrad(..., simplify=False)``) and, for each IR tensor a node
     defines, the UOp it stands for: ``Tensor(uop)`` gives tinygrad's own value of that tensor, so a debugger
-    can compare the IR with tinygrad node by node (``torch_ir.debug``). Each node's provenance names the
+    can compare the IR with tinygrad node by node (``npu_tools.debug``). Each node's provenance names the
     mapping (``tinygrad:<UOp kind>``) that made it."""
     name = model_name or getattr(model, "__name__", None) or type(model).__name__
     inputs = [_as_input(x) for x in example_inputs]

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from torch_ir.rewrite import Match, Op, Rule, Var
+
 from ...ir import OpNode, TensorMeta
-from ...passes import Match, Op, Rule, Var
 from .conv import _TRACE_LIMIT, _source, _trace
 
 

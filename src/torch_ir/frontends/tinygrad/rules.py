@@ -19,9 +19,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torch_ir import rewrite
+from torch_ir.rewrite import Match, Op, RewriteContext, Rule, Var, eliminate_dead_code
+
 from ...ir import NPU_IR, OpNode, TensorMeta
-from ...passes import Match, Op, Rule, Var, eliminate_dead_code, rewrite
-from ...passes.rewrite import RewriteContext
 
 RESHAPE, PERMUTE, EXPAND = "aten.reshape.default", "aten.permute.default", "aten.expand.default"
 MUL, SUM, MATMUL, LINEAR = "aten.mul.Tensor", "aten.sum.dim_IntList", "aten.matmul.default", "aten.linear.default"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_program import dtypes
+from torch_ir import dtypes
 
 from ....ops.values import dtype_from_name
 from ..context import Ctx, UnsupportedNode
