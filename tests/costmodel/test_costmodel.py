@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -200,11 +199,10 @@ def resnet_program() -> npu_compiler.CompiledProgram:
 
 
 @pytest.mark.parametrize("preset", ["ethos_u55_256", "edge_4tops", "tpu_v1"])
-def test_a_resnet18_program_costs_every_dispatch_fast(resnet_program, preset):
+def test_a_resnet18_program_costs_every_dispatch(resnet_program, preset):
+    # how fast: bench/cost (a timed assert here would fail on a loaded CI machine, and prove nothing on a quiet one)
     hw = load_hardware(preset)
-    start = time.perf_counter()
     report = cost_program(resnet_program, hw, dtype="int8")
-    assert time.perf_counter() - start < 0.5
     assert len(report.rows) == len(resnet_program.dispatches) and not report.host
     assert all(r.cycles > 0 for r in report.rows)
     convs = [r for r in report.rows if r.kernel in ("CONV", "CONV_ADD")]
@@ -220,12 +218,14 @@ def test_a_resnet18_program_costs_every_dispatch_fast(resnet_program, preset):
     assert "utilization" in report.summary()
 
 
-def test_a_300_dispatch_program_costs_in_well_under_half_a_second(resnet_program):
-    big = dataclasses.replace(resnet_program, dispatches=resnet_program.dispatches * 14)
-    assert len(big.dispatches) >= 300
-    start = time.perf_counter()
-    report = cost_program(big, load_hardware("edge_4tops"))
-    assert time.perf_counter() - start < 0.25 and len(report.rows) == len(big.dispatches)
+def test_a_repeated_program_costs_as_many_times_its_parts(resnet_program):
+    """Each dispatch is costed on its own: 14 copies of the program cost 14 times one, row for row."""
+    hw = load_hardware("edge_4tops")
+    one = cost_program(resnet_program, hw)
+    big = cost_program(dataclasses.replace(resnet_program, dispatches=resnet_program.dispatches * 14), hw)
+    assert len(big.rows) == 14 * len(one.rows) >= 300
+    assert [r.cycles for r in big.rows] == [r.cycles for r in one.rows] * 14
+    assert big.total_cycles == 14 * one.total_cycles
 
 
 # -- host dispatches -----------------------------------------------------------------------------------------------
