@@ -16,7 +16,7 @@ default each call reads a different copy of the weight, from a ring of copies of
 MiB (several times the last-level cache): a GEMV that fits in L3 would otherwise show cache speed.
 The callers alternate call by call, in an order that rotates, so a neighbour's load hits all alike.
 
-The floor: ``cpu_gemv.measure_stream_bandwidth`` (the best of a plain C read loop with all threads and
+The floor: ``bandwidth.measure_stream_bandwidth`` (the best of a plain C read loop with all threads and
 with one, and fp32 ``torch.mv``, over a 1 GiB matrix, medians), measured before and after; the better of
 the two runs is used. ``vs floor`` is our time over the floor's time for the same bytes (1.00 = at memory
 bandwidth). The last table weights the layers by how many a token runs (the decoder layers and the LM
@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from bandwidth import measure_stream_bandwidth  # noqa: E402  (bench/gemv, the script's folder)
 
 from npu_runtime.backends import cpu_gemv  # noqa: E402
 
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"kernel: {cpu_gemv.native_status()}")
     load_before = f"{os.getloadavg()[0]:.2f}"
     log("measuring the streaming bandwidth ...")
-    stream = cpu_gemv.measure_stream_bandwidth(args.stream_mb << 20, reps=max(10, args.reps))
+    stream = measure_stream_bandwidth(args.stream_mb << 20, reps=max(10, args.reps))
     pool = 0 if args.hot else args.pool_mb << 20
     rows: list[Row] = []
     for model in args.models:
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 copies, gbs, samples = time_shape(n, k, DTYPES[dtype_name], args.reps, pool, args.rows)
                 nbytes = n * k * DTYPES[dtype_name].itemsize
                 rows.append(Row(model, layer, n, k, dtype_name, count, nbytes, copies, gbs, samples))
-    stream_after = cpu_gemv.measure_stream_bandwidth(args.stream_mb << 20, reps=max(10, args.reps))
+    stream_after = measure_stream_bandwidth(args.stream_mb << 20, reps=max(10, args.reps))
 
     print(f"# GEMV bandwidth, {args.rows} row(s) of x, {torch.get_num_threads()} threads, "
           f"{'hot (one copy)' if args.hot else f'cold (ring of >= {args.pool_mb} MiB)'}\n")

@@ -14,8 +14,8 @@ with seeded random weights; nothing is downloaded. For each model and dtype, in 
   processor (the first call ends prefill, each later one ends a decode step);
 * **floor**: the weight bytes one decode step must read (every weight a decode dispatch reads; of an
   embedding table, one row) divided by this machine's streaming read bandwidth, measured in the same run
-  (``cpu_gemv.measure_stream_bandwidth``). No decoder can beat it on this machine: decode is a GEMV per
-  weight matrix, and a GEMV reads each weight once.
+  (``measure_stream_bandwidth`` of ``bench/gemv/bandwidth.py``). No decoder can beat it on this machine:
+  decode is a GEMV per weight matrix, and a GEMV reads each weight once.
 
 Both generate the same number of greedy tokens from the same prompt; the tokens are compared (equal in
 fp32; in bf16 the first step where they differ, if any, is reported: bf16 rounding differs between our
@@ -40,11 +40,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemv"))  # bandwidth.py, shared with bench/gemv
+
+from bandwidth import measure_stream_bandwidth  # noqa: E402
 
 import torch_ir  # noqa: E402
 from npu_compiler.llm import compile_lm, fusion_table, run_dispatches, unfused_options  # noqa: E402
 from npu_runtime import Device, load_weights  # noqa: E402
-from npu_runtime.backends.cpu_gemv import measure_stream_bandwidth  # noqa: E402
 from npu_runtime.generate import Generator  # noqa: E402
 from npu_runtime.profile import host_overhead  # noqa: E402
 from torch_ir.frontends.hf import extract_lm  # noqa: E402

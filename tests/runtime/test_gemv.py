@@ -1,13 +1,12 @@
 """The CPU backend's decode GEMM (``npu_runtime.backends.cpu_gemv``): the compiled kernel and its torch
 fallback against float64 ``F.linear``, its conversions value by value against torch's, the checks that stand
-between a tensor and a raw pointer, the build cache, and the ``GEMM`` kernel running it for decode."""
+between a tensor and a raw pointer, the thread policy, and the ``GEMM`` kernel running it for decode (the build
+and its cache: ``test_gemv_build.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import stat
 import subprocess
 import sys
 import warnings
@@ -20,7 +19,7 @@ import npu_compiler
 from npu_compiler import CompileOptions
 from npu_program.kernels import KernelTest
 from npu_runtime import Device, Executor, NPUBuffer, load_weights
-from npu_runtime.backends import cpu_gemv
+from npu_runtime.backends import cpu_gemv, cpu_gemv_build
 from npu_runtime.backends.cpu_kernels import Gemm
 from npu_runtime.device import new_tensor
 from tests.kernels.test_kernel_table import make_inputs, one_node_ir
@@ -32,7 +31,7 @@ OUT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0*
 
 
 @pytest.fixture(scope="module")
-def native() -> cpu_gemv._Library:
+def native() -> cpu_gemv_build.Library:
     library = cpu_gemv._load()
     if library is None:
         pytest.skip(f"no native GEMV here: {cpu_gemv.native_status()}")
@@ -257,71 +256,6 @@ def test_the_environment_variable_disables_the_kernel(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.startswith("torch (native GEMV disabled")
     assert not any(tmp_path.iterdir())  # nothing was built
-
-
-def fresh_state(monkeypatch, cache) -> None:
-    monkeypatch.setenv("TORCH_IR_CACHE", str(cache))
-    for name, value in (("_library", None), ("_load_failed", None), ("_warned", False), ("_native_enabled", True)):
-        monkeypatch.setattr(cpu_gemv, name, value)
-
-
-def test_a_failed_build_falls_back_with_the_compiler_message(native, tmp_path, monkeypatch):
-    fake = tmp_path / "bin" / "cc-broken"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho 'fatal: this compiler is broken' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    fresh_state(monkeypatch, tmp_path / "cache")
-    monkeypatch.setenv("CC", str(fake))
-    x, w = random((1, 30), torch.float32, 0), random((7, 30), torch.float32, 1)
-    with pytest.warns(RuntimeWarning, match="this compiler is broken"):
-        check_against_float64(cpu_gemv.gemv(x, w), x, w)
-    assert not cpu_gemv.native_available()
-    assert not [p for p in (tmp_path / "cache" / "gemv").iterdir()]  # no half-written file left behind
-
-
-def test_the_library_is_built_once_into_a_private_cache(native, tmp_path, monkeypatch):
-    """A build goes to ``$TORCH_IR_CACHE/gemv`` by an atomic rename; a second process loads it without
-    building; a cache folder others can write is not trusted (the build goes to a private folder)."""
-    builds = []
-
-    def fake_build(compiler, flags, target):  # the real library, copied as the compiler would write it
-        builds.append(target)
-        tmp = target.with_suffix(".tmp")
-        shutil.copy(native.path, tmp)
-        os.replace(tmp, target)
-
-    fresh_state(monkeypatch, tmp_path / "cache")
-    monkeypatch.setattr(cpu_gemv, "_build", fake_build)
-    library = cpu_gemv._load()
-    assert library is not None and library.path.parent == tmp_path / "cache" / "gemv" and len(builds) == 1
-    assert stat.S_IMODE(library.path.parent.stat().st_mode) & 0o077 == 0
-    assert [p.name for p in library.path.parent.iterdir()] == [library.path.name]
-
-    fresh_state(monkeypatch, tmp_path / "cache")
-    assert cpu_gemv._load().path == library.path and len(builds) == 1  # cached: not built again
-
-    fresh_state(monkeypatch, tmp_path / "cache")
-    library.path.parent.chmod(0o777)
-    assert cpu_gemv._load().path.parent != library.path.parent and len(builds) == 2
-
-
-def test_the_real_build_leaves_one_library(tmp_path, monkeypatch):
-    """gcc for real, into an empty cache: one ``.so``, no temporary files (skipped without gcc)."""
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc")
-    fresh_state(monkeypatch, tmp_path)
-    monkeypatch.delenv("CC", raising=False)
-    library = cpu_gemv._load()
-    assert library is not None, cpu_gemv.native_status()
-    assert [p.name for p in (tmp_path / "gemv").iterdir()] == [library.path.name]
-    x, w = random((1, 40), torch.bfloat16, 0), random((9, 40), torch.bfloat16, 1)
-    check_against_float64(cpu_gemv.gemv(x, w), x, w)
-
-
-def test_the_streaming_bandwidth_is_measured(native):
-    bw = cpu_gemv.measure_stream_bandwidth(8 << 20, reps=3)
-    assert min(bw.c_read, bw.c_read_1, bw.torch_mv) > 0 and bw.gbs == max(bw.c_read, bw.c_read_1, bw.torch_mv)
-    assert bw.nbytes == 8 << 20 and bw.threads == torch.get_num_threads()
 
 
 def test_the_thread_policy_runs_the_faster_choice_and_probes_the_other(monkeypatch):

@@ -1,0 +1,156 @@
+"""Building the native GEMV kernel (``gemv.c``, shipped beside this module) and loading it with ``ctypes``.
+
+Built with ``gcc -O3 -shared -fPIC -fopenmp`` (``$CC`` when set; without ``-fopenmp`` when that fails)
+into :func:`cache_dir` ``/gemv-<hash>.so``, the hash covering the source, the compiler, its flags and the
+machine's architecture, so an edited ``gemv.c`` or another compiler builds anew. The library is written
+to a temporary name and renamed, so a process never loads half a file written by another, and only
+loaded from a folder and file that are the user's own and writable by nobody else; otherwise it is built
+in a private temporary folder, for this process alone. Which kernel runs (AVX2/FMA/F16C or portable C)
+is asked of the loaded library (``gemv_isa``), so one ``.so`` serves any x86-64 of a CI pool.
+
+:func:`open_library` builds and loads any such C source (``bench/gemv`` builds its read loop with it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: the kernel's source, package data of ``npu_runtime.backends``
+SOURCE_NAME = "gemv.c"
+FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
+OPENMP_FLAGS = ["-fopenmp"]
+
+
+class BuildError(RuntimeError):
+    """The library cannot be had here: no compiler, a failed build, no folder to build in."""
+
+
+@dataclass(frozen=True)
+class Library:
+    """The loaded GEMV kernel, its functions' ``ctypes`` signatures set."""
+
+    lib: ctypes.CDLL
+    path: Path
+    isa: int  # 1: AVX2/FMA/F16C, 0: the portable C kernel
+    openmp: bool
+
+
+def kernel_source() -> str:
+    """The C source of the GEMV kernel, read from the installed package (a wheel ships it as package data)."""
+    return resources.files(__package__).joinpath(SOURCE_NAME).read_text(encoding="utf-8")
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$TORCH_IR_CACHE``, else ``$XDG_CACHE_HOME/torch_ir``, else
+    ``~/.cache/torch_ir``; the ``gemv`` folder inside it."""
+    if os.environ.get("TORCH_IR_CACHE"):
+        root = Path(os.environ["TORCH_IR_CACHE"])
+    elif os.environ.get("XDG_CACHE_HOME"):
+        root = Path(os.environ["XDG_CACHE_HOME"]) / "torch_ir"
+    else:
+        root = Path.home() / ".cache" / "torch_ir"
+    return root / "gemv"
+
+
+def find_compiler() -> str | None:
+    """``$CC``, else ``gcc``, as found on ``PATH``; None when there is none."""
+    return shutil.which(os.environ.get("CC") or "gcc")
+
+
+def private(path: Path) -> bool:
+    """Ours and writable by nobody else: a library there runs as this process, so it must be the one we
+    built (another user able to write the cache folder could otherwise put code in it)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return (not hasattr(os, "getuid") or st.st_uid == os.getuid()) and not st.st_mode & 0o022
+
+
+def build(source: str, compiler: str, flags: list[str], target: Path) -> None:
+    """Compile ``source`` into ``target`` via a temporary file in its folder and an atomic rename."""
+    fd, tmp_so = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
+    os.close(fd)
+    src = Path(tmp_so[: -len(".so.tmp")] + ".c")
+    try:
+        # a copy of the text that was hashed, not the package's file: an edit meanwhile cannot slip in
+        src.write_text(source, encoding="utf-8")
+        proc = subprocess.run([compiler, *flags, "-o", tmp_so, str(src)], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{Path(compiler).name} failed: {proc.stderr.strip()[-2000:]}")
+        os.chmod(tmp_so, 0o755)
+        os.replace(tmp_so, target)
+    finally:
+        for leftover in (src, Path(tmp_so)):
+            leftover.unlink(missing_ok=True)
+
+
+def _load_from(source: str, name: str, folder: Path, compiler: str) -> tuple[ctypes.CDLL, Path]:
+    """Build (unless cached) and load ``source`` in ``folder``: with OpenMP, else without."""
+    errors = []
+    for flags in ([*FLAGS, *OPENMP_FLAGS], FLAGS):
+        key = hashlib.sha256("\0".join([source, compiler, *flags, platform.machine()]).encode()).hexdigest()[:20]
+        target = folder / f"{name}-{key}.so"
+        try:
+            if not (target.exists() and private(target)):
+                build(source, compiler, flags, target)
+            return ctypes.CDLL(str(target)), target
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            errors.append(str(exc))
+    raise RuntimeError("; ".join(errors))
+
+
+def open_library(source: str, name: str) -> tuple[ctypes.CDLL, Path]:
+    """``source`` compiled (once per machine: kept in :func:`cache_dir` as ``<name>-<hash>.so``) and loaded.
+
+    Raises :class:`BuildError` with the reason when it cannot be had."""
+    compiler = find_compiler()
+    if compiler is None:
+        raise BuildError(f"no C compiler ({os.environ.get('CC') or 'gcc'}) on PATH")
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not private(folder):
+            raise PermissionError(f"{folder} is not private to this user")
+        return _load_from(source, name, folder, compiler)
+    except (OSError, RuntimeError) as exc:
+        log.debug("%s: cache %s unusable (%s); building in a temporary folder", name, folder, exc)
+    try:  # an unwritable or shared cache: build in a private temporary folder, for this process
+        return _load_from(source, name, Path(tempfile.mkdtemp(prefix=f"torch_ir_{name}_")), compiler)
+    except (OSError, RuntimeError) as exc:
+        raise BuildError(str(exc)) from exc
+
+
+def load() -> Library:
+    """The GEMV kernel built from :data:`SOURCE_NAME` and loaded, its ISA asked of the CPU at run time."""
+    try:
+        source = kernel_source()
+    except OSError as exc:  # an install without its package data: the torch path still runs
+        raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
+    lib, path = open_library(source, "gemv")
+    i64, cint, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint]
+    lib.gemv.restype = cint
+    lib.gemv_packed.argtypes = [ctypes.c_char_p]
+    lib.gemv_packed.restype = cint
+    lib.gemv_isa.restype = cint
+    lib.gemv_openmp.restype = cint
+    log.debug("GEMV kernel: %s", path)
+    return Library(lib, path, int(lib.gemv_isa()), bool(lib.gemv_openmp()))
+
+
+__all__ = ["FLAGS", "OPENMP_FLAGS", "SOURCE_NAME", "BuildError", "Library", "build", "cache_dir",
+           "find_compiler", "kernel_source", "load", "open_library", "private"]

@@ -1,0 +1,300 @@
+/* The decode GEMV of the CPU backend: y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]) (+ res[M,N]), fp32/bf16/fp16.
+
+   Compiled on first use by npu_runtime/backends/cpu_gemv_build.py (gcc -O3 -shared -fPIC, -fopenmp when it
+   links) and called through ctypes by cpu_gemv.py, whose docstring explains the design. The Python side
+   checks every pointer and size before a call: this code trusts them. Keep in step with cpu_gemv.py: the
+   dtype codes (DTYPE_CODES) and gemv_packed's argument block (_ARGS). */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define GEMV_X86 1
+#endif
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+
+static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f32_to_bf16(float f) {          /* round to nearest even; NaN stays a (quiet) NaN */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (e == 0x1fu) u = sign | 0x7f800000u | (man << 13);
+    else if (e != 0) u = sign | ((e + 112u) << 23) | (man << 13);
+    else { float f = (float)man * (1.0f / 16777216.0f); memcpy(&u, &f, 4); u |= sign; }  /* subnormal, 0 */
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t f32_to_f16(float f) {           /* round to nearest even, overflow to inf */
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) {                              /* an fp16 subnormal: 2^24 |f| is exact, < 2^10 */
+        float v; memcpy(&v, &a, 4);
+        return (uint16_t)(sign | (uint32_t)__builtin_rintf(v * 16777216.0f));
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
+    return (uint16_t)(sign | (r >> 13));
+}
+static inline float load_elem(const void *p, int dt, size_t i) {
+    if (dt == DT_F32) return ((const float *)p)[i];
+    if (dt == DT_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    return f16_to_f32(((const uint16_t *)p)[i]);
+}
+static inline void store_elem(void *p, int dt, size_t i, float v) {
+    if (dt == DT_F32) ((float *)p)[i] = v;
+    else if (dt == DT_BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = f32_to_f16(v);
+}
+
+typedef struct {
+    int64_t M, N, K;
+    const float *x;              /* [M, K] fp32 */
+    const void *w; int wdt;      /* [N, K] */
+    const void *bias; int bdt;   /* [N] or NULL */
+    const void *res; int rdt;    /* [M, N] or NULL; may be y itself (each element is read before written) */
+    void *y; int ydt;            /* [M, N] */
+} Job;
+
+static inline void epilogue(const Job *j, int64_t m, int64_t n, float v) {
+    if (j->bias) v += load_elem(j->bias, j->bdt, (size_t)n);
+    if (j->res) v += load_elem(j->res, j->rdt, (size_t)(m * j->N + n));
+    store_elem(j->y, j->ydt, (size_t)(m * j->N + n), v);
+}
+
+/* Portable: 16 independent lanes per (row of x, row of w), which gcc vectorizes without -ffast-math. */
+#define GL 16
+static inline __attribute__((always_inline))
+void block_generic(const Job *j, int64_t m0, const int M, int64_t n0, const int R, const int wdt) {
+    const int64_t K = j->K, KB = K - K % GL;
+    float acc[4][4][GL];
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) for (int l = 0; l < GL; l++) acc[m][r][l] = 0.0f;
+    for (int64_t k = 0; k < KB; k += GL) {
+        for (int r = 0; r < R; r++) {
+            float wv[GL];
+            const size_t base = (size_t)((n0 + r) * K + k);
+            for (int l = 0; l < GL; l++) wv[l] = load_elem(j->w, wdt, base + l);
+            for (int m = 0; m < M; m++) {
+                const float *xr = j->x + (m0 + m) * K + k;
+                for (int l = 0; l < GL; l++) acc[m][r][l] += xr[l] * wv[l];
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) {
+        float s = 0.0f;
+        for (int l = 0; l < GL; l++) s += acc[m][r][l];
+        const float *xr = j->x + (m0 + m) * K;
+        for (int64_t k = KB; k < K; k++) s += xr[k] * load_elem(j->w, wdt, (size_t)((n0 + r) * K + k));
+        epilogue(j, m0 + m, n0 + r, s);
+    }
+}
+
+#ifdef GEMV_X86
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#ifndef GEMV_NO_PREFETCH
+#define GEMV_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#define GEMV_PREFETCH(p) ((void)(p))
+#endif
+static inline __attribute__((always_inline)) AVX2 __m256 load8(const void *w, const int wdt, size_t i) {
+    if (wdt == DT_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (wdt == DT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+static inline __attribute__((always_inline)) AVX2 float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* M rows of x times R rows of w, the rows n0 + r * stride: K by 16, one accumulator per (m, r); M x R = 8
+   keeps 16 FMAs in flight (2 ports x 4 cycles of latency x two per step) and fits the 16 ymm registers. */
+static inline __attribute__((always_inline)) AVX2
+void block_avx2(const Job *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int wdt) {
+    const int64_t K = j->K, KB = K - K % 16;
+    const size_t es = wdt == DT_F32 ? 4 : 2;
+    /* Prefetch 2 KiB ahead in each stream (a stream's rows are adjacent, so this runs into its next row):
+       the hardware prefetcher stops at every 4 KiB page and needs a few misses to start again. Measured
+       out of cache, one thread: ~1.15x for bf16 rows of K=896 against no prefetch; a whole row ahead
+       instead lost up to 40% on long rows (K=8960), whose next row is another chunk's, often another
+       thread's. */
+    const size_t ahead = (size_t)K * es < 2048 ? (size_t)K * es : 2048;
+    const char *row[8];
+    __m256 acc[4][8];
+    for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * es;
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < KB; k += 16) {
+        __m256 x0[4], x1[4];
+        for (int m = 0; m < M; m++) {
+            x0[m] = _mm256_loadu_ps(j->x + (m0 + m) * K + k);
+            x1[m] = _mm256_loadu_ps(j->x + (m0 + m) * K + k + 8);
+        }
+        for (int r = 0; r < R; r++) {
+            GEMV_PREFETCH(row[r] + (size_t)k * es + ahead);
+            __m256 w0 = load8(row[r], wdt, (size_t)k), w1 = load8(row[r], wdt, (size_t)k + 8);
+            for (int m = 0; m < M; m++) acc[m][r] = _mm256_fmadd_ps(x1[m], w1, _mm256_fmadd_ps(x0[m], w0, acc[m][r]));
+        }
+    }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) {
+        float s = hsum8(acc[m][r]);
+        const float *xr = j->x + (m0 + m) * K;
+        for (int64_t k = KB; k < K; k++) s += xr[k] * load_elem(row[r], wdt, (size_t)k);
+        epilogue(j, m0 + m, n0 + r * stride, s);
+    }
+}
+
+/* Rows [n0, n1) as R streams far apart (R rows per block: n0 + i + r * S for the S = (n1 - n0) / R rows
+   of each stream), then the < R rows left one by one. A core reads memory fastest with several long
+   sequential streams in flight (a plain read of 8 streams measured 1.6x one stream's bandwidth, one thread);
+   R adjacent rows would make R streams of one short row each. */
+#define SPREAD(M, R) do { \
+    const int64_t S = (n1 - n0) / (R); \
+    int64_t n = n0 + (R) * S; \
+    for (int64_t i = 0; i < S; i++) block_avx2(j, m0, M, n0 + i, S, R, wdt); \
+    if ((R) == 8) for (; n + 4 <= n1; n += 4) block_avx2(j, m0, M, n, 1, 4, wdt); \
+    for (; n < n1; n++) block_avx2(j, m0, M, n, 1, 1, wdt); \
+} while (0)
+
+static AVX2 void range_avx2_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
+    switch (M) {
+    case 1: SPREAD(1, 8); break;
+    case 2: SPREAD(2, 4); break;
+    case 3: SPREAD(3, 2); break;
+    default: SPREAD(4, 2); break;
+    }
+}
+
+static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < j->M; m0 += 4) {
+        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4);
+        if (j->wdt == DT_F32) range_avx2_m(j, m0, M, n0, n1, DT_F32);
+        else if (j->wdt == DT_BF16) range_avx2_m(j, m0, M, n0, n1, DT_BF16);
+        else range_avx2_m(j, m0, M, n0, n1, DT_F16);
+    }
+}
+#endif
+
+/* Portable: rows [n0, n1) for up to 4 rows of x from m0, 4 / 2 / 1 adjacent rows of w per block. */
+static void range_generic_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
+    int64_t n = n0;
+    switch (M) {
+    case 1:
+        for (; n + 4 <= n1; n += 4) block_generic(j, m0, 1, n, 4, wdt);
+        for (; n < n1; n++) block_generic(j, m0, 1, n, 1, wdt);
+        break;
+    case 2:
+        for (; n + 2 <= n1; n += 2) block_generic(j, m0, 2, n, 2, wdt);
+        for (; n < n1; n++) block_generic(j, m0, 2, n, 1, wdt);
+        break;
+    case 3: for (; n < n1; n++) block_generic(j, m0, 3, n, 1, wdt); break;
+    default: for (; n < n1; n++) block_generic(j, m0, 4, n, 1, wdt); break;
+    }
+}
+
+static void range_generic(const Job *j, int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < j->M; m0 += 4) {
+        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4);
+        if (j->wdt == DT_F32) range_generic_m(j, m0, M, n0, n1, DT_F32);
+        else if (j->wdt == DT_BF16) range_generic_m(j, m0, M, n0, n1, DT_BF16);
+        else range_generic_m(j, m0, M, n0, n1, DT_F16);
+    }
+}
+
+/* 1: the AVX2/FMA/F16C kernel runs on this CPU (libgcc checks the OS saves the ymm state too), 0: portable */
+int gemv_isa(void) {
+#ifdef GEMV_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+int gemv_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static void run_rows(const Job *j, int64_t n0, int64_t n1, int isa) {
+#ifdef GEMV_X86
+    if (isa == 1) { range_avx2(j, n0, n1); return; }
+#endif
+    (void)isa;
+    range_generic(j, n0, n1);
+}
+
+#ifndef GEMV_CHUNK_BYTES
+#define GEMV_CHUNK_BYTES 262144
+#endif
+/* Rows of w per chunk handed to a thread: ~256 KiB of weights (8 streams of 32 KiB), but at least 4 chunks a
+   thread so that one slowed down by a neighbour process leaves the rest to the others; a multiple of 8
+   rows, so that every row is read in a block of 8 streams (a row left over is read alone, one stream). */
+static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nthreads) {
+    int64_t rows = row_bytes > 0 ? GEMV_CHUNK_BYTES / row_bytes : N;
+    const int64_t fair = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
+    if (rows > fair) rows = fair;
+    rows = rows / 8 * 8;
+    return rows < 8 ? 8 : rows;
+}
+
+typedef struct { Job job; int64_t rows, chunks; int isa; } Task;
+
+static void run_chunk(const Task *t, int64_t c) {
+    const int64_t n0 = c * t->rows, n1 = n0 + t->rows < t->job.N ? n0 + t->rows : t->job.N;
+    run_rows(&t->job, n0, n1, t->isa);
+}
+
+/* Chunks handed out one by one to the threads of torch's own OpenMP pool (this library links the
+   libgomp.so.1 torch has loaded): its threads are awake between torch's ops, so a region starts at once,
+   and no second pool competes with torch's for the two cores. Whether two threads pay is decided per
+   call by the Python side (_ThreadPolicy in cpu_gemv.py): when a neighbour process holds a core, the
+   region's end waits a scheduler tick for the thread that did not get one. */
+static void run_task(const Task *t, int nthreads) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+#endif
+    for (int64_t c = 0; c < t->chunks; c++) run_chunk(t, c);
+    (void)nthreads;
+}
+
+/* y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]) (+ res[M,N]). 0, or -1 when memory for fp32 x ran out. */
+int gemv(int64_t M, int64_t N, int64_t K, const void *x, int xdt, const void *w, int wdt,
+         const void *bias, int bdt, const void *res, int rdt, void *y, int ydt, int nthreads, int isa) {
+    float *xf = NULL;
+    if (M <= 0 || N <= 0) return 0;
+    if (xdt != DT_F32 && K > 0) {                       /* widen x once, not once per row of w */
+        xf = (float *)malloc((size_t)(M * K) * sizeof(float));
+        if (!xf) return -1;
+        for (int64_t i = 0; i < M * K; i++) xf[i] = load_elem(x, xdt, (size_t)i);
+    }
+    Task t = {{M, N, K, xf ? xf : (const float *)x, w, wdt, bias, bdt, res, rdt, y, ydt}, 0, 0, isa};
+    if (nthreads < 1) nthreads = 1;
+    t.rows = chunk_rows(N, K * (wdt == DT_F32 ? 4 : 2), nthreads);
+    t.chunks = (N + t.rows - 1) / t.rows;
+    if (nthreads > t.chunks) nthreads = (int)t.chunks;
+    if (nthreads <= 1) run_rows(&t.job, 0, N, isa);     /* no helpers at all: ~1 us less */
+    else run_task(&t, nthreads);
+    free(xf);
+    return 0;
+}
+
+/* gemv() with its arguments in one block of 15 int64 (_ARGS in cpu_gemv.py): one ctypes argument is cheaper. */
+int gemv_packed(const void *block) {
+    int64_t a[15];
+    memcpy(a, block, sizeof a);                         /* a Python bytes object: no alignment promised */
+    return gemv(a[0], a[1], a[2], (const void *)(intptr_t)a[3], (int)a[4], (const void *)(intptr_t)a[5], (int)a[6],
+                (const void *)(intptr_t)a[7], (int)a[8], (const void *)(intptr_t)a[9], (int)a[10],
+                (void *)(intptr_t)a[11], (int)a[12], (int)a[13], (int)a[14]);
+}
