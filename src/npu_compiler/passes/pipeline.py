@@ -9,8 +9,8 @@ Stages, in order (a rule family belongs to one stage; families can be switched o
 
 1. clean-up: ``cleanup`` (identities), ``fold`` (constant folding)
 2. canonicalization: ``canonical`` (one form per op), ``gemm`` (linear/addmm/mm/matmul -> GEMM)
-3. fusion: ``llm`` (QKV_PROJ, RMS_NORM, SILU_GATE, ROPE, KV_UPDATE), ``attention``, ``conv``, ``norm``,
-   ``embedding``
+3. fusion: ``llm`` (QKV_PROJ, RMS_NORM, SILU_GATE, ROPE, KV_UPDATE), ``residual`` (the add after a GEMM,
+   into it), ``attention``, ``conv``, ``norm``, ``embedding``
 4. late fusion: ``softmax`` (the softmax attention did not take), ``activation`` (into GEMM/CONV)
 """
 
