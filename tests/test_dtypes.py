@@ -196,7 +196,8 @@ def test_module_imports_neither_torch_nor_numpy() -> None:
 
 
 def test_import_the_dtype_table_does_not_import_torch() -> None:
-    """The table lives in npu_program, which a program reader imports without torch."""
+    """The table lives in torch_ir's base, which the kernel table (and so a program reader) imports
+    without torch."""
     code = "import sys, torch_ir.dtypes, npu_program.kernels; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -8,7 +8,7 @@ import torch
 
 import torch_ir
 from npu_compiler.passes import Op, Rule, Var, eliminate_dead_code, select
-from torch_ir import rewrite
+from torch_ir.rewrite import rewrite
 
 from .helpers import assert_outputs_close
 

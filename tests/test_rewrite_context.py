@@ -11,9 +11,8 @@ import threading
 import pytest
 
 from npu_compiler.passes import Op, Rule, Var
-from torch_ir import rewrite
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
-from torch_ir.rewrite import RewriteContext
+from torch_ir.rewrite import RewriteContext, rewrite
 
 RELU, NEG, EXP = "aten.relu.default", "aten.neg.default", "aten.exp.default"
 

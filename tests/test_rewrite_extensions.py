@@ -12,8 +12,8 @@ import torch
 
 import torch_ir
 from npu_compiler.passes import Op, Rule, Var
-from torch_ir import rewrite
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
+from torch_ir.rewrite import rewrite
 
 from .helpers import assert_outputs_close
 

@@ -5,8 +5,9 @@ Plain data, importable without the compiler: ``npu_compiler`` emits dispatches o
 ``docs/kernels.md`` is generated from the same records); ``program`` holds the compiled program's
 dataclasses (``CompiledProgram``, ``TensorSpec``, ``StateSpec``, ``Dispatch``, ``MemoryPlan``), written
 and read through the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-checks a
-loaded program (``memory_check``: the memory-plan checker it shares with the compiler); ``dtypes`` is
-the one dtype table. ``kernels``, ``dtypes``, ``codec`` and ``program`` import neither torch nor numpy.
+loaded program (``memory_check``: the memory-plan checker it shares with the compiler). The one dtype table
+is ``torch_ir.dtypes``, below this package. ``kernels``, ``codec`` and ``program`` import neither torch nor
+numpy.
 """
 
 from .cost_formulas import KernelCost

@@ -11,46 +11,35 @@
 __version__ = "0.1.0"
 
 import importlib
+from typing import Any
 
-from .errors import (  # noqa: E402
-    ExecutionError,
-    ExtractionError,
-    InputMismatchError,
-    IRValidationError,
-    TorchIRError,
-    UnsupportedOpError,
-    WeightsMismatchError,
-)
-from .executor import IRExecutor  # noqa: E402
-from .ir import NPU_IR, OpNode, TensorMeta, load_ir  # noqa: E402
-from .ops import register_op  # noqa: E402
-from .report import ir_statistics, markdown_report, to_mermaid  # noqa: E402
-from .weights import exported_program_state, load_state_dict, match_weights, save_weights  # noqa: E402
+# Every name loads on first use (PEP 562). The layers above the IR import torch_ir's submodules for their own
+# needs: the kernel table its dtype table (without torch, so that a program reader need not have it), the
+# runtime its errors, file I/O and limits (without a model importer). ``import torch_ir`` itself loads nothing.
+_LAZY = {
+    **dict.fromkeys(["ExecutionError", "ExtractionError", "InputMismatchError", "IRValidationError", "TorchIRError",
+                     "UnsupportedOpError", "WeightsMismatchError"], "errors"),
+    "IRExecutor": "executor",
+    **dict.fromkeys(["NPU_IR", "OpNode", "TensorMeta", "load_ir"], "ir"),
+    "register_op": "ops",
+    **dict.fromkeys(["ir_statistics", "markdown_report", "to_mermaid"], "report"),
+    **dict.fromkeys(["exported_program_state", "load_state_dict", "match_weights", "save_weights"], "weights"),
+    **dict.fromkeys(["build_on_meta", "extract_ir", "from_exported_program"], "frontends"),
+    **dict.fromkeys(["verify_ir", "verify_ir_with_state_dict"], "verify"),
+    "import_onnx": "frontends.onnx",  # onnx and tinygrad are optional: imported only when asked for
+    "import_tinygrad": "frontends.tinygrad",
+}
 
-__all__ = [
-    "NPU_IR", "ExecutionError", "ExtractionError", "IRExecutor", "IRValidationError", "InputMismatchError",
-    "OpNode", "TensorMeta", "TorchIRError", "UnsupportedOpError", "WeightsMismatchError", "__version__",
-    "build_on_meta", "exported_program_state", "extract_ir", "from_exported_program", "import_onnx",
-    "import_tinygrad", "ir_statistics", "load_ir", "load_state_dict", "markdown_report", "match_weights",
-    "register_op", "save_weights", "to_mermaid", "verify_ir", "verify_ir_with_state_dict",
-]
+__all__ = ["__version__", *sorted(_LAZY)]
 
 
-# The frontends load on first use (PEP 562): the layers above the IR (the program reader, the runtime) import
-# torch_ir for its errors, file I/O and limits, and must not load a model importer with them.
-_LAZY = {"build_on_meta": "frontends", "extract_ir": "frontends", "from_exported_program": "frontends",
-         "verify_ir": "verify", "verify_ir_with_state_dict": "verify"}
-
-
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name == "import_tinygrad":
-        from .frontends.tinygrad import import_tinygrad
-
-        return import_tinygrad
-    if name == "import_onnx":
-        from .frontends.onnx import import_onnx
-
-        return import_onnx
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # once: later lookups do not come here
+        return value
     raise AttributeError(f"module 'torch_ir' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -19,8 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torch_ir import rewrite
-from torch_ir.rewrite import Match, Op, RewriteContext, Rule, Var, eliminate_dead_code
+from torch_ir.rewrite import Match, Op, RewriteContext, Rule, Var, eliminate_dead_code, rewrite
 
 from ...ir import NPU_IR, OpNode, TensorMeta
 
