@@ -38,12 +38,14 @@ class DemoResult:
     files: list[Path] = field(default_factory=list)
 
 
+#: ``stage(label, fn)``: runs ``fn`` as the stage ``label``, returning its value and the seconds it took.
+_Stage = Callable[[str, Callable[[], Any]], tuple[Any, float]]
+
+
 def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda label: None, *,
              threads: int | None = None) -> DemoResult:
     """The pipeline on ``spec``; ``step(label)`` is called as each stage starts (a progress bar); the profile
     runs at ``threads`` PyTorch threads (None: PyTorch's count)."""
-    import npu_compiler
-    from npu_compiler.passes import normalize
     from npu_runtime import Device, Executor, load_weights
 
     result, stem = DemoResult(ok=True), safe_stem(spec.name)
@@ -54,25 +56,59 @@ def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda la
         value = fn()
         return value, time.perf_counter() - start
 
+    ir = _extract(spec, out / f"{stem}.json", stage, result)
+    real = spec.build("cpu")
+    state = module_state(real)
+    _verify(spec, ir, real, state, out / stem, stage, result)
+    program = _normalize_and_compile(spec, ir, stage, result)
+    program_path, weights_path = out / f"{stem}.npubin", out / f"{stem}.safetensors"
+    program.save(program_path)
+    save_weights(state, weights_path)
+    result.files += [program_path, weights_path]
+
+    device = Device()
+    executor = Executor(program, device)
+    weights = load_weights(weights_path, program, device)
+    example = _leaves((spec.args, spec.kwargs))  # the graph inputs, in the order export flattens them
+    inputs = {s.name: np.asarray(a.detach()) for s, a in zip(program.input_specs, example)}
+    outputs, t = stage("run", lambda: executor.run(inputs, weights=weights))
+    _compare_with_eager(spec, real, program, outputs, t, result)
+
+    profile, t = stage("profile", lambda: executor.profile(inputs, weights, runs=PROFILE_RUNS, threads=threads))
+    result.lines += _profile_lines(profile, t)
+    return result
+
+
+def _extract(spec: ModelSpec, path: Path, stage: _Stage, result: DemoResult) -> Any:
+    """Stage 1: the IR extracted on the meta device, saved to ``path`` and read back."""
     ir, t = stage("extract", lambda: spec.extract(spec.build("meta")))
-    path = out / f"{stem}.json"
     ir.save(path)
     ir = load_ir(path)
     result.files.append(path)
     result.lines.append(_row("1. extract on meta", f"{len(ir.nodes)} nodes, {len(ir.weights)} weights "
                              f"({_human(_weight_bytes(ir))} declared, none allocated); saved and reloaded", t))
+    return ir
 
-    real = spec.build("cpu")
-    state = module_state(real)
+
+def _verify(spec: ModelSpec, ir: Any, real: torch.nn.Module, state: Any, base: Path, stage: _Stage,
+            result: DemoResult) -> None:
+    """Stage 2: the IR against eager PyTorch on the real weights; the report and the Mermaid graph beside
+    ``base`` (``<base>.md``, ``<base>.mmd``)."""
     (ok, report), t = stage("verify", lambda: verify_ir(ir, state, real, spec.args, test_kwargs=spec.kwargs))
     result.ok &= ok
     worst = max((o.max_abs for o in report.outputs), default=0.0)
     result.lines.append(_row("2. verify against eager", f"{'PASSED' if ok else 'FAILED'}, max abs error {worst:.2g}",
                              t))
-    md, mmd = out / f"{stem}.md", out / f"{stem}.mmd"
+    md, mmd = base.with_name(f"{base.name}.md"), base.with_name(f"{base.name}.mmd")
     atomic_write(md, markdown_report(ir, ir_statistics(ir), report), what="report file")
     atomic_write(mmd, to_mermaid(ir), what="Mermaid file")
     result.files += [md, mmd]
+
+
+def _normalize_and_compile(spec: ModelSpec, ir: Any, stage: _Stage, result: DemoResult) -> Any:
+    """Stages 3 and 4: the IR normalized into NPU ops, then compiled into a program."""
+    import npu_compiler
+    from npu_compiler.passes import normalize
 
     # programs are planned for static shapes: a model exported with dynamic dims compiles at its example's
     static = ir if all(t.is_static for t in ir.graph_inputs) else \
@@ -88,17 +124,12 @@ def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda la
     memory = program.memory
     result.lines.append(_row("4. compile", f"{program.dispatch_count} dispatches ({kernels}); arena "
                              f"{_human(memory.arena_bytes)} vs {_human(memory.no_reuse_bytes)} without reuse", t))
-    program_path, weights_path = out / f"{stem}.npubin", out / f"{stem}.safetensors"
-    program.save(program_path)
-    save_weights(state, weights_path)
-    result.files += [program_path, weights_path]
+    return program
 
-    device = Device()
-    executor = Executor(program, device)
-    weights = load_weights(weights_path, program, device)
-    example = _leaves((spec.args, spec.kwargs))  # the graph inputs, in the order export flattens them
-    inputs = {s.name: np.asarray(a.detach()) for s, a in zip(program.input_specs, example)}
-    outputs, t = stage("run", lambda: executor.run(inputs, weights=weights))
+
+def _compare_with_eager(spec: ModelSpec, real: torch.nn.Module, program: Any, outputs: Any, seconds: float,
+                        result: DemoResult) -> None:
+    """Stage 5's row: the program's outputs against eager PyTorch's."""
     with torch.no_grad():
         expected = real(*spec.args, **spec.kwargs)
     expected = [expected] if isinstance(expected, torch.Tensor) else [e for e in _leaves(expected)]
@@ -107,11 +138,7 @@ def run_demo(spec: ModelSpec, out: Path, step: Callable[[str], None] = lambda la
     rtol_ok = all(err <= 1e-4 * max(1.0, float(e.abs().max())) for err, e in zip(errors, expected))
     result.ok &= rtol_ok and len(errors) == len(expected)
     result.lines.append(_row("5. run the program", f"{'equal to eager' if rtol_ok else 'DIFFERENT from eager'} "
-                             f"(max abs error {max(errors, default=0.0):.2g})", t))
-
-    profile, t = stage("profile", lambda: executor.profile(inputs, weights, runs=PROFILE_RUNS, threads=threads))
-    result.lines += _profile_lines(profile, t)
-    return result
+                             f"(max abs error {max(errors, default=0.0):.2g})", seconds))
 
 
 def _profile_lines(profile: Any, seconds: float) -> list[str]:

@@ -211,21 +211,28 @@ def _point_title(r: DispatchCost) -> str:
     return f"{r.layer}: {r.name} ({r.kernel}), {r.cycles:,} cycles, {r.bound}-bound"
 
 
+_PW, _PH = _W - _L - _R, _H - _T - _B  # the plot area inside the margins
+
+
+class _LogAxes:
+    """The plot area's log-log mapping: the decades [x0, x1] and [y0, y1] onto the frame inside the margins."""
+
+    def __init__(self, x0: int, x1: int, y0: int, y1: int) -> None:
+        self.x0, self.x1, self.y0, self.y1 = x0, x1, y0, y1
+
+    def px(self, x: float) -> float:
+        return _L + (math.log10(x) - self.x0) / (self.x1 - self.x0) * _PW
+
+    def py(self, y: float) -> float:
+        return _T + _PH - (math.log10(y) - self.y0) / (self.y1 - self.y0) * _PH
+
+
 def roofline_svg(report: CostReport, hw: Hardware) -> str:
     """A log-log roofline plot as SVG text: the compute and bandwidth roofs and one dot per dispatch (with FLOPs
     and DRAM bytes), coloured by bound."""
     dtype, peak, bandwidth, ridge, points, xs = _roofs(report, hw)
     ys = [p[2] for p in points] + [peak * 2, min(bandwidth * min(xs), peak) / 2]
-    x0, x1 = _decades(xs)
-    y0, y1 = _decades(ys)
-    pw, ph = _W - _L - _R, _H - _T - _B
-
-    def px(x: float) -> float:
-        return _L + (math.log10(x) - x0) / (x1 - x0) * pw
-
-    def py(y: float) -> float:
-        return _T + ph - (math.log10(y) - y0) / (y1 - y0) * ph
-
+    axes = _LogAxes(*_decades(xs), *_decades(ys))
     title = f"Roofline: {report.model_name} on {hw.name} ({dtype})"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
            f'font-family="sans-serif" font-size="11">',
@@ -233,40 +240,68 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
            f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="white"/>',
            f'<text x="{_W / 2:.1f}" y="24" text-anchor="middle" font-size="14" font-weight="bold">'
            f"{html_text(title)}</text>",
-           f'<rect x="{_L}" y="{_T}" width="{pw}" height="{ph}" fill="none" stroke="black"/>']
-    for e in range(x0, x1 + 1):  # ticks and grid at powers of ten
-        x = px(10.0 ** e)
-        out.append(f'<line x1="{x:.1f}" y1="{_T}" x2="{x:.1f}" y2="{_T + ph}" stroke="#ddd"/>')
-        out.append(f'<line x1="{x:.1f}" y1="{_T + ph}" x2="{x:.1f}" y2="{_T + ph + 5}" stroke="black"/>')
-        out.append(f'<text x="{x:.1f}" y="{_T + ph + 18}" text-anchor="middle">1e{e}</text>')
-    for e in range(y0, y1 + 1):
-        y = py(10.0 ** e)
-        out.append(f'<line x1="{_L}" y1="{y:.1f}" x2="{_L + pw}" y2="{y:.1f}" stroke="#ddd"/>')
+           f'<rect x="{_L}" y="{_T}" width="{_PW}" height="{_PH}" fill="none" stroke="black"/>']
+    out += _svg_grid(axes)
+    out += _svg_roofs(axes, peak, bandwidth, ridge)
+    out += _svg_points(axes, points, roofline_labels(report, hw))
+    out += _svg_legend(peak, bandwidth)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _svg_grid(axes: _LogAxes) -> list[str]:
+    """Ticks and grid lines at the powers of ten, and the axis titles."""
+    out = []
+    for e in range(axes.x0, axes.x1 + 1):
+        x = axes.px(10.0 ** e)
+        out.append(f'<line x1="{x:.1f}" y1="{_T}" x2="{x:.1f}" y2="{_T + _PH}" stroke="#ddd"/>')
+        out.append(f'<line x1="{x:.1f}" y1="{_T + _PH}" x2="{x:.1f}" y2="{_T + _PH + 5}" stroke="black"/>')
+        out.append(f'<text x="{x:.1f}" y="{_T + _PH + 18}" text-anchor="middle">1e{e}</text>')
+    for e in range(axes.y0, axes.y1 + 1):
+        y = axes.py(10.0 ** e)
+        out.append(f'<line x1="{_L}" y1="{y:.1f}" x2="{_L + _PW}" y2="{y:.1f}" stroke="#ddd"/>')
         out.append(f'<line x1="{_L - 5}" y1="{y:.1f}" x2="{_L}" y2="{y:.1f}" stroke="black"/>')
         out.append(f'<text x="{_L - 8}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
-    out.append(f'<text x="{_L + pw / 2:.1f}" y="{_H - 15}" text-anchor="middle">'
+    out.append(f'<text x="{_L + _PW / 2:.1f}" y="{_H - 15}" text-anchor="middle">'
                "arithmetic intensity (FLOPs per DRAM byte)</text>")
-    out.append(f'<text x="18" y="{_T + ph / 2:.1f}" text-anchor="middle" '
-               f'transform="rotate(-90 18 {_T + ph / 2:.1f})">achieved throughput (FLOPs per second)</text>')
-    # roofs: bandwidth from the left edge to the ridge point, compute from the ridge to the right edge
-    xl, xr = 10.0 ** x0, 10.0 ** x1
-    bw_start = max(xl, 10.0 ** y0 / bandwidth)
-    out.append(f'<polyline fill="none" stroke="#2ca02c" stroke-width="2" points="{px(bw_start):.1f},'
-               f'{py(bandwidth * bw_start):.1f} {px(ridge):.1f},{py(peak):.1f}"/>')
-    out.append(f'<polyline fill="none" stroke="#ff7f0e" stroke-width="2" points="{px(ridge):.1f},{py(peak):.1f} '
-               f'{px(xr):.1f},{py(peak):.1f}"/>')
+    out.append(f'<text x="18" y="{_T + _PH / 2:.1f}" text-anchor="middle" '
+               f'transform="rotate(-90 18 {_T + _PH / 2:.1f})">achieved throughput (FLOPs per second)</text>')
+    return out
+
+
+def _svg_roofs(axes: _LogAxes, peak: float, bandwidth: float, ridge: float) -> list[str]:
+    """The roofs: bandwidth from the left edge to the ridge point, compute from the ridge to the right edge."""
+    px, py = axes.px, axes.py
+    xl, xr = 10.0 ** axes.x0, 10.0 ** axes.x1
+    bw_start = max(xl, 10.0 ** axes.y0 / bandwidth)
+    return [f'<polyline fill="none" stroke="#2ca02c" stroke-width="2" points="{px(bw_start):.1f},'
+            f'{py(bandwidth * bw_start):.1f} {px(ridge):.1f},{py(peak):.1f}"/>',
+            f'<polyline fill="none" stroke="#ff7f0e" stroke-width="2" points="{px(ridge):.1f},{py(peak):.1f} '
+            f'{px(xr):.1f},{py(peak):.1f}"/>']
+
+
+def _svg_points(axes: _LogAxes, points: Sequence[tuple[DispatchCost, float, float]],
+                labels: Sequence[tuple[str, float, float]]) -> list[str]:
+    """One dot per dispatch (its hover title says what it is), then the labels of the costliest."""
+    out = []
     for r, x, y in points:
         colour = BOUND_COLOURS.get(r.bound, "#7f7f7f")
-        out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}" fill-opacity="0.75">'
+        out.append(f'<circle cx="{axes.px(x):.1f}" cy="{axes.py(y):.1f}" r="4" fill="{colour}" fill-opacity="0.75">'
                    f"<title>{html_text(_point_title(r))}: {_fmt(x)} FLOPs/byte, {_fmt(y)} FLOPs/s</title></circle>")
-    for label, x, y in roofline_labels(report, hw):
-        out.append(f'<text class="label" x="{px(x) + 6:.1f}" y="{py(y) - 3:.1f}" font-size="9" fill="#333">'
-                   f"{html_text(label)}</text>")
+    for label, x, y in labels:
+        out.append(f'<text class="label" x="{axes.px(x) + 6:.1f}" y="{axes.py(y) - 3:.1f}" font-size="9" '
+                   f'fill="#333">{html_text(label)}</text>')
+    return out
+
+
+def _svg_legend(peak: float, bandwidth: float) -> list[str]:
+    """The legend right of the plot: the two roofs and the two kinds of dot."""
     legend = [("line", "#ff7f0e", f"compute roof {_fmt(peak)} FLOPs/s"),
               ("line", "#2ca02c", f"bandwidth roof {_fmt(bandwidth)} B/s"),
               ("dot", BOUND_COLOURS["compute"], "compute-bound dispatch"),
               ("dot", BOUND_COLOURS["memory"], "memory-bound dispatch")]
-    lx = _L + pw + 12
+    out = []
+    lx = _L + _PW + 12
     for i, (shape, colour, label) in enumerate(legend):
         ly = _T + 10 + 34 * i
         if shape == "line":
@@ -277,8 +312,7 @@ def roofline_svg(report: CostReport, hw: Hardware) -> str:
         out.append(f'<text x="{lx + 24}" y="{ly + 4}">{escape(" ".join(words[:2]))}</text>')
         if len(words) > 2:
             out.append(f'<text x="{lx + 24}" y="{ly + 17}">{escape(words[2])}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return out
 
 
 __all__ = ["BOUND_COLOURS", "ROOFLINE_LABELS", "have_matplotlib", "html_text", "peak_flops", "png_and_spots",

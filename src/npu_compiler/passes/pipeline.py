@@ -28,13 +28,13 @@ from torch_ir.ops.npu import NPU_OPS
 from torch_ir.ops.registry import check_node_attrs
 from torch_ir.rewrite import RewriteResult, Rule, eliminate_dead_code, rewrite, select
 
-from . import canonical, cleanup, fusion, llm
+from . import attention, canonical, cleanup, decoder, fusion
 from .annotate import QConfig, annotate
 
 STAGES: list[tuple[str, list[Rule]]] = [
     ("cleanup", cleanup.RULES),
     ("canonicalize", cleanup.IDENTITY_RULES + canonical.RULES),
-    ("fuse", cleanup.IDENTITY_RULES + llm.LLM_RULES + llm.ATTENTION_RULES + fusion.RULES),
+    ("fuse", cleanup.IDENTITY_RULES + decoder.DECODER_RULES + attention.ATTENTION_RULES + fusion.RULES),
     ("late_fuse", cleanup.IDENTITY_RULES + fusion.LATE_NORM_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES),
 ]
 

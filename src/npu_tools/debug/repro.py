@@ -20,6 +20,8 @@ The directory holds::
 ``repro.py`` imports only the installed toolkit (torch_ir, npu_compiler, npu_runtime), torch and numpy (and
 onnxruntime for an ONNX reference). It reproduces a fault of the *installed* code: a fault injected into a
 running process (a monkeypatched rule or kernel) is not in the repro's process, whose faulty path then passes.
+
+The README is written by ``repro_readme``, the script is ``repro_script.SCRIPT``.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ import torch
 
 from torch_ir.errors import OutputWriteError, TorchIRError
 from torch_ir.fileio import atomic_write, check_writable_dir
-from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity, provenance_of, subgraph
+from torch_ir.ir import NPU_IR, TensorMeta, check_integrity, subgraph
 from torch_ir.ops.values import dtype_name
-from torch_ir.report.markdown import cell
 
 from .outdir import check_entry, check_inside, check_same_directory, identity
-from .report import code_span, fenced
+from .repro_readme import readme_text
+from .repro_script import SCRIPT
 
 KINDS = ("frontend", "rule", "kernel", "lowering")
 BACKENDS = ("cpu", "webgpu")
@@ -167,7 +169,7 @@ def write_repro(out_dir: str | os.PathLike, case: ReproCase, *, overwrite: bool 
     }
     from torch_ir.weights import save_weights
 
-    readme = _readme(case, manifest, onnx_bytes is not None, onnx_note)
+    readme = readme_text(case, manifest, onnx_bytes is not None, onnx_note)
     case.ir.save(str(target("ir.json")), indent=1)
     if case.weights:
         save_weights({k: v.detach().cpu().contiguous() for k, v in case.weights.items()},
@@ -294,243 +296,5 @@ def _onnx_node_model(case: ReproCase) -> tuple[bytes | None, str | None]:
         return None, f"cutting the ONNX node out failed ({type(e).__name__}: {e})"
     return cut.SerializeToString(), None
 
-
-# -- the README ---------------------------------------------------------------------------------------
-
-_RUNS = {
-    "frontend": ("the minimal IR on the reference executor (`IRExecutor`): the frontend's translation",
-                 "the trusted framework's values in expected.npz; with model.onnx, onnxruntime runs the ONNX "
-                 "node itself"),
-    "rule": ("the rule {rule} rewrites the minimal IR, then `IRExecutor` runs the result",
-             "`IRExecutor` on the minimal IR as it was before the rule"),
-    "kernel": ("`npu_compiler.compile(ir, target='{backend}')` (no normalization, no fusion), run by "
-               "`npu_runtime.Executor` on the {backend} backend",
-               "`IRExecutor` on the minimal IR (the op's reference implementation)"),
-    "lowering": ("`npu_compiler.compile(ir, target='{backend}')` (no normalization, no fusion), run by "
-                 "`npu_runtime.Executor` on the {backend} backend",
-                 "`IRExecutor` on the minimal IR (the op's reference implementation)"),
-}
-
-
-def _readme(case: ReproCase, manifest: dict, has_onnx: bool, onnx_note: str | None) -> str:
-    """The README. Node, tensor, module and rule names come from a file (the model's IR): each is escaped
-    (``markdown.cell``) or in a code span, and on one line, so no name is live markup (``<script>``, a link)
-    or ends its line, row or code block. ``case.details`` is Markdown its caller wrote and escaped."""
-    faulty, reference = (s.format(rule=code_span(case.rule), backend=case.backend) for s in _RUNS[case.kind])
-    lines = [f"# {cell(case.title)}", "", f"Kind: **{case.kind}**"
-             + (f", rule {code_span(case.rule)}" if case.rule else "")
-             + (f", backend {code_span(case.backend)}" if case.backend else "") + ".", ""]
-    if case.details.strip():
-        lines += [case.details.strip(), ""]
-    lines += ["## The minimal IR", "", *fenced([str(n) for n in case.ir.nodes]), ""]
-    for node in case.ir.nodes:
-        lines.append(f"- {code_span(node.name)}: {cell(_provenance_text(node))}")
-    lines += ["", "## How to run", "", "```", "python repro.py              # the faulty path: exits 1 when it "
-              "differs from expected.npz", "python repro.py --reference  # the reference path: exits 0 when it "
-              "matches", "```", "", f"- faulty path: {faulty}.", f"- reference path: {reference}.",
-              "- exit codes: 0 the values match expected.npz within tolerance, 1 they differ, 2 the path could not "
-              "run here (no GPU adapter, onnxruntime missing).", "",
-              f"Expected values come from {cell(case.trusted or 'the trusted (last good) stage')}. Tolerances: "
-              + (f"rtol={case.rtol}, atol={case.atol}" if case.rtol is not None or case.atol is not None
-                 else "the dtype's defaults (torch_ir.verify.tolerance)") + ".",
-              "", "It needs only the installed toolkit (torch_ir, npu_compiler, npu_runtime), torch and numpy"
-              + (" (and onnxruntime for the reference path)" if has_onnx else "") + ".", ""]
-    if case.kind == "frontend" and not has_onnx:
-        lines += ["There is no standalone trusted model here" + (f" ({cell(onnx_note)})" if onnx_note else "")
-                  + ": the reference path only checks expected.npz, which holds the trusted framework's values.",
-                  ""]
-    if case.rule_source:
-        lines += [f"The rule is imported from {code_span(case.rule_source)}: that module must be importable.", ""]
-    lines += _files_section(case, has_onnx)
-    widened = [e["name"] for e in manifest["inputs"] + manifest["outputs"] if e["stored"] != e["dtype"]]
-    if widened:
-        lines += [f"npz has no bfloat16: {cell(', '.join(widened))} are stored as float32 (exactly: every bfloat16 "
-                  "is a float32) and `repro.py` casts them back to the dtype in case.json.", ""]
-    lines += ["## Inputs and expected outputs", "", "| array | tensor | dtype | shape |", "|---|---|---|---|"]
-    lines += [f"| {e['key']} | {cell(e['name'])} | {e['dtype']} | {e['shape']} |"
-              for e in manifest["inputs"] + manifest["outputs"]]
-    return "\n".join(lines) + "\n"
-
-
-def _files_section(case: ReproCase, has_onnx: bool) -> list[str]:
-    lines = ["## Files", "", "| file | what |", "|---|---|", "| `ir.json` | the minimal IR: only the faulty node(s) |"]
-    if case.weights:
-        lines.append("| `weights.safetensors` | the weights it reads, by state-dict key |")
-    lines += ["| `inputs.npz` | its graph inputs (`input_<i>`, graph order) |",
-              "| `expected.npz` | the expected graph outputs (`output_<i>`, graph order) |",
-              "| `case.json` | kind, rule, backend, tolerances; each array's tensor name and dtype |"]
-    if has_onnx:
-        lines.append("| `model.onnx` | the trusted ONNX node(s) alone, run by onnxruntime |")
-    return [*lines, "| `repro.py` | runs the faulty or the reference path and compares |", ""]
-
-
-def _provenance_text(node: OpNode) -> str:
-    p = provenance_of(node)
-    parts = [f"{node.op_type}, from {', '.join(p.nodes)}"]
-    if p.module:
-        parts.append(f"module {p.module}")
-    if p.origin:
-        parts.append(f"made by {p.origin}")
-    if p.rules:
-        parts.append(f"rules {' -> '.join(p.rules)}")
-    return "; ".join(parts)
-
-
-# -- the script ---------------------------------------------------------------------------------------
-
-SCRIPT = '''\
-#!/usr/bin/env python
-"""Standalone repro of one numerical fault; README.md says what is wrong.
-
-    python repro.py              # the faulty path: exit 1 when it differs from expected.npz
-    python repro.py --reference  # the reference path: exit 0 when it matches
-
-Needs only the installed toolkit (torch_ir, npu_compiler, npu_runtime), torch and numpy.
-"""
-
-import argparse
-import json
-import sys
-from pathlib import Path
-
-import numpy as np
-import torch
-
-from torch_ir.arrays import load_arrays as read_npz
-from torch_ir.executor import IRExecutor
-from torch_ir.ir import load_ir
-from torch_ir.ops.values import dtype_from_name
-from torch_ir.verify.compare import TABLE_HEADER, compare_tensors
-from torch_ir.weights import load_state_dict
-
-HERE = Path(__file__).resolve().parent
-
-
-class CannotRunError(Exception):
-    """The path cannot run here (no GPU adapter, onnxruntime missing): exit 2."""
-
-
-def load_arrays(file, entries):
-    """The tensors of an npz file in graph order, in their own dtype (bfloat16 was stored as float32); read by
-    the toolkit's reader (numeric arrays only, sized before they are decompressed)."""
-    data = read_npz(HERE / file, f"repro {file}")
-    return [torch.from_numpy(data[e["key"]]).to(dtype_from_name(e["dtype"])) for e in entries]
-
-
-def ir_reference(ir, weights, inputs):
-    return IRExecutor(ir, weights).run(inputs)
-
-
-def find_rules(case):
-    """The rule(s) of that name: the toolkit's, or imported from case["rule_source"]."""
-    if case.get("rule_source"):
-        import importlib
-
-        module, _, attr = case["rule_source"].partition(":")
-        found = getattr(importlib.import_module(module), attr)
-        rules = list(found) if isinstance(found, (list, tuple)) else [found]
-    else:
-        from npu_compiler.passes.kernel_fusion import KERNEL_FUSION_RULES
-        from npu_compiler.passes.pipeline import ALL_RULES
-
-        rules = [*ALL_RULES, *KERNEL_FUSION_RULES]
-    rules = [r for r in rules if r.name == case["rule"]]
-    if not rules:
-        raise CannotRunError(f"no rewrite rule named {case['rule']!r} in this installation")
-    return rules
-
-
-def rule_applied(ir, weights, inputs, case):
-    from torch_ir.rewrite import rewrite
-
-    result = rewrite(ir, find_rules(case))
-    if not result.changed:
-        print(f"note: rule {case['rule']!r} did not apply to the minimal IR (the fault is elsewhere, or the rule "
-              "now checks what it did not)")
-    else:
-        print(f"rule {case['rule']!r} applied {sum(result.applied.values())} time(s):")
-        for node in result.ir.nodes:
-            print(f"  {node}")
-    return IRExecutor(result.ir, weights).run(inputs)
-
-
-def compiled(ir, weights, inputs, case):
-    import npu_compiler
-    from npu_runtime import Device, Executor, NoAdapterError, load_weights
-
-    options = npu_compiler.CompileOptions(normalize=False, fuse=False, public_output_names=False)
-    program = npu_compiler.compile(ir, target=case["backend"], options=options, fallback="cpu")
-    for d in program.dispatches:
-        print(f"  dispatch {d.kernel} ({d.node})" + (f" on the host: {d.host}" if d.host else ""))
-    try:
-        device = Device(case["backend"])
-    except NoAdapterError as e:
-        raise CannotRunError(f"no {case['backend']} adapter here: {e}") from None
-    executor = Executor(program, device)
-    feeds = {spec.name: x for spec, x in zip(program.input_specs, inputs)}
-    outs = executor.run(feeds, weights=load_weights(weights, program, device))
-    by_name = {spec.name: torch.from_numpy(np.ascontiguousarray(outs[spec.name].to_numpy()))
-               for spec in program.output_specs}
-    # the runtime widens bfloat16 to float32 on the way out (numpy has none): back to the IR's dtype
-    return [by_name[t.name].to(dtype_from_name(t.dtype)) for t in ir.graph_outputs]
-
-
-def onnx_reference(ir, inputs, expected):
-    if not (HERE / "model.onnx").exists():
-        print("note: no standalone trusted model here; expected.npz holds the trusted framework's values")
-        return expected
-    try:
-        import onnxruntime as ort
-    except ImportError as e:
-        raise CannotRunError(f"the ONNX reference needs onnxruntime ({e})") from None
-    session = ort.InferenceSession(str(HERE / "model.onnx"), providers=["CPUExecutionProvider"])
-    wanted = {i.name for i in session.get_inputs()}
-    feeds = {t.name: x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
-             for t, x in zip(ir.graph_inputs, inputs) if t.name in wanted}
-    values = session.run([t.name for t in ir.graph_outputs], feeds)
-    return [torch.from_numpy(np.asarray(v)) for v in values]
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", action="store_true", help="run the reference path instead of the faulty one")
-    args = parser.parse_args()
-    case = json.loads((HERE / "case.json").read_text())
-    ir = load_ir(HERE / "ir.json")
-    weights = load_state_dict(HERE / "weights.safetensors") if (HERE / "weights.safetensors").exists() else {}
-    inputs = load_arrays("inputs.npz", case["inputs"])
-    expected = load_arrays("expected.npz", case["outputs"])
-    kind = case["kind"]
-    path = "reference" if args.reference else "faulty"
-    print(f"{case['title']}\\n{path} path of a {kind} repro")
-    try:
-        if args.reference:
-            actual = onnx_reference(ir, inputs, expected) if kind == "frontend" else ir_reference(ir, weights, inputs)
-        elif kind == "rule":
-            actual = rule_applied(ir, weights, inputs, case)
-        elif kind in ("kernel", "lowering"):
-            actual = compiled(ir, weights, inputs, case)
-        else:
-            actual = ir_reference(ir, weights, inputs)
-    except CannotRunError as e:
-        print(f"cannot run the {path} path here: {e}")
-        return 2
-    diffs = [compare_tensors(e["name"], a, x, case["rtol"], case["atol"])
-             for e, a, x in zip(case["outputs"], actual, expected)]
-    rows = [TABLE_HEADER] + [d.cells() for d in diffs]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    bad = [d.name for d in diffs if not d.ok]
-    if bad:
-        print(f"DIFFERS: {len(bad)} of {len(diffs)} output(s) differ from expected.npz: {', '.join(bad)}")
-        return 1
-    print(f"MATCHES: every output matches expected.npz within tolerance ({path} path)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''
 
 __all__ = ["BACKENDS", "KINDS", "ReproCase", "ReproError", "SCRIPT", "sub_ir", "sub_weights", "write_repro"]

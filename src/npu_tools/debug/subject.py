@@ -3,17 +3,19 @@
 A :class:`Subject` is made by ``npu_tools.debug.sources.load_subject`` from a zoo name, a ``module:factory`` spec,
 an ONNX file, a tinygrad factory or an IR with its weights. The trusted source is the framework the model came
 from (eager PyTorch, onnxruntime, tinygrad); an IR alone has none, and its own reference execution is trusted.
+``given_inputs`` and ``given_weights`` take what the caller gave in place of the source's own, for every form.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from torch_ir.errors import InputMismatchError
 from torch_ir.ir import NPU_IR
 
 
@@ -69,3 +71,29 @@ class Subject:
     # the converter/mapping family a frontend fault is named by: "torch.export", "onnx", "tinygrad", None
     frontend: str | None = None
     weights_used: WeightsUsed = WeightsUsed.own("the subject's own weights")
+
+
+def given_weights(weights: Any) -> WeightsUsed:
+    """The :class:`WeightsUsed` of weights the caller gave: a file, or what was passed in Python."""
+    if isinstance(weights, (str, os.PathLike)):
+        return WeightsUsed.file(weights)
+    return WeightsUsed("given", f"the weights given to bisect (a {type(weights).__name__})")
+
+
+def given_inputs(ir: NPU_IR, inputs: Sequence[Any] | Mapping[str, Any], name: str) -> list[torch.Tensor]:
+    """The caller's inputs as torch tensors, one per graph input (a mapping: by graph input name)."""
+    from torch_ir.weights import as_tensor
+
+    if isinstance(inputs, Mapping):
+        names = [t.name for t in ir.graph_inputs]
+        stray, missing = sorted(set(inputs) - set(names)), [n for n in names if n not in inputs]
+        if stray or missing:
+            raise InputMismatchError(f"{name!r} takes the inputs {', '.join(names)}; the inputs given "
+                                     + (f"name {stray} " if stray else "") + (f"lack {missing}" if missing else ""))
+        inputs = [inputs[n] for n in names]
+
+    values = [as_tensor(x, f"input {i} of {name!r}", InputMismatchError) for i, x in enumerate(inputs)]
+    if len(values) != len(ir.graph_inputs):
+        raise InputMismatchError(f"{name!r} takes {len(ir.graph_inputs)} inputs "
+                                 f"({', '.join(t.name for t in ir.graph_inputs)}); {len(values)} were given")
+    return values

@@ -92,7 +92,7 @@ def run_reference(ep: ExportedProgram, model: torch.nn.Module, args: tuple,
 
 def module_of(ep: ExportedProgram, name: str) -> str | None:
     """``"model.layers.0.mlp (LlamaMLP)"``: the innermost module the node ``name`` was traced in."""
-    from ..frontends.torch_export import innermost_module
+    from ..frontends.export_nodes import innermost_module
 
     node = next((n for n in ep.graph.nodes if n.name == name), None)
     module = innermost_module(node) if node is not None else None

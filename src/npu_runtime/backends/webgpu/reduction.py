@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .movement import check_shape, indices, int_param, ints_param, norm_dim, number
+from .movement.common import check_shape, indices, int_param, ints_param, norm_dim, number
 from .wgsl import (
     WORKGROUP,
     Call,
@@ -101,6 +101,49 @@ def _split(call: Call, dims: Sequence[int], keepdim: bool) -> tuple[list[int], l
     return kept, src, out
 
 
+def _fold(call: Call, x: str, floating: bool, count: int) -> tuple[str, str, str, str]:
+    """(element, combine, init, final) of a reduce: the WGSL of one reduced element from ``x`` (the element as
+    read), the fold of two partial results ``{a}`` and ``{b}``, its identity, and the result from ``total``."""
+    op = call.record.name
+    if op in ("aten.amax.default", "aten.amin.default"):
+        big = op == "aten.amax.default"
+        fold = ("max_" if big else "min_") if floating else ("max" if big else "min")
+        init = (_NEG_INF if big else _INF) if floating else (_I32_MIN if big else _I32_MAX)
+        return x, fold + "({a}, {b})", init, "total"
+    if op == "aten.linalg_vector_norm.default":
+        if not floating:
+            raise UnsupportedCall("linalg_vector_norm of an integer output")
+        return _norm_fold(call, x)
+    if op in ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim"):
+        combine, init = "{a} + {b}", "0.0" if floating else "0"
+        if op != "aten.mean.dim":
+            return x, combine, init, "total"
+        if not floating:
+            raise UnsupportedCall("mean of an integer output (torch asks for a floating dtype)")
+        return x, combine, init, f"total / {literal(float(count))}"
+    raise UnsupportedCall(f"reduce does not implement {op}")
+
+
+def _norm_fold(call: Call, x: str) -> tuple[str, str, str, str]:
+    """``_fold`` of linalg_vector_norm: the p-norm of ``ord`` (inf and -inf: the largest and smallest magnitude,
+    0: the count of non-zeros)."""
+    p = float(number(call.param("ord", 2), "ord"))
+    x = f"abs({x})"
+    if math.isinf(p):
+        combine, init = ("max_({a}, {b})", "0.0") if p > 0 else ("min_({a}, {b})", _INF)
+        return x, combine, init, "total"
+    final = "total"
+    if p == 0:
+        x = f"select(0.0, 1.0, {x} != 0.0)"
+    elif p == 2:
+        x = f"{x} * {x}"
+        final = "sqrt(total)"
+    elif p != 1:
+        x = f"pow_({x}, {literal(p)})"
+        final = f"pow_(total, {literal(1.0 / p)})"
+    return x, "{a} + {b}", "0.0", final
+
+
 def reduce(call: Call) -> Shader:
     """mean.dim, sum.dim_IntList, sum.default, amax, amin and linalg_vector_norm: one workgroup per output
     element, each invocation folding a strided share of the reduced elements, then a tree."""
@@ -114,39 +157,7 @@ def reduce(call: Call) -> Shader:
     count = math.prod(red_shape)
     n_out = math.prod(shape[d] for d in kept)
     t = compute_type(out.dtype)
-    floating = t == "f32"
-    x = f"{t}(ld_in0({offset(src, src_idx)}))"
-    final = "total"
-    if op in ("aten.amax.default", "aten.amin.default"):
-        big = op == "aten.amax.default"
-        fold = ("max_" if big else "min_") if floating else ("max" if big else "min")
-        init = (_NEG_INF if big else _INF) if floating else (_I32_MIN if big else _I32_MAX)
-        combine = fold + "({a}, {b})"
-    elif op == "aten.linalg_vector_norm.default":
-        if not floating:
-            raise UnsupportedCall("linalg_vector_norm of an integer output")
-        p = float(number(call.param("ord", 2), "ord"))
-        x = f"abs({x})"
-        if math.isinf(p):
-            combine, init = ("max_({a}, {b})", "0.0") if p > 0 else ("min_({a}, {b})", _INF)
-        else:
-            combine, init = "{a} + {b}", "0.0"
-            if p == 0:
-                x = f"select(0.0, 1.0, {x} != 0.0)"
-            elif p == 2:
-                x = f"{x} * {x}"
-                final = "sqrt(total)"
-            elif p != 1:
-                x = f"pow_({x}, {literal(p)})"
-                final = f"pow_(total, {literal(1.0 / p)})"
-    elif op in ("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim"):
-        combine, init = "{a} + {b}", "0.0" if floating else "0"
-        if op == "aten.mean.dim":
-            if not floating:
-                raise UnsupportedCall("mean of an integer output (torch asks for a floating dtype)")
-            final = f"total / {literal(float(count))}"
-    else:
-        raise UnsupportedCall(f"reduce does not implement {op}")
+    x, combine, init, final = _fold(call, f"{t}(ld_in0({offset(src, src_idx)}))", t == "f32", count)
     size = _group_size(count)
     body = f"""{unravel("g", [shape[d] for d in kept], "k")}
   var acc: {t} = {init};
