@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torch_ir import IRExecutor
-from torch_ir.errors import ExecutionError, UnsafeInputError
+from torch_ir.errors import ExecutionError, LimitExceededError, UnsafeInputError
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
 from torch_ir.ops import allowlist
 from torch_ir.ops.registry import bind_kernel, is_supported, resolve_overload
@@ -110,3 +110,15 @@ def test_unsafe_masked_index_clamps_what_its_mask_hides():
     (out,) = IRExecutor(ir, {}).run(args)
     torch.testing.assert_close(out, torch.ops.aten._unsafe_masked_index(args[0], args[1], [args[2]], 0.0))
     torch.testing.assert_close(out, torch.tensor([3.0, 0.0]))  # the last element (clamped), the fill
+
+
+def test_mvlgamma_order_is_bounded_before_its_work_is_allocated():
+    """mvlgamma(x, p) builds numel * p terms: a file's p of 2**40 would ask for terabytes (or grind for minutes
+    in the page allocator below the limit); it is refused by the allocation limit, and p < 1 as torch does."""
+    x = TensorMeta("x", [4], "float32", role="input")
+    with pytest.raises(LimitExceededError, match="mvlgamma of order p=1099511627776 over 4 elements needs 16.0 TiB"):
+        IRExecutor(one_node("aten.mvlgamma.default", {"p": 1 << 40}, [x], [4]), {}).run([torch.full([4], 1e12)])
+    with pytest.raises((ExecutionError, UnsafeInputError), match="p=0 must be at least 1"):
+        IRExecutor(one_node("aten.mvlgamma.default", {"p": 0}, [x], [4]), {}).run([torch.full([4], 3.0)])
+    (out,) = IRExecutor(one_node("aten.mvlgamma.default", {"p": 3}, [x], [4]), {}).run([torch.full([4], 3.0)])
+    torch.testing.assert_close(out, torch.mvlgamma(torch.full([4], 3.0), 3))

@@ -16,8 +16,8 @@ a guard here. Each guard was written for what the fuzzing found:
 - ``finite_matrix``: ``linalg_eigvals`` hands NaN to LAPACK, which crashes (``linalg_eig`` refuses it);
 - ``weight_norm_shapes``: ``_weight_norm`` divides by zero natively (SIGFPE) on shapes that do not agree;
 - ``pool1d_window``: ``max_pool1d`` loops for ever on a window larger than its input;
-- ``bounded_counts``: ``_chunk_cat``, ``tensor_split``, ``combinations`` and ``histogram`` take a count from the
-  file that sizes their work or their number of outputs before anything checks it.
+- ``bounded_counts``: ``_chunk_cat``, ``tensor_split``, ``combinations``, ``histogram`` and ``mvlgamma`` take a
+  count from the file that sizes their work or their number of outputs before anything checks it.
 
 A guard is ``guard(call, kwargs) -> result``: it checks ``kwargs`` (the op's bound arguments, meta tensors too:
 the registry's size pre-check runs guarded), then calls ``call(kwargs)``, and may fix up the result.
@@ -150,6 +150,11 @@ def _bounded_counts(kwargs: dict[str, Any]) -> None:
         if not 0 <= r <= 64:
             raise _refuse("combinations", f"r={r} must be from 0 to 64")
         check_alloc(max(n, 1) ** r * 8, f"combinations of r={r} from {n} elements (a grid of n**r)")
+    elif "p" in kwargs:  # mvlgamma sums p lgamma terms per element, through one tensor of numel * p of them
+        x, p = kwargs["self"], kwargs["p"]
+        if p < 1:
+            raise _refuse("mvlgamma", f"p={p} must be at least 1")
+        check_alloc(max(x.numel(), 1) * p * x.element_size(), f"mvlgamma of order p={p} over {x.numel()} elements")
     elif "bins" in kwargs:
         bins = kwargs["bins"]
         if bins < 1:
