@@ -7,8 +7,9 @@ Three steps, each small, each reading the kernel table (``npu_program.kernels``)
    happens between two convolutions;
 2. *one dispatch per node*: the kernel has the node's op type and its attributes as parameters; a
    *view* kernel of a contiguous tensor is no dispatch at all, only an alias (a view of the same bytes);
-3. *in place*: a ``CONV_ADD`` (made by ``npu_compiler.passes.kernel_fusion``) writes its output over its residual
-   when the residual dies there.
+3. *in place*: a kernel that adds a residual and can write over it (``inplace_residual`` among its parameters:
+   a CONV with ``has_residual``, made by ``npu_compiler.passes.kernel_fusion``) writes its output over its
+   residual when the residual dies there.
 
 *Host dispatches* (``compile(fallback="cpu")``: nodes the target has no kernel for) are plain dispatches
 with ``host`` set to the reason: the node's op type and attributes, no view aliasing, no in-place
@@ -94,18 +95,16 @@ def _provenance(node: OpNode) -> Provenance | None:
 
 def _params(node: OpNode) -> dict[str, Any]:
     """The node's attributes, plus ``has_bias`` where the kernel takes it and the IR tells it by input count:
-    more inputs than the kernel's others (weights, folded batch norm, residual) account for."""
+    more inputs than the kernel's others (those before the bias, its record's ``bias_index``; a folded batch
+    norm; a residual) account for."""
     params = dict(node.attrs)
-    if "has_bias" in KERNELS[node.op_type].params and "has_bias" not in params:
-        others = 2 if params.get("packed") else _WITHOUT_BIAS.get(node.op_type, 2)
+    record = KERNELS[node.op_type]
+    if "has_bias" in record.params and "has_bias" not in params:
+        # a packed QKV_PROJ has one weight where the record counts three
+        others = 2 if params.get("packed") else record.bias_index or 2
         others += 4 * (params.get("bn_eps") is not None) + bool(params.get("has_residual"))
         params["has_bias"] = len(node.inputs) > others
     return params
-
-
-# inputs of a kernel that takes has_bias, without its bias, batch norm and residual (QKV_PROJ: three weights,
-# or one when packed)
-_WITHOUT_BIAS = {"GEMM": 2, "CONV": 2, "CONV_ADD": 3, "GATE_UP": 3, "QKV_PROJ": 4}
 
 
 # -- layouts ---------------------------------------------------------------------------------------
@@ -132,8 +131,9 @@ def assign_layouts(ir: NPU_IR, host: Mapping[str, str] | None = None) -> dict[st
             continue
         layout = KERNELS[node.op_type].layout  # every other node has a kernel: compile checked it
         if layout == "spatial":
-            for t in [node.inputs[0], *node.outputs, *(node.inputs[-1:] if node.op_type == "CONV_ADD" else [])]:
-                mark(t)  # a CONV_ADD's residual is added to its NHWC output: NHWC too
+            residual = node.inputs[-1:] if node.attrs.get("has_residual") else []
+            for t in [node.inputs[0], *node.outputs, *residual]:
+                mark(t)  # a residual is added to the NHWC output element by element: NHWC too
         elif layout == "keeps" and any(t.name in nhwc and t.shape == node.outputs[0].shape
                                                    for t in node.inputs):
             mark(node.outputs[0])
@@ -160,7 +160,8 @@ def mark_bind_time(lowered: Lowered, ir: NPU_IR, state: Set[str] = frozenset()) 
 # -- in place --------------------------------------------------------------------------------------
 
 def write_in_place(lowered: Lowered, ir: NPU_IR) -> None:
-    """Let a CONV_ADD write its output over its residual when the residual is not read afterwards."""
+    """Let a kernel that adds a residual (and declares ``inplace_residual``) write its output over the residual
+    when the residual is not read afterwards."""
     keep = {t.name for t in [*ir.graph_inputs, *ir.graph_outputs]}
     aliases = lowered.aliases
     last_read: dict[str, int] = {}
@@ -171,14 +172,14 @@ def write_in_place(lowered: Lowered, ir: NPU_IR) -> None:
         last_read[resolve_alias(name, aliases)] = len(lowered.dispatches)
     pinned = {resolve_alias(n, aliases) for d in lowered.dispatches if d.at_bind for n in d.outputs}
     for k, d in enumerate(lowered.dispatches):
-        if d.kernel != "CONV_ADD" or d.host is not None or d.at_bind:  # a host CONV_ADD is the op's reference
+        if not _may_write_over_residual(d):
             continue
         root, out = resolve_alias(d.inputs[-1], aliases), d.outputs[0]
         # the convolution must not read the residual's bytes itself (``conv(h) + h``): it would read
         # values the in-place accumulation is overwriting
         conv_reads = {resolve_alias(name, aliases) for name in d.inputs[:-1]}
         # the output is a view of the residual's bytes: only when both are stored alike (a residual written
-        # by a host dispatch is row-major while the CONV_ADD's output is NHWC)
+        # by a host dispatch is row-major while the convolution's output is NHWC)
         same_layout = root in lowered.tensors and lowered.tensors[root].layout == lowered.tensors[out].layout
         if same_layout and last_read.get(root) == k and root not in keep and root not in conv_reads \
                 and root not in pinned:  # bytes computed once at bind time are read again by the next run
@@ -186,3 +187,10 @@ def write_in_place(lowered: Lowered, ir: NPU_IR) -> None:
             aliases[out] = d.inputs[-1]
             # the residual's bytes now also hold the output: they live until the output's last read
             last_read[root] = max(k, last_read.pop(out, k))
+
+
+def _may_write_over_residual(d: Dispatch) -> bool:
+    """Whether ``d``'s kernel adds a residual and can write its output over it: its record declares
+    ``inplace_residual``. A host dispatch runs the op's reference, which writes a fresh tensor."""
+    return d.host is None and not d.at_bind and bool(d.params.get("has_residual")) \
+        and "inplace_residual" in KERNELS[d.kernel].params

@@ -14,14 +14,23 @@ reading the old value afterwards (an in-place write would change what it reads).
 
 from __future__ import annotations
 
+from npu_program.kernels import KERNELS, kernels_where
 from npu_program.program import StateSpec
-from torch_ir.ir import NPU_IR
+from torch_ir.ir import NPU_IR, OpNode
 
 from .errors import CompileError
 from .lower import spec_of
 
-#: The op that writes a state slot in place.
-STATE_WRITER = "KV_UPDATE"
+
+def writes_state(node: OpNode) -> bool:
+    """Whether ``node``'s kernel writes its first input in place, so may write a state slot (its record's
+    ``writes_state``: KV_UPDATE)."""
+    record = KERNELS.get(node.op_type)
+    return record is not None and record.writes_state
+
+
+def _state_writers() -> str:
+    return ", ".join(sorted(kernels_where(writes_state=True)))
 
 
 def state_slots(ir: NPU_IR) -> dict[str, str]:
@@ -37,10 +46,10 @@ def state_slots(ir: NPU_IR) -> dict[str, str]:
         if buffer not in weights or node is None:
             raise CompileError(f"{where} with {value!r}, which no node computes; the IR is inconsistent: "
                                "re-extract the model")
-        if node.op_type != STATE_WRITER or node.inputs[0].name != buffer:
+        if not writes_state(node) or node.inputs[0].name != buffer:
             raise CompileError(
                 f"{where} through {node.op_type} (node {node.name!r}); programs carry state only as a KV cache "
-                f"written in place by {STATE_WRITER} (index_copy into the buffer). Run the graph with "
+                f"written in place by {_state_writers()} (index_copy into the buffer). Run the graph with "
                 "torch_ir.IRExecutor, or keep the buffer out of forward()'s writes (eval mode for batch norm).")
         late = [n.name for n in ir.nodes[index + 1:] if any(t.name == buffer for t in n.inputs)]
         if late:
@@ -63,4 +72,4 @@ def state_specs(ir: NPU_IR, slots: dict[str, str]) -> list[StateSpec]:
     return specs
 
 
-__all__ = ["STATE_WRITER", "state_slots", "state_specs"]
+__all__ = ["state_slots", "state_specs", "writes_state"]

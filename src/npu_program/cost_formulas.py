@@ -59,11 +59,8 @@ def qkv_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any])
 
 def conv_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
     w = ins[1].shape  # [C_out, C_in / groups, *kernel]
-    return 2 * numel(outs[0]) * int(w[1]) * math.prod(int(d) for d in w[2:])
-
-
-def conv_add_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
-    return conv_flops(ins, outs, params) + numel(outs[0])
+    return 2 * numel(outs[0]) * int(w[1]) * math.prod(int(d) for d in w[2:]) \
+        + (numel(outs[0]) if params.get("has_residual") else 0)
 
 
 def attn_score_flops(ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
@@ -176,6 +173,6 @@ def _pair(value: Any) -> tuple[int, int]:
 
 
 __all__ = ["Flops", "KernelCost", "Spec", "Traffic", "attention_flops", "attn_score_flops", "baddbmm_flops", "bagged",
-           "cache_update", "conv_add_flops", "conv_flops", "conv_traffic", "conv_transpose_flops",
+           "cache_update", "conv_flops", "conv_traffic", "conv_transpose_flops",
            "einsum_flops", "gate_up_flops", "gathered", "gemm_flops", "matmul_flops", "no_flops", "numel",
            "overwritten", "per_output", "qkv_flops", "reduce_flops", "touched", "whole"]

@@ -4,15 +4,17 @@ A :class:`KernelDef` says what a kernel is (its kind and doc), what it runs (dty
 layouts (a *view* that is no dispatch at all, a *spatial* kernel whose 4-D activations are stored
 NHWC on a channels-last target, a kernel that *keeps* the layout of a same-shaped input), its
 parameters, its cost (FLOPs and bytes for given tensor specs), and its implementation per backend.
-Everything else is derived from these records: the view and layout sets, node FLOPs, the CPU
-backend's kernel choice, the set of fusable activations, the compiler's support check and
-``docs/kernels.md``. Adding a kernel means adding one record here (and, for a fast path, a class in a
-backend); see ``docs/extending.md``.
+Everything else is derived from these records: the view and layout sets, node FLOPs, the cost model's
+array mapping, lowering's bias arity, which dispatch may write a state slot, the CPU backend's kernel
+choice, the compiler's support check and ``docs/kernels.md``. Adding a kernel means adding one record here
+(and, for a fast path, a class in a backend); see ``docs/extending.md``.
 
 Kernel names are target-neutral: an NPU op lowers to the kernel of the same name (``GEMM``), an ATen op
 an NPU runs as it is lowers to a kernel named by its op type (``aten.add.Tensor``), and a fused kernel
-(``CONV_ADD``) replaces several nodes. This module imports neither torch nor the compiler: a runtime,
-a docs generator or a cost model reads it as plain data.
+(``GATE_UP``) replaces several nodes. A fusion that only adds an input and an epilogue is an attribute of the
+kernel it extends, not a kernel of its own: a CONV's residual add is ``has_residual``, as a GEMM's is. This
+module imports neither torch nor the compiler: a runtime, a docs generator or a cost model reads it as plain
+data.
 """
 
 from __future__ import annotations
@@ -21,8 +23,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_ir.activations import ACTIVATIONS as ACTIVATION_TABLE
 from torch_ir.dtypes import nbytes as dtype_nbytes
 
+from .array_mapping import (
+    Mapping,
+    attention_mapping,
+    attn_output_mapping,
+    attn_score_mapping,
+    baddbmm_mapping,
+    conv_mapping,
+    gate_up_mapping,
+    gemm_mapping,
+    matmul_mapping,
+    qkv_mapping,
+)
 from .cost_formulas import (
     Flops,
     KernelCost,
@@ -33,7 +48,6 @@ from .cost_formulas import (
     baddbmm_flops,
     bagged,
     cache_update,
-    conv_add_flops,
     conv_flops,
     conv_traffic,
     conv_transpose_flops,
@@ -58,9 +72,14 @@ FLOATS = frozenset({"float32", "float16", "bfloat16"})
 #: registry (the op type is the kernel name), so an op is declared once and every kernel has a CPU path.
 REFERENCE = "reference"
 
-#: Activations a GEMM, CONV or CONV_ADD applies to its result (``activation`` parameter; null for none).
-ACTIVATIONS = ("relu", "relu6", "silu", "gelu", "gelu_tanh")
+#: Activations a GEMM or CONV applies to its result (``activation`` parameter; null for none): the names of the
+#: one activation table, ``torch_ir.activations``.
+ACTIVATIONS = tuple(ACTIVATION_TABLE)
 
+#: Kernel names older programs hold that this table spells as another kernel with parameters set. A program is
+#: read through it (``npu_program.program.Dispatch``), so an old file runs as the kernel it now is: ``CONV_ADD``,
+#: the convolution with a residual add of programs compiled before the residual became CONV's ``has_residual``.
+KERNEL_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {"CONV_ADD": ("CONV", {"has_residual": True})}
 
 
 # -- the test record --------------------------------------------------------------------------------------
@@ -122,7 +141,19 @@ class KernelDef:
     layout: str | None = None
     #: Parameter name -> meaning (plain JSON values in the program).
     params: dict[str, str] = field(default_factory=dict)
+    #: Of a kernel with a ``has_bias`` parameter: the inputs before its bias (the bias's index when present), so
+    #: that lowering can tell ``has_bias`` from the input count when the IR leaves it out.
+    bias_index: int | None = None
+    #: Its output is its first input written in place (a KV cache): the one kind of dispatch that may write a
+    #: program's state slot (``npu_compiler.state``).
+    writes_state: bool = False
+    #: ATen ops that normalize into this kernel: an IR node of one of them counts this record's FLOPs
+    #: (``node_flops``), before normalization has made the kernel.
+    aten_sources: tuple[str, ...] = ()
     flops: Flops = per_output
+    #: How it runs on a MAC array, as GEMMs (``npu_program.array_mapping``); None: not on the array (a contraction
+    #: without one is costed at the array's peak rate and flagged).
+    array: Mapping | None = None
     #: The elements it reads of each input and writes of each output (DRAM traffic; see ``Traffic``).
     traffic: Traffic = whole
     #: Backend name -> implementation: REFERENCE, or "module:Class" of a fast kernel whose ``accepts``
@@ -187,14 +218,15 @@ def gpu(module: str, function: str) -> str:
     return f"{_GPU}.{module}:{function}"
 
 
-_ACT = f"null or one of {', '.join(ACTIVATIONS)}: applied to the result"
+_ACT = f"null or one of {', '.join(ACTIVATIONS)}: applied to the result (torch_ir.activations)"
 _CPU = "npu_runtime.backends.cpu_kernels"
 _HALF = ("float32", "bfloat16")
 _CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
 
 # -- NPU ops ------------------------------------------------------------------------------------------------
 
-kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=gemm_flops,
+kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=gemm_flops, array=gemm_mapping,
+       bias_index=2,
        params={"trans_a": "x's last two dims are transposed", "trans_b": "w is [N, K] (nn.Linear)",
                "has_bias": "a bias input follows w",
                "has_residual": "a residual activation of y's shape is the last input, added before the activation "
@@ -206,22 +238,22 @@ kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=
                weights=(1, 2)),
              t("1,1,16", "8,16", "1,1,8", params={"trans_b": True, "has_bias": False, "has_residual": True},
                weights=(1,))))
-kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch norm and activation",
-       flops=conv_flops, traffic=conv_traffic, layout="spatial", dtypes=FLOATS,
+kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch norm, residual add and activation",
+       flops=conv_flops, traffic=conv_traffic, array=conv_mapping, layout="spatial", dtypes=FLOATS, bias_index=2,
+       aten_sources=("aten.conv2d.default", "aten.convolution.default"),
        params={"stride": "per spatial dim", "padding": "per spatial dim", "dilation": "per spatial dim",
                "groups": "channel groups", "has_bias": "a bias input follows w",
-               "bn_eps": "batch norm folded when not null; its four inputs follow", "activation": _ACT},
+               "bn_eps": "batch norm folded when not null; its four inputs follow",
+               "has_residual": "a residual of y's shape is the last input, added before the activation (a ResNet "
+                               "block's add)",
+               "activation": _ACT,
+               "inplace_residual": "the output is written over the residual (it dies here): set by the compiler"},
        impls={"cpu": f"{_CPU}:Conv2d", "webgpu": gpu("contraction", "conv")},
-       test=t("1,3,9,9", "4,3,3,3", "4", "4", "4", "4", "4:positive", weights=(1, 2, 3, 4, 5, 6),
-              params={**_CONV_PARAMS, "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}, atol=1e-4))
-kernel("CONV_ADD", "fused", "act(CONV(x) + residual): a convolution with the residual add of a ResNet block",
-       flops=conv_add_flops, traffic=conv_traffic, layout="spatial", dtypes=FLOATS,
-       params={"stride": "as CONV", "padding": "as CONV", "dilation": "as CONV", "groups": "as CONV",
-               "has_bias": "as CONV", "bn_eps": "as CONV", "activation": _ACT,
-               "inplace_residual": "the output is written over the residual (it dies here)"},
-       impls={"cpu": f"{_CPU}:Conv2d", "webgpu": gpu("contraction", "conv")},
-       test=t("1,4,6,6", "4,4,3,3", "4", "1,4,6,6", weights=(1, 2),
-              params={**_CONV_PARAMS, "has_bias": True, "bn_eps": None, "activation": "relu"}, atol=1e-4))
+       test=(t("1,3,9,9", "4,3,3,3", "4", "4", "4", "4", "4:positive", weights=(1, 2, 3, 4, 5, 6),
+               params={**_CONV_PARAMS, "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}, atol=1e-4),
+             t("1,4,6,6", "4,4,3,3", "4", "1,4,6,6", weights=(1, 2),
+               params={**_CONV_PARAMS, "has_bias": True, "bn_eps": None, "has_residual": True,
+                       "activation": "relu"}, atol=1e-4)))
 kernel("LAYER_NORM", "normalization", "layer norm over the trailing dims", layout="keeps", dtypes=FLOATS,
        params={"normalized_shape": "trailing dims", "eps": "epsilon"},
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "layer_norm")},
@@ -234,6 +266,7 @@ kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "softmax")},
        test=t("2,3,7", params={"dim": -1, "scale": 0.5}, dtypes=_HALF))
 kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as one GEMM", flops=qkv_flops,
+       array=qkv_mapping, bias_index=4,  # three weights (one when packed: lowering reads ``packed``)
        params={"splits": "output widths", "has_bias": "biases follow the weights (one flag, or [q, k, v])",
                "trans_b": "as GEMM",
                "packed": "one weight", "num_heads": "query heads", "num_kv_heads": "key/value heads",
@@ -256,16 +289,18 @@ kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as on
              t("2,3,8", "24,8", weights=(1,),
                params={"splits": [8, 8, 8], "has_bias": False, "trans_b": True, "packed": True,
                        "num_heads": 2, "num_kv_heads": 2, "head_dim": 4, "heads_first": True})))
-kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops,
+kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops, array=attn_score_mapping,
        params={"scale": "applied to q · kᵀ", "causal": "mask the future"},
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "attn_score")},
        test=t("1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True}))
-kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, dtypes=FLOATS,
+kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, array=attn_output_mapping,
+       dtypes=FLOATS,
        params={"merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "attn_output")},
        test=t("1,2,5,5:positive", "1,2,5,4", params={"merge_heads": True}))
 kernel("ATTENTION", "attention", "softmax(q · kᵀ · scale + mask) · v, heads merged: ATTN_SCORE and ATTN_OUTPUT "
        "in one kernel (grouped-query k and v, a KV cache longer than q)", flops=attention_flops,
+       array=attention_mapping,
        params={"scale": "applied to q · kᵀ", "causal": "mask the future",
                "merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
        impls={"cpu": f"{_CPU}:Attention", "webgpu": gpu("transformer", "attention")},
@@ -281,6 +316,7 @@ kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS,
        impls={"cpu": REFERENCE, "webgpu": _EW}, wgsl="silu_(x0) * x1", test=t("2,6", "2,6", dtypes=_HALF))
 kernel("GATE_UP", "fused", "silu(x · w_gateᵀ + b_gate) * (x · w_upᵀ + b_up): a gated MLP's gate and up projections "
        "and SILU_GATE, one contraction over both weights (concatenated once, at bind time)", flops=gate_up_flops,
+       array=gate_up_mapping, bias_index=3,
        dtypes=FLOATS, params={"trans_b": "as GEMM", "has_bias": "b_gate and b_up follow the weights"},
        impls={"cpu": f"{_CPU}:GateUp", "webgpu": gpu("contraction", "gate_up")},
        test=(t("2,5,16", "12,16", "12,16", params={"trans_b": True, "has_bias": False}, weights=(1, 2),
@@ -311,6 +347,7 @@ kernel("LRN", "normalization", "local response normalization across channels", l
        test=t("1,6,4,4", params={"size": 3, "alpha": 1e-2, "beta": 0.75, "k": 1.0}, dtypes=_HALF))
 kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at positions, in place: its output is "
        "the cache's state slot (see npu_compiler.state)", params={"dim": "axis"}, flops=no_flops, traffic=cache_update,
+       writes_state=True,
        impls={"cpu": f"{_CPU}:KvUpdate", "webgpu": gpu("transformer", "kv_update")},
        test=t("1,2,8,4", "1,2,3,4", "3:int64:positions:8", params={"dim": 2}, dtypes=_HALF))
 
@@ -345,7 +382,7 @@ for _name, _test, _wgsl in [
     ("mul.Scalar", t("2,3", params={"other": 3}), "x0 * {other}"),
     ("div.Tensor", t("2,3", "2,3:positive"), "x0 / x1"),
     ("div.Scalar", t("2,3", params={"other": 4.0}), "x0 / {other}"),
-    ("relu.default", _X, "select(x0, 0, x0 < 0)"),
+    ("relu.default", _X, ACTIVATION_TABLE["relu"].wgsl.format(x="x0")),  # the fused relu's form: one NaN rule
     ("gelu.default", t("2,3,4", params={"approximate": "tanh"}), "gelu_{approximate=none}_(x0)"),
     ("silu.default", _X, "silu_(x0)"),
     ("sigmoid.default", _X, "sigmoid_(x0)"),
@@ -448,7 +485,7 @@ for _name, _test, _gpu in [
          traffic=gathered if _name in _GATHERS else whole, webgpu=gpu("movement", _gpu))
 for _name, _test in [("matmul.default", t("2,3,4", "4,5", atol=1e-4)), ("bmm.default", t("2,3,4", "2,4,5", atol=1e-4)),
                      ("mm.default", t("3,4", "4,5", atol=1e-4))]:
-    aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops,
+    aten(_name, "contraction", _test, doc="matrix product, as the ATen op", flops=matmul_flops, array=matmul_mapping,
          webgpu=gpu("contraction", "matmul"))
 
 # -- the kernel library's coverage of real models: padding, splitting, resampling, sorting --------------------------
@@ -525,6 +562,7 @@ aten("einsum.default", "contraction",
      doc="a contraction written as an equation (CvT)", flops=einsum_flops)
 aten("baddbmm.default", "contraction", t("2,3,5", "2,3,4", "2,4,5", params={"beta": 0.5, "alpha": 2.0}, atol=1e-4),
      doc="beta · self + alpha · batch1 @ batch2 (BLOOM's ALiBi scores, WavLM)", flops=baddbmm_flops,
+     array=baddbmm_mapping,
      webgpu=gpu("contraction", "baddbmm"))
 aten("conv_transpose2d.input", "contraction",
      t("1,4,5,5", "4,3,3,3", "3", params={"stride": [2, 2], "padding": [1, 1], "output_padding": [1, 1],
@@ -585,14 +623,13 @@ def kernels_for(backend: str) -> frozenset[str]:
 
 
 def node_flops(op_type: str, ins: Sequence[Spec], outs: Sequence[Spec], params: dict[str, Any]) -> int:
-    """FLOPs of a node or dispatch (one per output element for an op with no kernel record)."""
-    record = KERNELS.get(op_type)
-    if op_type in ("aten.conv2d.default", "aten.convolution.default"):
-        return conv_flops(ins, outs, params)
+    """FLOPs of a node or dispatch: its kernel record's formula, or that of the kernel it normalizes into
+    (``aten_sources``); one per output element for an op with neither."""
+    record = KERNELS.get(op_type) or next((k for k in KERNELS.values() if op_type in k.aten_sources), None)
     return (record.flops if record is not None else per_output)(ins, outs, params)
 
 
 __all__ = [
-    "ACTIVATIONS", "KERNEL_DTYPES", "KERNELS", "REFERENCE", "KernelCost", "KernelDef", "KernelTest", "all_kernels",
-    "get_kernel", "kernel", "kernels_for", "kernels_where", "node_flops", "t",
+    "ACTIVATIONS", "KERNEL_ALIASES", "KERNEL_DTYPES", "KERNELS", "REFERENCE", "KernelCost", "KernelDef", "KernelTest",
+    "all_kernels", "get_kernel", "kernel", "kernels_for", "kernels_where", "node_flops", "t",
 ]

@@ -30,6 +30,8 @@ from typing import Any
 
 from torch_ir.dtypes import get_dtype, nbytes
 
+from .kernels import KERNEL_ALIASES
+
 #: Initial values a state slot may ask for.
 STATE_INITS = ("zeros",)
 
@@ -130,6 +132,15 @@ class Dispatch:
     at_bind: bool = field(default=False, metadata={"omit_default": True})
     # Where the dispatch came from (None when its IR node recorded nothing). Format 1.3; written only when set.
     provenance: Provenance | None = field(default=None, metadata={"omit_default": True})
+
+    def __post_init__(self) -> None:
+        # An older program's kernel that the table now spells as another kernel with parameters (CONV_ADD: a
+        # CONV with has_residual): read here, the one place a dispatch is made, so the checker, the runtime and
+        # every tool see only kernels of today's table and an old file runs as it did.
+        alias = KERNEL_ALIASES.get(self.kernel) if isinstance(self.kernel, str) else None
+        if alias is not None and isinstance(self.params, dict):
+            self.kernel, fixed = alias
+            self.params = {**self.params, **fixed}
 
 
 @dataclass

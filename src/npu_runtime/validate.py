@@ -41,7 +41,7 @@ class DispatchValidator:
         backend = self.executor.device.backend
         dispatch = self.executor.program.dispatches[index]
         specs = self.executor.specs
-        # the inputs as the kernel sees them: taken before it runs, since an in-place kernel (CONV_ADD over
+        # the inputs as the kernel sees them: taken before it runs, since an in-place kernel (a CONV over
         # its residual) overwrites one
         backend.synchronize()
         host_ins = [_host(backend, t, specs[name]) for t, name in zip(ins, dispatch.inputs)]

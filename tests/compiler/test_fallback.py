@@ -53,7 +53,7 @@ class Histogram(nn.Module):
 
 class Warp(nn.Module):
     """A convolution, a grid sample of its (NHWC) output at run-time coordinates, and a second convolution
-    whose residual is the host's (row-major) result: the CONV_ADD must not write over it in place."""
+    whose residual is the host's (row-major) result: that CONV must not write over it in place."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -197,7 +197,7 @@ def test_host_dispatches_write_row_major_and_a_host_residual_is_not_overwritten_
     (index, sample), = program.host_dispatches
     assert program.tensors[sample.inputs[0]].layout == "NHWC"  # the convolution's output, read as it is
     assert program.tensors[sample.outputs[0]].layout is None
-    conv_add = next(d for d in program.dispatches if d.kernel == "CONV_ADD")
+    conv_add = next(d for d in program.dispatches if d.kernel == "CONV" and d.params.get("has_residual"))
     assert conv_add.inputs[-1] == sample.outputs[0] and program.tensors[conv_add.outputs[0]].layout == "NHWC"
     assert not conv_add.params.get("inplace_residual")  # NHWC output over row-major bytes would be wrong
     assert_outputs_close(run(program, real, inputs), eager(real, inputs))

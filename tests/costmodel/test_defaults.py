@@ -153,6 +153,12 @@ def test_a_template_keeps_a_declared_kernel_list_and_a_derived_native_dtype(tmp_
     assert load_hardware(path) == dataclasses.replace(hw, source=str(path))
 
 
+def test_an_older_files_conv_add_reads_as_the_conv_it_is_now() -> None:
+    """A hardware file written when the residual add was a kernel of its own (CONV_ADD) still loads."""
+    hw = hardware_from_dict({**TOY, "kernels": {"supported": ["GEMM", "CONV_ADD", "CONV"]}}, "toy")
+    assert hw.kernels == ("GEMM", "CONV") and hw.kernel_names() == {"GEMM", "CONV"}
+
+
 def test_the_template_is_not_written_over_a_file_unless_told(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "npu.toml"

@@ -106,16 +106,3 @@ def run_case(name: str, index: int, dtype: str, backend: str) -> None:
         torch.testing.assert_close(torch.from_numpy(got).to(want.dtype), want, rtol=max(rtol, test.rtol),
                                    atol=max(atol, test.atol), equal_nan=True)
 
-
-def test_the_activation_sets_agree():
-    """One set of fusable activations: the kernel table's, which the op records, the fusion rules and the
-    CPU backend must all implement."""
-    from npu_compiler.passes.fusion import _ACT_OPS
-    from npu_program.kernels import ACTIVATIONS
-    from npu_runtime.backends.cpu_kernels import _MKLDNN_ACTIVATIONS
-    from torch_ir.ops.npu import ACTIVATIONS as REFERENCE_ACTIVATIONS
-
-    assert set(REFERENCE_ACTIVATIONS) - {None} == set(ACTIVATIONS)
-    assert set(_MKLDNN_ACTIVATIONS) - {None} == set(ACTIVATIONS)
-    made = {fn({"approximate": "tanh", "min_val": 0.0, "max_val": 6.0, "min": 0, "max": 6}) for fn in _ACT_OPS.values()}
-    assert made <= set(ACTIVATIONS)

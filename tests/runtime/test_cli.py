@@ -7,6 +7,7 @@ import json
 import numpy as np
 import torch
 
+from npu_program.program import CompiledProgram
 from npu_tools.cli import main
 from npu_tools.zoo.runner import resolve_spec
 
@@ -22,7 +23,8 @@ def test_compile_run_profile_a_zoo_model(tmp_path, capsys):
     program = tmp_path / "resnet.npubin"
     assert main(["compile", str(ir), "-o", str(program)]) == 0
     out = capsys.readouterr().out
-    assert "dispatches:" in out and "CONV_ADD" in out and "without reuse" in out and program.exists()
+    assert "dispatches:" in out and "CONV" in out and "without reuse" in out and program.exists()
+    assert any(d.params.get("has_residual") for d in CompiledProgram.load(program).dispatches)  # kernel fusion ran
 
     spec = resolve_spec("resnet")
     x = spec.kwargs["pixel_values"]

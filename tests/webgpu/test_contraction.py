@@ -2,7 +2,8 @@
 ATen matrix products and the convolutions) against their references, at the shapes the tiled kernel, the
 GEMV kernel and the layouts could get wrong: sizes that are no multiple of a tile, size-1 dims, odd K (no
 u32 word pairs), batch dims and broadcasting, transposed operands, 16-bit dtypes, NHWC and row-major images,
-every convolution kind (strided, dilated, grouped, depthwise, 1x1) and CONV_ADD written over its residual.
+every convolution kind (strided, dilated, grouped, depthwise, 1x1), a CONV's residual add written over its residual,
+and NaN through the fused activations as eager torch gives it.
 
 Each distinct shape compiles its own shaders (a second or so on lavapipe), so the cases combine features."""
 
@@ -23,6 +24,7 @@ from npu_runtime.device import new_tensor
 from tests.kernels.test_kernel_table import one_node_ir
 from tests.webgpu.kernels import assert_kernel, needs_gpu, run_kernel
 from torch_ir import IRExecutor
+from torch_ir.activations import ACTIVATIONS
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
 
 pytestmark = needs_gpu
@@ -211,10 +213,10 @@ def test_conv_half():
 @pytest.mark.parametrize("w", [(32, 8, 3, 3), (8, 1, 3, 3)])
 def test_conv_row_major(w):
     """The generators follow the specs' layout: the same convolutions with every image row-major."""
-    params = {**CONV, "groups": 8 // w[1], "has_bias": True}
+    params = {**CONV, "groups": 8 // w[1], "has_bias": True, "has_residual": True}
     values, weights = conv_values((1, 8, 5, 6), w, params, residual=True)
     test = KernelTest(tuple((tuple(v.shape), "*", "normal") for v in values), params, weights)
-    ir = one_node_ir("CONV_ADD", test, values)
+    ir = one_node_ir("CONV", test, values)
     program = npu_compiler.compile(ir, target="webgpu",
                                    options=CompileOptions(normalize=False, fuse=False, public_output_names=False))
     for spec in [*program.tensors.values(), *program.input_specs, *program.output_specs]:
@@ -227,17 +229,18 @@ def test_conv_row_major(w):
 
 @pytest.mark.parametrize("w", [(16, 16, 3, 3), (16, 1, 3, 3)])
 def test_conv_add(w):
-    params = {**CONV, "groups": 16 // w[1], "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}
+    params = {**CONV, "groups": 16 // w[1], "has_bias": True, "bn_eps": 1e-5, "has_residual": True,
+              "activation": "relu"}
     values, weights = conv_values((1, 16, 6, 5), w, params, residual=True)
-    assert_kernel("CONV_ADD", values, params, weights=weights, atol=1e-4)
+    assert_kernel("CONV", values, params, weights=weights, atol=1e-4)
 
 
 @pytest.mark.parametrize("w", [(16, 16, 3, 3), (16, 1, 3, 3)])
 def test_conv_add_in_place(w):
-    """A CONV_ADD whose residual dies there writes its output over it (the memory plan aliases the two): each
+    """A CONV whose residual dies there writes its output over it (the memory plan aliases the two): each
     output element is read as residual and written by the same invocation."""
     groups = 16 // w[1]
-    params = {**CONV, "groups": groups, "has_bias": False, "activation": "relu"}
+    params = {**CONV, "groups": groups, "has_bias": False, "has_residual": True, "activation": "relu"}
     x, w0, w1 = rand(1, 16, 6, 5), rand(16, 16, 3, 3, seed=1) * 0.3, rand(*w, seed=2)
     meta = {name: TensorMeta(name, list(shape), "float32", role=role) for name, shape, role in [
         ("x", x.shape, "input"), ("w0", w0.shape, "weight"), ("w1", w1.shape, "weight"),
@@ -245,7 +248,7 @@ def test_conv_add_in_place(w):
     ir = NPU_IR(model_name="conv_add_in_place", graph_inputs=[meta["x"]], graph_outputs=[meta["y"]],
                 weights=[meta["w0"], meta["w1"]], nodes=[
                     OpNode("c0", "CONV", [meta["x"], meta["w0"]], [meta["r"]], {**CONV}),
-                    OpNode("c1", "CONV_ADD", [meta["x"], meta["w1"], meta["r"]], [meta["y"]], params)])
+                    OpNode("c1", "CONV", [meta["x"], meta["w1"], meta["r"]], [meta["y"]], params)])
     program = npu_compiler.compile(ir, target="webgpu",
                                    options=CompileOptions(normalize=False, fuse=False, public_output_names=False))
     assert program.dispatches[1].params.get("inplace_residual") is True
@@ -264,3 +267,45 @@ def run_program(program: Any, values: list[torch.Tensor], weights: tuple[int, ..
     bound = load_weights({f"in{i}": values[i] for i in weights}, program, device)
     outputs = Executor(program, device).run(inputs, weights=bound)
     return [torch.from_numpy(outputs[s.name].to_numpy()) for s in program.output_specs]
+
+
+# -- NaN through a fused activation: as eager torch gives it ------------------------------------------------------
+
+def with_nans(t: torch.Tensor, *where: tuple[int, ...]) -> torch.Tensor:
+    t = t.clone()
+    for index in where:
+        t[index] = float("nan")
+    return t
+
+
+def assert_nans_as_eager(got: torch.Tensor, eager: torch.Tensor) -> None:
+    assert torch.isnan(eager).any(), "the case must give NaN in eager torch"
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4, equal_nan=True)  # NaN exactly where eager has it
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+@pytest.mark.parametrize("rows", [2, 15], ids=["gemv", "tiled"])
+def test_gemm_with_a_fused_activation_keeps_nan_as_eager(rows, act):
+    """WGSL's max, min and clamp may return either operand for NaN; the fused forms must not (relu(NaN) = NaN)."""
+    x, w, b = with_nans(rand(1, rows, 16), (0, 0, 3)), rand(8, 16, seed=1), rand(8, seed=2)
+    got, _, _ = run_kernel("GEMM", [x, w, b], {"trans_b": True, "has_bias": True, "activation": act}, weights=(1, 2))
+    assert_nans_as_eager(got[0], ACTIVATIONS[act].reference(torch.nn.functional.linear(x, w, b)))
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+@pytest.mark.parametrize("w", [(16, 16, 3, 3), (16, 1, 3, 3)], ids=["implicit_gemm", "direct"])
+def test_conv_with_a_fused_clamp_keeps_nan_as_eager(w, act):
+    groups = 16 // w[1]
+    x, weight = with_nans(rand(1, 16, 6, 5), (0, 2, 3, 1)), rand(*w, seed=1)
+    got, _, _ = run_kernel("CONV", [x, weight], {**CONV, "groups": groups, "activation": act}, weights=(1,))
+    eager = ACTIVATIONS[act].reference(torch.nn.functional.conv2d(x, weight, None, 1, 1, 1, groups))
+    assert_nans_as_eager(got[0], eager)
+
+
+def test_conv_with_a_residual_and_relu_keeps_a_nan_residual_as_eager():
+    """The NaN arrives only in the epilogue (the residual), so nothing but the activation decides it."""
+    x, weight = rand(1, 16, 6, 5), rand(16, 16, 3, 3, seed=1)
+    residual = with_nans(rand(1, 16, 6, 5, seed=2), (0, 0, 0, 0), (0, 5, 2, 3))
+    params = {**CONV, "has_residual": True, "activation": "relu"}
+    got, _, _ = run_kernel("CONV", [x, weight, residual], params, weights=(1,))
+    assert_nans_as_eager(got[0], torch.relu(torch.nn.functional.conv2d(x, weight, None, 1, 1) + residual))

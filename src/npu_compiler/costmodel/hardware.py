@@ -43,7 +43,7 @@ with its unit and range, from ``hardware_template.hardware_template``)::
     latency_ns = 100                   # per dispatch (one DMA start-up)
 
     [kernels]                          # optional: the kernels this NPU has, by name or kind (``KERNEL_KINDS``);
-    supported = ["GEMM", "CONV", "CONV_ADD", "movement"]   # `torch-ir partition --hw` puts the rest on the CPU
+    supported = ["GEMM", "CONV", "movement"]   # `torch-ir partition --hw` puts the rest on the CPU
 
 Every number must lie in its field's physical range (``RANGES``: a clock from 1 kHz to 100 GHz, memory from a
 byte to a petabyte, ...): a file is untrusted input, and a value outside those ranges (``clock_mhz = 1e308``, a
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from npu_program.kernels import KERNELS
+from npu_program.kernels import KERNEL_ALIASES, KERNELS
 
 from .hardware_file import MAX_FILE_BYTES, HardwareError, LongNumber, quote, read_description
 
@@ -286,11 +286,12 @@ def _kernels(v: _Validator, table: Any) -> tuple[str, ...]:
                "names or kinds", 'write supported = ["GEMM", "CONV", ...]')
     known = set(KERNELS) | set(KERNEL_KINDS)
     for entry in supported:
-        if not isinstance(entry, str) or entry not in known:
+        if not isinstance(entry, str) or (entry not in known and entry not in KERNEL_ALIASES):
             v.fail("kernels.supported", f"names {_show(entry)}, which is neither a kernel nor a kernel kind "
                    f"({', '.join(KERNEL_KINDS)}){_did_you_mean(entry, known)}",
                    "use the names of docs/kernels.md (SOFTMAX, GEMM, aten.add.Tensor, ...) or a kind")
-    return tuple(dict.fromkeys(supported))  # the order written, each entry once
+    # an older file's kernel name (CONV_ADD) reads as the kernel it is now; the order written, each entry once
+    return tuple(dict.fromkeys(KERNEL_ALIASES[e][0] if e in KERNEL_ALIASES else e for e in supported))
 
 
 def _did_you_mean(entry: Any, known: set[str]) -> str:

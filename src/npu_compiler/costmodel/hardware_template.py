@@ -98,7 +98,7 @@ def hardware_template(hw: Hardware | None = None) -> str:
     for table in ("array", "macs_per_cycle", "vector", "sram", "dram"):
         lines += ["", _line(f"[{table}]", None, _TABLE_NOTES[table])]
         lines += _table_lines(table, data[table], hw)
-    kernels = data.get("kernels", {"supported": ["GEMM", "CONV", "CONV_ADD", "movement"]})
+    kernels = data.get("kernels", {"supported": ["GEMM", "CONV", "movement"]})
     commented = "kernels" not in data
     lines += ["", *(f"# {note}" for note in _KERNELS_NOTE), _line("[kernels]", None, None, commented=commented),
               _line("supported", kernels["supported"], None, commented=commented)]

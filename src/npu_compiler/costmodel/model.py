@@ -13,9 +13,11 @@ Work and dtype
     has none, e.g. int64) is costed at the slowest supported rate and the row is flagged.
 
 Contractions on the MAC array (rows R x cols C PEs, rate m MACs per PE per cycle)
-  * GEMM: M = output rows (all leading dims), N = output features, K = reduction dim. CONV and CONV_ADD are
-    implicit GEMMs: M = N_batch * H_out * W_out, N = C_out / groups, K = C_in / groups * kh * kw, one GEMM per
-    group. QKV_PROJ is one GEMM with N = the sum of the q, k and v widths; GATE_UP one with N = 2 * ffn width;
+  * Each kernel record names its mapping (``KernelDef.array``, ``npu_program.array_mapping``).
+    GEMM: M = output rows (all leading dims), N = output features, K = reduction dim. CONV (with or without its
+    residual add) is an implicit GEMM: M = N_batch * H_out * W_out, N = C_out / groups,
+    K = C_in / groups * kh * kw, one GEMM per group. QKV_PROJ is one GEMM with N = the sum of the q, k and v
+    widths; GATE_UP one with N = 2 * ffn width;
     matmul/mm/bmm/baddbmm batched GEMMs (a 2-D right operand is shared, so the batch folds into M);
     ATTN_SCORE is q·kᵀ (M = T, N = S, K = D per batch-head), ATTN_OUTPUT p·v (M = T, N = D, K = S);
     ATTENTION is both, and its score matrix stays on chip (flash-attention style: no DRAM traffic for it).
@@ -85,6 +87,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_program.array_mapping import ArrayMapping, Gemm
 from npu_program.cost_formulas import whole
 from npu_program.kernels import KERNELS, KernelDef, get_kernel
 from npu_program.program import CompiledProgram, Dispatch, TensorSpec
@@ -306,7 +309,7 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
     override = resolve_dtype(dtype)
     length = kv_cache_length(program)
     _check_context(program, context, length)
-    caches = {d.outputs[0] for d in program.dispatches if d.kernel == "KV_UPDATE" and d.outputs}
+    caches = {d.outputs[0] for d in program.dispatches if _writes_state(d) and d.outputs}
     specs: dict[str, TensorSpec] = dict(program.tensors)
     for spec in [*program.input_specs, *program.output_specs, *program.weight_specs]:
         specs.setdefault(spec.name, spec)
@@ -397,12 +400,18 @@ def kv_cache_length(program: CompiledProgram) -> int | None:
     slots = {s.name: s for s in program.state_specs}
     lengths = []
     for d in program.dispatches:
-        if d.kernel == "KV_UPDATE" and d.outputs and d.outputs[0] in slots:
+        if _writes_state(d) and d.outputs and d.outputs[0] in slots:
             shape = slots[d.outputs[0]].shape
             axis = d.params.get("dim", 2)
             if isinstance(axis, int) and -len(shape) <= axis < len(shape):
                 lengths.append(int(shape[axis]))
     return max(lengths, default=None)
+
+
+def _writes_state(d: Dispatch) -> bool:
+    """A KV_UPDATE, or any kernel whose record says it writes a state slot in place."""
+    record = KERNELS.get(d.kernel)
+    return d.host is None and record is not None and record.writes_state
 
 
 def _check_context(program: CompiledProgram, context: int | None, length: int | None) -> None:
@@ -460,74 +469,120 @@ def _numel(t: TensorSpec) -> int:
 def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], hw: Hardware,
                    override: str | None, weights: set[str], layer: str) -> DispatchCost:
     record = KERNELS.get(d.kernel) or get_kernel(d.kernel)
-    kind = record.kind
     first = outs[0] if outs else (ins[0] if ins else None)
     cls = override or (RATE_CLASS.get(first.dtype) if first is not None else None)
-    size_dtype = CLASS_DTYPE[override] if override else None
-
-    def size(t: TensorSpec, elements: int) -> int:  # bytes of ``elements`` of ``t``, floats resized to the override
-        return dtype_nbytes(elements, size_dtype if size_dtype is not None and t.dtype in FLOAT_DTYPES else t.dtype)
-
-    flags: list[str] = []
-    try:
-        flops = record.flops(ins, outs, d.params)
-    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
-        flops = sum(_numel(t) for t in outs)
-    gemms, softmax, w_idx, a_idx = _mapping(d, ins, outs, weights)
+    size = _Sizer(CLASS_DTYPE[override] if override else None)
+    flops = _flops(record, d, ins, outs)
+    mapping = _mapping(record, d, ins, outs, weights)
     reads, writes = _traffic(record, d, ins, outs)
     written = sum(size(t, n) for t, n in zip(outs, writes))
-    sram_reads = sram_writes = 0
-    if gemms is not None or kind == "contraction":
-        rate, flag = _rate(hw, cls)
-        if flag:
-            flags.append(flag)
-        if gemms is None:  # a contraction without a mapping: the array's peak rate
-            macs = flops // 2
-            folds = 0
-            array_cycles = math.ceil(macs / (hw.pes * rate)) if macs else 0
-            mapping = "unmapped contraction at peak rate"
-            flags.append(f"{d.kernel} has no array mapping: costed at the array's peak rate")
-        else:
-            macs = sum(b * m * n * k for b, m, n, k in gemms)
-            runs = [(b, gemm_on_array(hw.rows, hw.cols, hw.dataflow, m, n, k)) for b, m, n, k in gemms]
-            folds = sum(b * g.folds for b, g in runs)
-            array_cycles = math.ceil(sum(b * g.cycles for b, g in runs) / rate)
-            sram_reads = sum(b * (g.a_reads + g.w_reads) for b, g in runs)
-            sram_writes = sum(b * g.writes for b, g in runs)
-            mapping = "gemm " + " + ".join(f"{b}x(M={m} N={n} K={k})" for b, m, n, k in gemms) + f" {hw.dataflow}"
-        util = macs / (array_cycles * hw.pes * rate) if array_cycles else 0.0
-        vector_cycles = _vector_cycles(hw, "softmax", softmax)
-        w_bytes = sum(size(ins[i], reads[i]) for i in w_idx)
-        a_bytes = sum(size(ins[i], reads[i]) for i in a_idx)
-        other = sum(size(t, reads[i]) for i, t in enumerate(ins) if i not in w_idx and i not in a_idx)
-        acc = sum(b * m * n for b, m, n, k in gemms or []) * ACC_BYTES or written
-        tiling, w_reads, a_reads, sram = _tile(hw, w_bytes, a_bytes, acc)
-        read = w_bytes * w_reads + a_bytes * a_reads + other
+    if mapping.gemms is not None or record.kind == "contraction":
+        work = _on_array(hw, d, cls, flops, mapping, ins, reads, written, size)
     else:
-        cls = cls if cls in MAC_DTYPES else "int8"
-        macs, folds, array_cycles, util = 0, 0, 0, 0.0
-        vclass = "softmax" if d.kernel == "SOFTMAX" else VECTOR_CLASS.get(kind, "elementwise")
-        # the elements the unit processes: those it reads of its first input, or those it writes
-        elements = reads[0] if kind in INPUT_COUNTED and ins else sum(writes)
-        if kind == "sorting" and ins and ins[0].shape:
-            n = int(ins[0].shape[-1])
-            elements = _numel(ins[0]) * max(1, math.ceil(math.log2(n))) if n > 1 else _numel(ins[0])
-        vector_cycles = _vector_cycles(hw, vclass, elements)
-        mapping = f"vector {vclass}"
-        read = sum(size(t, n) for t, n in zip(ins, reads))
-        tiling, w_reads, a_reads = "stream", 0, 1
-        sram = min(read + written, hw.sram_activations_bytes)
-    compute = array_cycles + vector_cycles
-    dram = read + written
+        work = _on_vector(hw, d, record.kind, cls, ins, reads, writes, written, size)
+    compute = work.array_cycles + work.vector_cycles
+    dram = work.read + written
     memory = math.ceil(dram / hw.dram_bytes_per_cycle) + hw.dram_latency_cycles if dram else 0
     total = max(compute, memory) if hw.dma_overlaps_compute else compute + memory
     return DispatchCost(
-        index=index, name=d.node, kernel=d.kernel, kind=kind, layer=layer, dtype=cls or "int8", macs=macs,
-        flops=flops, mapping=mapping, folds=folds, array_cycles=array_cycles, vector_cycles=vector_cycles,
-        compute_cycles=compute, memory_cycles=memory, cycles=total, utilization=util, tiling=tiling,
-        weight_reads=w_reads, activation_reads=a_reads, dram_bytes_read=read, dram_bytes_written=written,
-        sram_bytes=sram, bound="compute" if compute >= memory else "memory", flags=tuple(flags),
-        sram_reads=sram_reads, sram_writes=sram_writes)
+        index=index, name=d.node, kernel=d.kernel, kind=record.kind, layer=layer, dtype=work.cls or "int8",
+        macs=work.macs, flops=flops, mapping=work.mapping, folds=work.folds, array_cycles=work.array_cycles,
+        vector_cycles=work.vector_cycles, compute_cycles=compute, memory_cycles=memory, cycles=total,
+        utilization=work.util, tiling=work.tiling, weight_reads=work.w_reads, activation_reads=work.a_reads,
+        dram_bytes_read=work.read, dram_bytes_written=written, sram_bytes=work.sram,
+        bound="compute" if compute >= memory else "memory", flags=tuple(work.flags),
+        sram_reads=work.sram_reads, sram_writes=work.sram_writes)
+
+
+@dataclass(frozen=True)
+class _Sizer:
+    """Bytes of some elements of a tensor; floating tensors resized to the ``dtype`` override when one is given."""
+
+    dtype: str | None
+
+    def __call__(self, t: TensorSpec, elements: int) -> int:
+        return dtype_nbytes(elements, self.dtype if self.dtype is not None and t.dtype in FLOAT_DTYPES else t.dtype)
+
+
+@dataclass
+class _Work:
+    """A dispatch's work on the array or the vector unit, and the DRAM bytes it reads (see the module docstring)."""
+
+    cls: str | None
+    mapping: str
+    read: int
+    sram: int
+    tiling: str = "stream"
+    w_reads: int = 0
+    a_reads: int = 1
+    macs: int = 0
+    folds: int = 0
+    array_cycles: int = 0
+    vector_cycles: int = 0
+    util: float = 0.0
+    sram_reads: int = 0
+    sram_writes: int = 0
+    flags: list[str] = field(default_factory=list)
+
+
+def _flops(record: KernelDef, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> int:
+    """The record's FLOP formula; one per output element when it cannot read the parameters."""
+    try:
+        return record.flops(ins, outs, d.params)
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return sum(_numel(t) for t in outs)
+
+
+def _on_array(hw: Hardware, d: Dispatch, cls: str | None, flops: int, mapping: ArrayMapping | _Unmapped,
+              ins: Sequence[TensorSpec], reads: Sequence[int], written: int, size: _Sizer) -> _Work:
+    """A contraction on the MAC array: its GEMMs (or the peak rate without a mapping), the softmax its vector unit
+    adds, and the DRAM reads of its tiling."""
+    rate, flag = _rate(hw, cls)
+    flags = [flag] if flag else []
+    gemms = mapping.gemms
+    if gemms is None:  # a contraction without a mapping: the array's peak rate
+        macs = flops // 2
+        array_cycles = math.ceil(macs / (hw.pes * rate)) if macs else 0
+        work = _Work(cls, "unmapped contraction at peak rate", 0, 0, macs=macs, array_cycles=array_cycles)
+        flags.append(f"{d.kernel} has no array mapping: costed at the array's peak rate")
+    else:
+        work = _gemms_on_array(hw, cls, gemms, rate)
+    work.flags = flags
+    work.util = work.macs / (work.array_cycles * hw.pes * rate) if work.array_cycles else 0.0
+    work.vector_cycles = _vector_cycles(hw, "softmax", mapping.softmax)
+    w_idx, a_idx = mapping.weight_inputs, mapping.activation_inputs
+    w_bytes = sum(size(ins[i], reads[i]) for i in w_idx)
+    a_bytes = sum(size(ins[i], reads[i]) for i in a_idx)
+    other = sum(size(t, reads[i]) for i, t in enumerate(ins) if i not in w_idx and i not in a_idx)
+    acc = sum(b * m * n for b, m, n, k in gemms or []) * ACC_BYTES or written
+    work.tiling, work.w_reads, work.a_reads, work.sram = _tile(hw, w_bytes, a_bytes, acc)
+    work.read = w_bytes * work.w_reads + a_bytes * work.a_reads + other
+    return work
+
+
+def _gemms_on_array(hw: Hardware, cls: str | None, gemms: Sequence[Gemm], rate: float) -> _Work:
+    """The folds, cycles and SRAM accesses of a mapping's GEMMs under the array's dataflow."""
+    runs = [(b, gemm_on_array(hw.rows, hw.cols, hw.dataflow, m, n, k)) for b, m, n, k in gemms]
+    text = "gemm " + " + ".join(f"{b}x(M={m} N={n} K={k})" for b, m, n, k in gemms) + f" {hw.dataflow}"
+    return _Work(cls, text, 0, 0, macs=sum(b * m * n * k for b, m, n, k in gemms),
+                 folds=sum(b * g.folds for b, g in runs),
+                 array_cycles=math.ceil(sum(b * g.cycles for b, g in runs) / rate),
+                 sram_reads=sum(b * (g.a_reads + g.w_reads) for b, g in runs),
+                 sram_writes=sum(b * g.writes for b, g in runs))
+
+
+def _on_vector(hw: Hardware, d: Dispatch, kind: str, cls: str | None, ins: Sequence[TensorSpec],
+               reads: Sequence[int], writes: Sequence[int], written: int, size: _Sizer) -> _Work:
+    """Any other kernel on the vector unit, streaming its tensors."""
+    vclass = "softmax" if d.kernel == "SOFTMAX" else VECTOR_CLASS.get(kind, "elementwise")
+    # the elements the unit processes: those it reads of its first input, or those it writes
+    elements = reads[0] if kind in INPUT_COUNTED and ins else sum(writes)
+    if kind == "sorting" and ins and ins[0].shape:
+        n = int(ins[0].shape[-1])
+        elements = _numel(ins[0]) * max(1, math.ceil(math.log2(n))) if n > 1 else _numel(ins[0])
+    read = sum(size(t, n) for t, n in zip(ins, reads))
+    return _Work(cls if cls in MAC_DTYPES else "int8", f"vector {vclass}", read,
+                 min(read + written, hw.sram_activations_bytes), vector_cycles=_vector_cycles(hw, vclass, elements))
 
 
 @dataclass(frozen=True)
@@ -585,70 +640,30 @@ def _tile(hw: Hardware, w: int, a: int, acc: int) -> tuple[str, int, int, int]:
     return "keep activations", a_blocks, 1, sram
 
 
-def _dims(t: TensorSpec) -> list[int]:
-    return [int(x) for x in t.shape]
+@dataclass(frozen=True)
+class _Unmapped:
+    """A kernel the array does not run as GEMMs: the roles of its inputs only (the weight slots, or else its second
+    activation input; its first activation input)."""
+
+    weight_inputs: list[int]
+    activation_inputs: list[int]
+    gemms: None = None
+    softmax: int = 0
 
 
-def _mapping(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], weights: set[str]
-             ) -> tuple[list[tuple[int, int, int, int]] | None, int, list[int], list[int]]:
-    """(GEMMs as (batch, M, N, K), softmax elements, weight-role input indices, activation-role input indices)
-    of a contraction; (None, 0, roles) for a kernel the array does not run as GEMMs."""
-    k_name = d.kernel
+def _mapping(record: KernelDef, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec],
+             weights: set[str]) -> ArrayMapping | _Unmapped:
+    """The kernel record's array mapping of ``d`` (``KernelDef.array``), or its input roles alone for a kernel
+    without one or shapes its mapping cannot read."""
     w_idx = [i for i, n in enumerate(d.inputs) if n in weights]
     act = [i for i in range(len(ins)) if i not in w_idx]
+    unmapped = _Unmapped(w_idx or act[1:2], act[:1])
+    if record.array is None:
+        return unmapped
     try:
-        if k_name == "GEMM":
-            x, w, y = _dims(ins[0]), _dims(ins[1]), _dims(outs[0])
-            k = x[-2] if d.params.get("trans_a") else x[-1]
-            n = y[-1]
-            batch = max(1, math.prod(w) // (k * n)) if len(w) > 2 else 1
-            gemms = [(batch, math.prod(y) // (n * batch), n, k)]
-            roles = [1], [0]
-        elif k_name in ("CONV", "CONV_ADD"):
-            w, y = _dims(ins[1]), _dims(outs[0])
-            groups = int(d.params.get("groups", 1) or 1)
-            c_out = w[0]
-            gemms = [(groups, math.prod(y) // c_out, c_out // groups, w[1] * math.prod(w[2:]))]
-            roles = [1], [0]
-        elif k_name == "QKV_PROJ":
-            k = _dims(ins[0])[-1]
-            m = _numel(ins[0]) // k
-            gemms = [(1, m, sum(_numel(t) for t in outs) // m, k)]
-            roles = (w_idx or [1]), [0]
-        elif k_name == "GATE_UP":
-            k, f = _dims(ins[0])[-1], _dims(outs[0])[-1]
-            gemms = [(1, _numel(outs[0]) // f, 2 * f, k)]
-            roles = (w_idx or [1, 2]), [0]
-        elif k_name in ("aten.matmul.default", "aten.mm.default", "aten.bmm.default", "aten.baddbmm.default"):
-            ia, ib = (1, 2) if k_name == "aten.baddbmm.default" else (0, 1)
-            a, b, y = _dims(ins[ia]), _dims(ins[ib]), _dims(outs[0])
-            k, n = a[-1], (b[-1] if len(b) > 1 else 1)
-            if len(b) <= 2:
-                gemms = [(1, max(1, math.prod(y) // n), n, k)]
-            else:
-                m = a[-2] if len(a) > 1 else 1
-                gemms = [(max(1, math.prod(y) // (m * n)), m, n, k)]
-            roles = [ib], [ia]
-        elif k_name == "ATTN_SCORE":
-            q, kk = _dims(ins[0]), _dims(ins[1])
-            t, dh, s = q[-2], q[-1], kk[-2]
-            batch = _numel(ins[0]) // (t * dh)
-            return [(batch, t, s, dh)], batch * t * s, [1], [0]
-        elif k_name == "ATTN_OUTPUT":
-            p, v = _dims(ins[0]), _dims(ins[1])
-            t, s = p[-2], p[-1]
-            return [(_numel(ins[0]) // (t * s), t, v[-1], s)], 0, [1], [0]
-        elif k_name == "ATTENTION":
-            q, kk, v = _dims(ins[0]), _dims(ins[1]), _dims(ins[2])
-            t, dh, s, dv = q[-2], q[-1], kk[-2], v[-1]
-            batch = _numel(ins[0]) // (t * dh)
-            return [(batch, t, s, dh), (batch, t, dv, s)], batch * t * s, [1, 2], [0]
-        else:
-            return None, 0, (w_idx or act[1:2]), act[:1]
+        return record.array(ins, outs, d.params, w_idx)
     except (IndexError, ZeroDivisionError):
-        return None, 0, (w_idx or act[1:2]), act[:1]
-    w_role, a_role = roles
-    return gemms, 0, w_role, a_role
+        return unmapped
 
 
 __all__ = ["CSV_COLUMNS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost", "HostDispatch", "LayerCost",

@@ -63,7 +63,8 @@ def _roles(ir: NPU_IR) -> dict[str, str]:
     for n in ir.nodes:
         if n.op_type == "EMBEDDING":
             roles.setdefault(n.inputs[0].name, "embedding")
-        if n.op_type == "KV_UPDATE":
+        record = KERNELS.get(n.op_type)
+        if record is not None and record.writes_state:  # a KV cache written in place: its record says so
             kv.update((n.inputs[0].name, n.outputs[0].name))
     for t in ir.weights:
         roles.setdefault(t.name, "kv" if t.name in kv else "weight")

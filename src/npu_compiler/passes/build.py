@@ -108,7 +108,7 @@ VIEWS = tuple(sorted(kernels_where(view=True)))
 def residual_problem(m: Match, y: TensorMeta, add: OpNode, residual: TensorMeta, what: str) -> str | None:
     """Why ``add(y, residual)`` is not a plain residual add that the op making ``y`` (a ``what``) can take in,
     or None: an add without ``alpha``, of another tensor of ``y``'s shape and dtype that is not a weight.
-    The CONV_ADD fusion (``npu_compiler.passes.kernel_fusion``) and the GEMM residual rule share it."""
+    The CONV residual fusion (``npu_compiler.passes.kernel_fusion``) and the GEMM residual rule share it."""
     if add.attrs.get("alpha", 1) != 1:
         return "add with alpha != 1"
     if residual.name == y.name:

@@ -8,6 +8,7 @@ A fused node is named after what it computes, keeping its number as it grows (``
 
 from __future__ import annotations
 
+from torch_ir.activations import ACTIVATIONS, ATEN_ACTIVATION_OPS, activation_of
 from torch_ir.ir import TensorMeta
 from torch_ir.rewrite import Match, Op, Rule, Var
 
@@ -91,20 +92,11 @@ def _conv_bn(m: Match):
                  outputs=bn.outputs[:1])]
 
 
-# -- activations ----------------------------------------------------------------------------------
-
-_ACT_OPS = {
-    "aten.relu.default": lambda a: "relu",
-    "aten.silu.default": lambda a: "silu",
-    "aten.gelu.default": lambda a: "gelu_tanh" if a.get("approximate") == "tanh" else "gelu",
-    "aten.hardtanh.default": lambda a: "relu6" if (a.get("min_val"), a.get("max_val")) == (0.0, 6.0) else None,
-    "aten.clamp.default": lambda a: "relu6" if (a.get("min"), a.get("max")) in ((0, 6), (0.0, 6.0)) else None,
-}
-
+# -- activations (the ATen forms of each: torch_ir.activations) ----------------------------------
 
 def _activation(m: Match):
     producer = m.node("producer")
-    act = _ACT_OPS[m.node().op_type](m.node().attrs)
+    act = activation_of(m.node().op_type, m.node().attrs)
     if act is None or producer.attrs.get("activation") is not None:
         return None
     return [node(m, producer.op_type, list(producer.inputs), {**producer.attrs, "activation": act})]
@@ -252,8 +244,8 @@ SOFTMAX_RULES = [
 ]
 
 ACTIVATION_RULES = [
-    Rule(f"{kind.lower()}_activation", "activation", Op(tuple(_ACT_OPS), Op(kind, exact_arity=False,
-                                                                           name="producer"), exact_arity=False),
-         _activation, doc=f"relu/relu6/silu/gelu of a {kind} -> the {kind} with the activation fused")
+    Rule(f"{kind.lower()}_activation", "activation", Op(ATEN_ACTIVATION_OPS, Op(kind, exact_arity=False,
+                                                                               name="producer"), exact_arity=False),
+         _activation, doc=f"{'/'.join(ACTIVATIONS)} of a {kind} -> the {kind} with the activation fused")
     for kind in _CONV_OR_GEMM
 ]

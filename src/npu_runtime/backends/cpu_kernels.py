@@ -8,9 +8,9 @@ Each kernel is a ``prepare``/``run`` pair made by :func:`make_kernel`::
 
 ``inputs`` are all the dispatch's inputs (activations, weights and constants) in order; ``outputs`` are
 views of the arena. The hot kernels of CNNs and transformers have their own classes: ``CONV``
-(oneDNN with a prepacked weight, batch norm folded and the activation fused), ``CONV_ADD`` (the same
-with the residual add as a oneDNN post-op, accumulated in place when the compiler marked
-``inplace_residual``: the output *is* the residual's buffer), ``GEMM`` (``addmm`` into the arena),
+(oneDNN with a prepacked weight, batch norm folded and the activation fused; with ``has_residual`` the
+residual add as a oneDNN post-op, accumulated in place when the compiler marked ``inplace_residual``: the
+output *is* the residual's buffer), ``GEMM`` (``addmm`` into the arena),
 max pooling, add and relu. Every other kernel runs the op's reference implementation from the
 ``torch_ir`` op registry and copies the result into the arena, so each op is declared once.
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from npu_program.kernels import REFERENCE, get_kernel
 from npu_program.program import Dispatch, TensorSpec
+from torch_ir.activations import ACTIVATIONS, get_activation
 
 from .base import Kernel
 
@@ -45,42 +46,40 @@ def _pair(value: int | Sequence[int]) -> list[int]:
     return values * 2 if len(values) == 1 else values
 
 
-# activation -> oneDNN post-op (attr, scalars, algorithm). relu and relu6 are not fused into oneDNN:
-# its clamping post-ops turn NaN into 0 (a NaN weight would give finite logits, where eager gives NaN);
-# they run as torch's NaN-propagating clamp in the copy into the arena instead, which costs no extra pass.
+# activation -> oneDNN post-op (attr, scalars, algorithm), from the one activation table. The clamps (relu, relu6)
+# have none there: oneDNN's clamping post-ops turn NaN into 0 (a NaN weight would give finite logits, where eager
+# gives NaN); they run as torch's NaN-propagating clamp in the copy into the arena instead, which costs no extra
+# pass.
+_NO_POST_OP = ("none", [], "")
 _MKLDNN_ACTIVATIONS: dict[str | None, tuple[str, list[Any], str]] = {
-    None: ("none", [], ""),
-    "relu": ("none", [], ""),
-    "relu6": ("none", [], ""),
-    "silu": ("swish", [], ""),
-    "gelu": ("gelu", [], "none"),
-    "gelu_tanh": ("gelu", [], "tanh"),
+    None: _NO_POST_OP,
+    **{a.name: (a.onednn[0], list(a.onednn[1]), a.onednn[2]) if a.onednn else _NO_POST_OP
+       for a in ACTIVATIONS.values()},
 }
-_CLAMPS = {"relu": (0.0, None), "relu6": (0.0, 6.0)}
+_FUSED_BY_ONEDNN = frozenset(a.name for a in ACTIVATIONS.values() if a.onednn is not None)
+_CLAMPS = {a.name: a.clamp for a in ACTIVATIONS.values() if a.clamp is not None}
 
 
 def _store(out: Tensor, y: Tensor, activation: str | None) -> None:
-    """``out = clamp(y)`` for the activations oneDNN does not apply (see ``_MKLDNN_ACTIVATIONS``), else a copy."""
-    if activation in _CLAMPS:
+    """``out = activation(y)`` for an activation not yet applied: a clamp as it copies (no pass of its own), any
+    other through its reference; None: a copy."""
+    if activation is None:
+        out.copy_(y)
+    elif activation in _CLAMPS:
         torch.clamp(y, *_CLAMPS[activation], out=out)
     else:
-        out.copy_(y)
+        out.copy_(get_activation(activation).reference(y))
 
 
 def _apply_activation_(t: Tensor, name: str | None) -> None:
-    """Apply an activation in place on ``t``."""
+    """Apply an activation in place on ``t``: a clamp in place, any other through its reference (the reference
+    is the definition, so the numbers are the reference's)."""
     if name is None:
         return
-    if name == "relu":
-        t.relu_()
-    elif name == "relu6":
-        t.clamp_(0.0, 6.0)
-    elif name == "silu":
-        F.silu(t, inplace=True)
-    elif name in ("gelu", "gelu_tanh"):
-        t.copy_(F.gelu(t, approximate="tanh" if name == "gelu_tanh" else "none"))
+    if name in _CLAMPS:
+        t.clamp_(*_CLAMPS[name])
     else:
-        raise ValueError(f"unsupported activation {name!r}")
+        t.copy_(get_activation(name).reference(t))
 
 
 def _fold_batch_norm(w: Tensor, b: Tensor | None, bn: Sequence[Tensor], eps: float) -> tuple[Tensor, Tensor]:
@@ -98,20 +97,20 @@ def _fold_batch_norm(w: Tensor, b: Tensor | None, bn: Sequence[Tensor], eps: flo
 class Conv2d:
     """2-D convolution (oneDNN, prepacked) with optional bias, folded batch norm and fused activation.
 
-    Inputs: ``[x, w, (bias), (bn_weight, bn_bias, bn_mean, bn_var)]``; with ``residual=True`` (``CONV_ADD``)
-    a residual activation comes last and the kernel computes ``act(conv(x) + residual)``.
+    Inputs: ``[x, w, (bias), (bn_weight, bn_bias, bn_mean, bn_var)]``; with ``has_residual`` a residual
+    activation comes last and the kernel computes ``act(conv(x) + residual)``.
     """
 
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         x = specs[dispatch.inputs[0]]
-        end = len(dispatch.inputs) - (1 if dispatch.kernel == "CONV_ADD" else 0)
+        end = len(dispatch.inputs) - (1 if dispatch.params.get("has_residual") else 0)
         return (len(x.shape) == 4 and x.dtype == "float32" and all(n in weight_names for n in dispatch.inputs[1:end])
                 and dispatch.params.get("activation") in _MKLDNN_ACTIVATIONS)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         params = dispatch.params
-        input_shape, residual = list(specs[dispatch.inputs[0]].shape), dispatch.kernel == "CONV_ADD"
+        input_shape, residual = list(specs[dispatch.inputs[0]].shape), bool(params.get("has_residual"))
         self.names = dispatch.inputs
         self.params = params
         self.stride = _pair(params.get("stride", 1))
@@ -121,7 +120,7 @@ class Conv2d:
         self.activation = params.get("activation")
         self.input_shape = input_shape
         self.residual = residual
-        # CONV_ADD only: the compiler placed the output on the residual's bytes (the residual dies here)
+        # with a residual only: the compiler placed the output on the residual's bytes (the residual dies here)
         self.inplace = residual and bool(params.get("inplace_residual", False))
         self.attr, self.scalars, self.algorithm = _MKLDNN_ACTIVATIONS[self.activation]
         self.weight: Tensor | None = None
@@ -164,17 +163,17 @@ class Conv2d:
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         out, x = outputs[0], inputs[0]
         args = (self._weight(), self.bias, self.padding, self.stride, self.dilation, self.groups)
-        if not self.residual:
-            y = torch.ops.mkldnn._convolution_pointwise(x, *args, self.attr, self.scalars, self.algorithm)
-        elif self.inplace:  # out is the residual's buffer: accumulate into it, no allocation, no copy
+        if self.inplace:  # out is the residual's buffer: accumulate into it, no allocation, no copy
             torch.ops.mkldnn._convolution_pointwise_.binary(out, x, *args, "add", 1.0, None, [], None)
             _apply_activation_(out, self.activation)
             return
-        else:  # oneDNN's binary post-op is add, then no activation (see _MKLDNN_ACTIVATIONS for relu)
+        if self.residual:  # oneDNN's binary post-op is the add, then no activation: it is applied as y is stored
             y = torch.ops.mkldnn._convolution_pointwise.binary(x, inputs[-1], *args, "add", None, None, [], None)
-            if self.activation not in _CLAMPS:
-                _apply_activation_(y, self.activation)
-        _store(out, y, self.activation)
+            pending = self.activation
+        else:
+            y = torch.ops.mkldnn._convolution_pointwise(x, *args, self.attr, self.scalars, self.algorithm)
+            pending = None if self.activation in _FUSED_BY_ONEDNN else self.activation
+        _store(out, y, pending)
 
 
 # --------------------------------------------------------------------------------------------- gemm

@@ -21,7 +21,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", help=source_help)
     options.output(p, "the program file (default: <name>.npubin)")
     p.add_argument("--target", default="cpu", help="kernel library to compile for (default: cpu)")
-    p.add_argument("--no-fuse", action="store_true", help="one dispatch per node: no CONV_ADD fusion")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="one dispatch per node: no kernel fusion (a CONV keeps its residual add apart)")
     p.add_argument("--memory", default="greedy_by_size", choices=("greedy_by_size", "naive"),
                    help="memory planning strategy (naive: no reuse, for comparison)")
     p.add_argument("--no-ir", action="store_true", help="leave the normalized IR out of the program file")

@@ -19,21 +19,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from ..activations import activations_doc, activations_markdown, apply_activation
 from ..ir import TensorMeta
 from .registry import register_op
 
 Shape = list[int | str]
 ShapeRule = Callable[[Sequence[TensorMeta], dict[str, Any]], list[Shape]]
-
-#: Activations a GEMM or CONV can apply to its result (and a residual ADD on the CPU backend).
-ACTIVATIONS: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
-    None: lambda x: x,
-    "relu": torch.relu,
-    "relu6": lambda x: torch.clamp(x, 0.0, 6.0),
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-}
 
 
 @dataclass(frozen=True)
@@ -129,13 +120,13 @@ def _embedding_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> lis
 
 # -- the ops --------------------------------------------------------------------------------------
 
-_ACT_DOC = "activation applied to the result: none, relu, relu6, silu, gelu, gelu_tanh"
+_ACT_DOC = f"activation applied to the result, one of {activations_doc()} (torch_ir.activations)"
 
 
 @npu_op("GEMM", inputs="x w bias? residual?", outputs="y", shape=_gemm_shape,
         layouts={"w": "[N,K]", "residual": "[B,T,H]"}, attrs={
             "trans_a": "x's last two dims are transposed first", "trans_b": "w is [N,K] (nn.Linear) rather than [K,N]",
-            "activation": _ACT_DOC + " (after the residual add)",
+            "activation": _ACT_DOC + ", after the residual add",
             "has_bias": "a bias input follows w (when absent: told by the input count, 3 inputs = a bias)",
             "has_residual": "a residual input of y's shape comes last and is added: y = act(x·w + bias + residual) "
                             "(a transformer's residual add folded into the GEMM before it)"})
@@ -155,40 +146,34 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, trans_a: bool = 
         y = y + bias
     if residual is not None:
         y = y + residual
-    return ACTIVATIONS[activation](y)
+    return apply_activation(activation, y)
 
 
-@npu_op("CONV", inputs="x w bias? bn_weight? bn_bias? bn_mean? bn_var?", outputs="y", shape=_conv_shape,
-        layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW"}, attrs={
+@npu_op("CONV", inputs="x w bias? bn_weight? bn_bias? bn_mean? bn_var? residual?", outputs="y", shape=_conv_shape,
+        layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW", "residual": "NCHW"}, attrs={
             "stride": "per spatial dim", "padding": "per spatial dim (symmetric)", "dilation": "per spatial dim",
             "groups": "channel groups", "has_bias": "a bias input follows w",
             "bn_eps": "batch norm folded in (inference statistics) when not null; its four inputs follow",
-            "activation": _ACT_DOC})
+            "has_residual": "a residual input of y's shape comes last and is added after the batch norm: "
+                            "y = act(bn(conv(x, w) + bias) + residual) (a ResNet block's add, folded in by the "
+                            "compiler's kernel fusion)",
+            "activation": _ACT_DOC + ", after the residual add"})
 def conv(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list[int], padding: list[int],
          dilation: list[int], groups: int = 1, has_bias: bool = False, bn_eps: float | None = None,
-         activation: str | None = None) -> torch.Tensor:
-    """y = act(bn(conv(x, w) + bias)): a 1-D/2-D/3-D convolution with batch norm and activation fused."""
+         has_residual: bool = False, activation: str | None = None) -> torch.Tensor:
+    """y = act(bn(conv(x, w) + bias) [+ residual]): a 1-D/2-D/3-D convolution with batch norm, residual add and
+    activation fused."""
+    residual = rest[-1] if has_residual else None
+    rest = rest[:-1] if has_residual else rest
     bias = rest[0] if has_bias else None
     fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
     y = fn(x, w, bias, stride, padding, dilation, groups)
     if bn_eps is not None:
         gamma, beta, mean, var = rest[1:5] if has_bias else rest[0:4]
         y = F.batch_norm(y, mean, var, gamma, beta, False, 0.0, bn_eps)
-    return ACTIVATIONS[activation](y)
-
-
-@npu_op("CONV_ADD", inputs="x w bias? bn_weight? bn_bias? bn_mean? bn_var? residual", outputs="y",
-        shape=_conv_shape, layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW", "residual": "NCHW"}, attrs={
-            "stride": "as CONV", "padding": "as CONV", "dilation": "as CONV", "groups": "as CONV",
-            "has_bias": "as CONV", "bn_eps": "as CONV", "activation": _ACT_DOC + " (after the add)"})
-def conv_add(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list[int], padding: list[int],
-             dilation: list[int], groups: int = 1, has_bias: bool = False, bn_eps: float | None = None,
-             activation: str | None = None) -> torch.Tensor:
-    """y = act(CONV(x) + residual): a ResNet block's convolution and residual add (the compiler's fusion;
-    normalize does not make it)."""
-    y = conv(x, w, *rest[:-1], stride=stride, padding=padding, dilation=dilation, groups=groups,
-             has_bias=has_bias, bn_eps=bn_eps)
-    return ACTIVATIONS[activation](y + rest[-1])
+    if residual is not None:
+        y = y + residual
+    return apply_activation(activation, y)
 
 
 @npu_op("LAYER_NORM", inputs="x weight? bias?", outputs="y", shape=_same_as_first,
@@ -433,4 +418,8 @@ def npu_ops_markdown() -> str:
             lines += [f"| `{k}` | {v} |" for k, v in op.attrs.items()]
         if op.layouts:
             lines += ["", "Layouts: " + ", ".join(f"`{k}` {v}" for k, v in op.layouts.items())]
+    lines += ["", "## Activations", "",
+              "The `activation` attribute of GEMM and CONV: one table (`torch_ir.activations`) that the references,",
+              "the fusion rules and both backends read. NaN propagates through each, as in eager PyTorch.", "",
+              *activations_markdown()]
     return "\n".join(lines) + "\n"

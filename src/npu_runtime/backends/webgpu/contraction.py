@@ -1,4 +1,4 @@
-"""WGSL generators of the contraction kernels: GEMM, GATE_UP, QKV_PROJ, CONV and CONV_ADD, and the ATen
+"""WGSL generators of the contraction kernels: GEMM, GATE_UP, QKV_PROJ, CONV (with its residual add), and the ATen
 matrix products (mm, bmm, matmul, baddbmm).
 
 Every one of them is the same batched product ``C[b, m, n] = sum_k A(b, m, k) · B(b, n, k)`` with its own
@@ -625,14 +625,14 @@ def _image_offset(spec: TensorSpec, m: str, c: str) -> str:
 
 
 def conv(call: Call) -> Shader:
-    """CONV and CONV_ADD: act(bn(conv(x, w) + bias) [+ residual]); an implicit GEMM, or a direct kernel for
+    """CONV: act(bn(conv(x, w) + bias) [+ residual]); an implicit GEMM, or a direct kernel for
     depthwise and other narrow groups."""
     if call.ins[0].dtype not in FLOAT_DTYPES:
         raise UnsupportedCall(f"convolution of {call.ins[0].dtype}")
     x, w, out = shape_of(call.ins[0]), shape_of(call.ins[1]), shape_of(call.outs[0])
     if len(x) != 4 or len(w) != 4:
         raise UnsupportedCall(f"only 2-D convolutions (x of shape {x})")
-    residual = call.record.name == "CONV_ADD"
+    residual = _flag(call, "has_residual", False)
     has_bias, eps = _flag(call, "has_bias", False), call.param("bn_eps")
     eps = None if eps is None else _number(eps, "bn_eps")
     if len(call.ins) != 2 + has_bias + 4 * (eps is not None) + residual:

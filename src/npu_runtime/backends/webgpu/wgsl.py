@@ -26,6 +26,7 @@ from typing import Any
 
 from npu_program.kernels import KernelDef
 from npu_program.program import Dispatch, TensorSpec
+from torch_ir.activations import ACTIVATIONS
 
 #: Invocations per workgroup of the one-thread-per-element kernels (WebGPU's portable maximum).
 WORKGROUP = 256
@@ -168,12 +169,13 @@ fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 
 def activation(name: str | None, x: str) -> str:
-    """The WGSL of a fused activation (``npu_program.kernels.ACTIVATIONS``) applied to expression ``x``."""
-    forms = {None: "{x}", "relu": "max({x}, 0.0)", "relu6": "clamp({x}, 0.0, 6.0)", "silu": "silu_({x})",
-             "gelu": "gelu_({x})", "gelu_tanh": "gelu_tanh_({x})"}
-    if name not in forms:
+    """The WGSL of a fused activation applied to ``x`` (a name: the form may read it more than once), from the one
+    activation table (``torch_ir.activations``), whose forms keep NaN as eager torch does."""
+    if name is None:
+        return x
+    if not isinstance(name, str) or name not in ACTIVATIONS:
         raise UnsupportedCall(f"unknown activation {name!r}")
-    return forms[name].format(x=x)
+    return ACTIVATIONS[name].wgsl.format(x=x)
 
 
 # -- literals ---------------------------------------------------------------------------------------------
