@@ -7,7 +7,7 @@ like any other.
 
 The residual add: a CONV whose result is only read by a residual add (and a relu after it) becomes one CONV
 with ``has_residual`` (the residual its last input) and the relu as its activation: ``act(CONV(x) +
-residual)``, as a GEMM takes a transformer's residual in normalize (``npu_compiler.passes.llm``). Whether its
+residual)``, as a GEMM takes a transformer's residual in normalize (``npu_compiler.passes.decoder``). Whether its
 output may be written over the residual's bytes is a memory decision, made by lowering
 (``lower.write_in_place``), not here.
 """
