@@ -62,6 +62,9 @@ MARKER = "PWNED"
 HERE = Path(__file__).resolve().parent
 MAGIC = b"NPUBIN\0\0"
 FIXED = struct.Struct("<8sHHQ")  # magic, major, minor, header length
+#: The .npubin format version the corpus' programs are written in (``npu_program.npubin.FORMAT_VERSION``); a 1.x
+#: file (``V1``) holds the IR's tagged attributes as params, which the reader upgrades.
+VERSION, V1 = (2, 0), (1, 3)
 ALIGNMENT = 64
 DIGEST_BYTES = 32
 MiB = 1 << 20
@@ -205,8 +208,9 @@ def decode_npubin_parts(data: bytes) -> tuple[dict[str, Any], bytes]:
     return header, blob
 
 
-def npubin_bytes(header: dict[str, Any] | bytes | str, blob: bytes = b"", *, magic: bytes = MAGIC, major: int = 1,
-                 minor: int = 0, header_len: int | None = None, checksum: bool = True) -> bytes:
+def npubin_bytes(header: dict[str, Any] | bytes | str, blob: bytes = b"", *, magic: bytes = MAGIC,
+                 major: int = VERSION[0], minor: int = VERSION[1], header_len: int | None = None,
+                 checksum: bool = True) -> bytes:
     """A ``.npubin`` file around ``header`` (a dict, or raw JSON text for what ``json.dumps`` cannot write),
     with a valid SHA-256 trailer unless ``checksum=False``; ``header_len`` overrides the declared length."""
     if isinstance(header, dict):
@@ -728,10 +732,11 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
 
     def load_case(cid: str, data: bytes | dict[str, Any], message: str, description: str, *,
                   category: str = "npubin", error: str = npubin_error, api: str = "program_load",
-                  big: bool = False, escape: bool = False, limit: int | None = None, runs: bool = False) -> None:
+                  big: bool = False, escape: bool = False, limit: int | None = None, runs: bool = False,
+                  version: tuple[int, int] = VERSION) -> None:
         name = f"{cid}.npubin"
         if isinstance(data, dict):
-            b.write_program(name, data, blob)
+            b.write_program(name, data, blob, major=version[0], minor=version[1])
         else:
             b.path(name).write_bytes(data)
         cli = _fill(_program_cli(runs), name)
@@ -762,24 +767,32 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
     mean_kernel = "aten.mean.dim"
     m = b.marker
 
-    # code execution through dispatch parameters
+    # code execution through dispatch parameters: a 2.0 kernel param is a plain value of its declared type, so an
+    # IR tag is a wrong type, never parsed; a 1.x file's params are the IR's attributes, decoded on read, where a
+    # symbolic size is refused (a program is planned for static shapes) without being evaluated
+    param_rule = r"param 'dim' is .*expected a list of ints"
     for name, expr in {"import_system": "__import__('os').system('touch {marker}')",
                        "subclasses": "().__class__.__base__.__subclasses__()",
                        "lambda": "(lambda: __import__('os').system('touch {marker}'))()",
                        "attribute": "s0.__class__.__mro__",
                        "too_long": "1*" * 1500 + "1"}.items():
-        cid = f"ce_npubin_param_{name}"
-        e = expr.format(marker=m(cid))
-        load_case(cid, mutated(lambda h, e=e: dispatch(h, mean_kernel)["params"].__setitem__("dim", [{"sym": e}])),
-                  SYM_RULE, f"dispatch parameter {{'sym': {e[:40]!r}}}", category="code_execution",
-                  escape="touch" in e)
-    load_case("ce_npubin_param_pickle_tag",
-              mutated(lambda h: dispatch(h, mean_kernel)["params"].__setitem__("dim", {"pickle": "cos\nsystem\n."})),
-              r"tagged", "a {'pickle': ...} dispatch parameter", category="code_execution")
-    load_case("ce_npubin_param_pow_tower",
-              mutated(lambda h: dispatch(h, mean_kernel)["params"].__setitem__("dim", [{"sym": "9**9**9**9"}])),
-              SYM_RULE, "dispatch parameter {'sym': '9**9**9**9'}: parses, refused when evaluated",
-              category="code_execution", api="executor", error="UnsafeInputError")
+        for prefix, version, rule in (("ce_npubin_param", VERSION, param_rule), ("ce_npubin_v1_param", V1, SYM_RULE)):
+            cid = f"{prefix}_{name}"
+            e = expr.format(marker=m(cid))
+            load_case(cid, mutated(lambda h, e=e: dispatch(h, mean_kernel)["params"].__setitem__("dim", [{"sym": e}])),
+                      rule, f"dispatch parameter {{'sym': {e[:40]!r}}} (format {version[0]}.{version[1]})",
+                      category="code_execution", escape="touch" in e, version=version)
+    pickle_tag = {"pickle": "cos\nsystem\n."}
+    for prefix, version, rule in (("ce_npubin_param", VERSION, param_rule), ("ce_npubin_v1_param", V1, r"tagged")):
+        load_case(f"{prefix}_pickle_tag", mutated(lambda h: dispatch(h, mean_kernel)["params"].__setitem__(
+                      "dim", pickle_tag)),
+                  rule, f"a {{'pickle': ...}} dispatch parameter (format {version[0]}.{version[1]})",
+                  category="code_execution", version=version)
+        load_case(f"{prefix}_pow_tower",
+                  mutated(lambda h: dispatch(h, mean_kernel)["params"].__setitem__("dim", [{"sym": "9**9**9**9"}])),
+                  SYM_RULE if version == V1 else param_rule,
+                  f"dispatch parameter {{'sym': '9**9**9**9'}} (format {version[0]}.{version[1]}): never evaluated",
+                  category="code_execution", api="executor", version=version)
     cid = "ce_npubin_embedded_ir"
     load_case(cid, mutated(lambda h: h["ir"]["symbols"].__setitem__(
         "s9", {"min": None, "max": None, "expr": {"sym": f"__import__('os').system('touch {m(cid)}')"}})),
@@ -814,11 +827,19 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
               api="executor", error="RuntimeInputError")
     load_case("k_unknown_target_bad_kernel", mutated(lambda h: (
         h.__setitem__("target", "npu-evil"), dispatch(h, mean_kernel).__setitem__("kernel", "aten.from_file.default"))),
-        r"target", "a dangerous kernel under a target this runtime does not have: never run", category="dangerous_op",
-        api="executor", error="RuntimeInputError")
+        r"kernel 'aten\.from_file\.default'.*target", "a dangerous kernel under a target this runtime does not have: "
+        "no kernel of the kernel table, refused on load", category="dangerous_op", api="executor")
     load_case("k_unknown_param", mutated(lambda h: dispatch(h, "aten.gelu.default")["params"].__setitem__(
-        "approximatee", "tanh")), r"approximatee", "a reference kernel with an attribute its op does not take",
-        api="executor", error="IRValidationError", category="dangerous_op")
+        "approximatee", "tanh")), r"'approximatee' is not a param", "a reference kernel with an attribute its op "
+        "does not take: not a param its record declares", api="executor", category="dangerous_op")
+    for cid, params, rule in [
+            ("k_param_choice", {"approximate": "__import__('os')"}, r"param 'approximate' .*one of 'none', 'tanh'"),
+            ("k_param_wrong_type", {"approximate": 1}, r"param 'approximate' is 1, expected"),
+            ("k_param_ir_tag", {"approximate": {"dtype": "float32"}}, r"param 'approximate' is \{'dtype'")]:
+        load_case(cid, mutated(lambda h, p=params: dispatch(h, "aten.gelu.default")["params"].update(p)), rule,
+                  f"aten.gelu with {params}: not what its record declares", category="dangerous_op")
+    load_case("k_param_missing_required", mutated(lambda h: dispatch(h, mean_kernel)["params"].pop("dim")),
+              r"lacks the required param 'dim'", "aten.mean.dim without its dim", category="dangerous_op")
 
     # the memory plan
     mem = "memory"
@@ -959,11 +980,10 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
              r"activation|param|dispatch|__import__")]:
         load_case(cid, mutated(lambda h, p=params: dispatch(h, conv)["params"].update(p)), message,
                   f"CONV with {params}", api="executor", error=error)
-    for cid, params, description in [
-            ("nb_mean_dim_out_of_range", {"dim": [100]}, "aten.mean over dim 100 of a 4-d tensor"),
-            ("nb_mean_dim_string", {"dim": "all"}, "aten.mean with dim 'all'")]:
-        load_case(cid, mutated(lambda h, p=params: dispatch(h, mean_kernel)["params"].update(p)),
-                  r"dispatch|mean|dim", description, api="executor", error="RuntimeInputError")
+    load_case("nb_mean_dim_out_of_range", mutated(lambda h: dispatch(h, mean_kernel)["params"].update(dim=[100])),
+              r"dispatch|mean|dim", "aten.mean over dim 100 of a 4-d tensor", api="executor", error="RuntimeInputError")
+    load_case("nb_mean_dim_string", mutated(lambda h: dispatch(h, mean_kernel)["params"].update(dim="all")),
+              r"param 'dim' is 'all', expected a list of ints or null", "aten.mean with dim 'all'", api="executor")
 
     # amplification through kernel parameters (lowered limit)
     amp = dict(api="executor", category="amplification", big=True, limit=256 * MiB, error="TorchIRError")
@@ -981,7 +1001,7 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
     load_case("nb_ir_json_as_program", b.path(BASE_IR).read_bytes(), r"magic|not a \.npubin",
               "an IR JSON file passed as a program")
     h_raw = json.dumps(header, sort_keys=True, separators=(",", ":"))
-    load_case("nb_wrong_version", npubin_bytes(h_raw, blob, major=2), r"version", "format version 2.0")
+    load_case("nb_wrong_version", npubin_bytes(h_raw, blob, major=3), r"version", "format version 3.0")
     load_case("nb_version_max", npubin_bytes(h_raw, blob, major=65535, minor=65535), r"version", "format 65535")
     load_case("nb_checksum_mismatch", npubin_bytes(h_raw, blob, checksum=False), r"checksum", "a wrong SHA-256")
     flipped = bytearray(base_bytes)
@@ -1014,6 +1034,10 @@ def _programs(b: _Builder, header: dict[str, Any], blob: bytes, base_bytes: byte
     load_case("nb_deep_nesting_params", npubin_bytes(h_raw.replace('"params":{"dim":', '"params":{"deep":' +
                                                                    "[" * 990 + "]" * 990 + ',"dim":'), blob),
               r"nest|deep|JSON", "a dispatch parameter nested 990 deep (parses; deeper than the checks recurse)")
+    deep_dim = json.dumps(mutated(lambda h: dispatch(h, mean_kernel)["params"].__setitem__("dim", "@@DEEP@@")),
+                          sort_keys=True, separators=(",", ":")).replace('"@@DEEP@@"', "[" * 990 + "]" * 990)
+    load_case("nb_v1_deep_nesting_params", npubin_bytes(deep_dim, blob, major=V1[0], minor=V1[1]), r"nest|deep|JSON",
+              "a 1.x file's param nested 990 deep: upgrading it on read recurses no deeper than the IR's own bound")
     load_case("nb_blob_mismatch", mutated(lambda h: h.__setitem__("blob_nbytes", 64)), r"blob", "blob_nbytes 64, none")
     load_case("nb_constant_outside_blob", mutated(lambda h: h["constants"].__setitem__(
         "mean", {"offset": 0, "nbytes": 16})), r"outside|blob|constant", "a constant range past the blob")

@@ -5,16 +5,20 @@ Three steps, each small, each reading the kernel table (``npu_program.kernels``)
 1. *layouts*: on a ``channels_last`` target the 4-D activations of *spatial* kernels (convolutions,
    pooling) are stored NHWC, and kernels that *keep* a layout carry it on, so that no conversion
    happens between two convolutions;
-2. *one dispatch per node*: the kernel has the node's op type and its attributes as parameters; a
-   *view* kernel of a contiguous tensor is no dispatch at all, only an alias (a view of the same bytes);
+2. *one dispatch per node*: the kernel has the node's op type, and its parameters are the node's attributes
+   decoded from the IR's encoding into the plain values the kernel record declares, every declared default
+   filled in (``npu_program.params``); an attribute the kernel does not declare, or a value that does not
+   fit its declaration, is a ``CompileError`` naming the node, the kernel and the param. A *view* kernel of
+   a contiguous tensor is no dispatch at all, only an alias (a view of the same bytes);
 3. *in place*: a kernel that adds a residual and can write over it (``inplace_residual`` among its parameters:
    a CONV with ``has_residual``, made by ``npu_compiler.passes.kernel_fusion``) writes its output over its
    residual when the residual dies there.
 
 *Host dispatches* (``compile(fallback="cpu")``: nodes the target has no kernel for) are plain dispatches
-with ``host`` set to the reason: the node's op type and attributes, no view aliasing, no in-place
-writing. What they write is row-major (a convolution reading it reads row-major); what they read keeps
-the layout its producer wrote (an NHWC convolution output stays NHWC, rather than making the
+with ``host`` set to the reason: the node's op type and attributes as the IR encodes them (a host dispatch
+runs the op's reference, which reads that encoding; it has no kernel record to declare params), no view
+aliasing, no in-place writing. What they write is row-major (a convolution reading it reads row-major);
+what they read keeps the layout its producer wrote (an NHWC convolution output stays NHWC, rather than making the
 convolution convert), and the runtime hands it to the op's reference in logical order (a strided view
 on the CPU, a download elsewhere), so no conversion dispatch is needed.
 """
@@ -26,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npu_program.kernels import KERNELS
+from npu_program.params import ParamError, check_params, params_from_attrs
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta
 
 from .compiled_program import Dispatch, Provenance, TensorSpec
+from .errors import CompileError
 from .library import Target
 from .memory import resolve_alias
 
@@ -94,16 +100,24 @@ def _provenance(node: OpNode) -> Provenance | None:
 
 
 def _params(node: OpNode) -> dict[str, Any]:
-    """The node's attributes, plus ``has_bias`` where the kernel takes it and the IR tells it by input count:
-    more inputs than the kernel's others (those before the bias, its record's ``bias_index``; a folded batch
-    norm; a residual) account for."""
-    params = dict(node.attrs)
+    """The kernel's params: the node's attributes as plain values with the declared defaults filled in
+    (``npu_program.params.params_from_attrs``), checked against the kernel's declarations, plus ``has_bias``
+    where the kernel takes it and the IR tells it by input count: more inputs than the kernel's others (those
+    before the bias, its record's ``bias_index``; a folded batch norm; a residual) account for."""
     record = KERNELS[node.op_type]
-    if "has_bias" in record.params and "has_bias" not in params:
-        # a packed QKV_PROJ has one weight where the record counts three
-        others = 2 if params.get("packed") else record.bias_index or 2
-        others += 4 * (params.get("bn_eps") is not None) + bool(params.get("has_residual"))
-        params["has_bias"] = len(node.inputs) > others
+    declared = record.params
+    where = f"node {node.name!r} (kernel {node.op_type})"
+    try:
+        params = params_from_attrs(declared, node.attrs, where)
+        if "has_bias" in declared and "has_bias" not in node.attrs:
+            # a packed QKV_PROJ has one weight where the record counts three
+            others = 2 if params.get("packed") else record.bias_index or 2
+            others += 4 * (params.get("bn_eps") is not None) + bool(params.get("has_residual"))
+            params["has_bias"] = len(node.inputs) > others
+        check_params(declared, params, len(node.inputs), where)
+    except ParamError as e:
+        raise CompileError(f"{e}; the kernel record (npu_program.kernels) declares what a dispatch may carry: "
+                           "fix the pass that made the node, or declare the param") from None
     return params
 
 

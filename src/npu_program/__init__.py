@@ -2,12 +2,14 @@
 
 Plain data, importable without the compiler: ``npu_compiler`` emits dispatches of the kernels listed in
 ``kernels`` (``npu_runtime`` backends implement them, ``npu_compiler.passes`` reads the layout and view facts,
-``docs/kernels.md`` is generated from the same records); ``program`` holds the compiled program's
-dataclasses (``CompiledProgram``, ``TensorSpec``, ``StateSpec``, ``Dispatch``, ``MemoryPlan``), written
-and read through the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-checks a
-loaded program (``memory_check``: the memory-plan checker it shares with the compiler). The one dtype table
-is ``torch_ir.dtypes``, below this package. ``kernels``, ``codec`` and ``program`` import neither torch nor
-numpy.
+``docs/kernels.md`` is generated from the same records); ``params`` holds the types of the kernels' declared
+parameters, their check and the IR's encoding of them (``aten_params``: the ATen kernels' declarations);
+``array_mapping`` how a contraction runs on a MAC array; ``program`` holds the compiled program's dataclasses
+(``CompiledProgram``, ``TensorSpec``, ``StateSpec``, ``Dispatch``, ``MemoryPlan``), written and read through
+the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-checks a loaded program
+(``memory_check``: the memory-plan checker it shares with the compiler). The one dtype table is
+``torch_ir.dtypes``, below this package. ``kernels``, ``params``, ``codec`` and ``program`` import neither
+torch nor numpy.
 """
 
 from .cost_formulas import KernelCost

@@ -9,11 +9,14 @@ silently wrong answer) or naming a kernel the target does not have:
 * every spec: a known dtype, dimensions and byte size within ``torch_ir.limits``;
 * every state slot: a spec as above, a known initial value, a name no other tensor has, and all the
   state together within the allocation limit;
-* every dispatch: a kernel of the target that will run it (the kernel set the runtime's backend passes
-  in) or, for a host dispatch (``Dispatch.host`` set), a bounded name shaped like an op type (whether
-  the op registry has it and may run it is the runtime's check, which imports the registry), tensors
-  that exist, outputs that are activations or state slots (never weights or constants), parameters
-  that are plain attribute values (symbolic sizes in the safe grammar only);
+* every dispatch: a kernel of the kernel table (and of the target that will run it: the kernel set the
+  runtime's backend passes in) whose params fit the kernel record's declarations (no unknown param, every
+  value of its declared type, a string among its choices, every required param given:
+  ``npu_program.params.check_params``, plain data, no torch); or, for a host dispatch (``Dispatch.host``
+  set), a bounded name shaped like an op type and params that are bounded JSON (they are the IR node's
+  attributes: whether the op registry has the op, may run it and takes those attributes is the runtime's
+  check, ``npu_runtime.reference``, which imports the registry); tensors that exist, outputs that are
+  activations or state slots (never weights or constants), window params (strides, padding) in range;
 * the memory plan: an arena within the limits, every activation at an aligned offset inside it, views
   no larger than their base, and no two tensors live at the same step sharing bytes (the memory
   planner's own independent checker, :func:`~npu_program.memory_check.check_plan`, run again).
@@ -35,10 +38,11 @@ from typing import Any
 from torch_ir.errors import IRValidationError, TorchIRError
 from torch_ir.ir.validate import check_buffer_recipes
 from torch_ir.limits import check_alloc, check_shape
-from torch_ir.ops.values import check_value
 
+from .kernels import KERNELS
 from .memory_check import MemoryPlanError, alias_roots, check_plan, lifetimes
 from .npubin import NpubinError
+from .params import check_json_value, check_params
 from .program import STATE_INITS, CompiledProgram, StateSpec, TensorSpec, dtype_size
 
 _FIX = "recompile the model to produce a fresh .npubin file"
@@ -174,7 +178,8 @@ def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], roots: di
             _check_bind_time(d, bound, roots, read_by_runs, what, where)
         if getattr(d, "host", None) is not None:
             _check_host_dispatch(d, what, where)  # an op run on the host: not a kernel of the target
-        elif not isinstance(d.kernel, str) or (kernels is not None and d.kernel not in kernels):
+        elif not isinstance(d.kernel, str) or d.kernel not in KERNELS or (kernels is not None
+                                                                         and d.kernel not in kernels):
             raise _fail(where, f"{what} names kernel {str(d.kernel)[:80]!r}, which target {program.target!r} does "
                                "not have (a program may only run kernels of its target's table)")
         for name in [*d.inputs, *d.outputs]:
@@ -186,14 +191,27 @@ def _check_dispatches(program: CompiledProgram, specs: dict[str, Any], roots: di
             if name not in program.tensors or name in program.constants:
                 raise _fail(where, f"{what} ({d.kernel}) writes {name!r}, which is a weight or constant; "
                                    "dispatches write activations and state slots only")
-        if not isinstance(d.params, dict):
-            raise _fail(where, f"{what} ({d.kernel}): params must be an object")
-        try:
-            for key, value in d.params.items():
-                check_value(value, f"{where}: {what} ({d.kernel}) param {key!r}")
-                _check_window_param(key, value, f"{where}: {what} ({d.kernel}) param {key!r}")
-        except ValueError as e:
-            raise NpubinError(f"{e}; {_FIX}") from None
+        _check_params(d, f"{where}: {what} ({d.kernel})")
+
+
+def _check_params(d: Any, where: str) -> None:
+    """A kernel dispatch's params against its record's declarations; a host dispatch's as bounded JSON (its op's
+    schema judges them when the runtime binds it). Window params are checked in range either way."""
+    if not isinstance(d.params, dict):
+        raise NpubinError(f"{where}: params must be an object; {_FIX}")
+    host = getattr(d, "host", None) is not None
+    declared = {} if host else KERNELS[d.kernel].params
+    try:
+        if host:
+            check_json_value(d.params, f"{where} params")
+        else:
+            check_params(declared, d.params, len(d.inputs), where)
+        for key, value in d.params.items():
+            # an empty list is a window param's ATen default (max_pool2d's stride: the kernel size)
+            empty_ok = key in declared and declared[key].default == []
+            _check_window_param(key, value, f"{where} param {key!r}", empty_ok)
+    except ValueError as e:  # a ParamError, or a window param out of range
+        raise NpubinError(f"{e}; {_FIX}") from None
 
 
 def _check_bind_time(d: Any, bound: set[str], roots: dict[str, str], read_by_runs: set[str], what: str,
@@ -226,12 +244,12 @@ def _check_host_dispatch(d: Any, what: str, where: str) -> None:
 _WINDOW_PARAMS = {"stride": 1, "dilation": 1, "kernel_size": 1, "groups": 1, "padding": 0, "output_padding": 0}
 
 
-def _check_window_param(key: str, value: Any, where: str) -> None:
+def _check_window_param(key: str, value: Any, where: str, empty_ok: bool = False) -> None:
     least = _WINDOW_PARAMS.get(key)
     if least is None or value is None or (key == "padding" and isinstance(value, str)):
         return
     items = value if isinstance(value, list) else [value]
-    if not items or not all(type(v) is int and least <= v <= (1 << 31) for v in items):
+    if (not items and not empty_ok) or not all(type(v) is int and least <= v <= (1 << 31) for v in items):
         raise ValueError(f"{where}: {str(value)[:80]} must be an integer (or a list of integers) of at least {least}")
 
 

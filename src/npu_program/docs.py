@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 from .kernels import FLOATS, KERNEL_DTYPES, KERNELS, REFERENCE, KernelDef
+from .params import INPUT, REQUIRED, Param
 
 _KINDS = ("contraction", "fused", "attention", "normalization", "elementwise", "reduction", "pooling", "resampling",
           "sorting", "movement", "host")
@@ -73,10 +75,56 @@ def kernels_markdown() -> str:
             notes = r.doc if r.deferred is None else f"**not in programs yet**: {r.deferred}"
             if r.host:
                 notes = f"**stays on the host**: {r.host}"
-            if r.params:
-                notes += "; params: " + ", ".join(f"`{p}`" for p in r.params)
+            if _shown(r):
+                notes += f"; params: [below](#{_anchor(r.name)})"
             cost = r.flops.__name__.replace("_flops", "").replace("_", " ")
             lines.append(f"| `{r.name}` | {_dtypes(r)} | {_layout(r)} | {cost} | "
                          + " | ".join(_impl(r, b) for b in backends) + f" | {notes} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _params_section())
+
+
+_PARAMS_INTRO = [
+    "## Parameters",
+    "",
+    "What a dispatch of each kernel may carry (`npu_program.params`): per param a type, a default and its meaning. "
+    "Types: `bool`, `int`, `float` (in a file, inf and nan are the strings `\"inf\"`, `\"-inf\"`, `\"nan\"`), "
+    "`scalar` (an ATen Scalar: a bool, an int or a float), `str` (one of its choices where it has them), `dtype` "
+    "(a dtype name), `layout`, `memory_format`, `device` (names), `ints`, `floats`, `bools` (lists), and `null`; "
+    "`a|b` is either. Lowering decodes the IR's attributes into these plain values and writes every default; "
+    "the program checker refuses an unknown param, a value of another type or outside its choices, and a missing "
+    "required one. An ATen kernel's params are its op's schema arguments; its tensor arguments (inputs, or a "
+    "number the IR folded into the node) are not listed. A host dispatch has no record: its params are its IR "
+    "node's attributes.",
+    "",
+]
+
+
+def _shown(record: KernelDef) -> list[Param]:
+    """The params a reader looks up: all but an ATen op's tensor arguments."""
+    return [d for d in record.params.values() if d.default is not INPUT]
+
+
+def _anchor(name: str) -> str:
+    return "params-" + "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+def _declaration(decl: Param) -> str:
+    text = f"`{decl.name}` {decl.type}"
+    if decl.default is REQUIRED:
+        text += ", required"
+    else:
+        text += f" = `{json.dumps(decl.default)}`"
+    if decl.choices is not None:
+        text += f" (one of {', '.join(decl.choices)})"
+    return text + (f": {decl.doc}" if decl.doc else "")
+
+
+def _params_section() -> list[str]:
+    lines = list(_PARAMS_INTRO)
+    for record in sorted(KERNELS.values(), key=lambda r: (r.name.startswith("aten."), r.name)):
+        shown = _shown(record)
+        if shown:
+            lines += [f'<a id="{_anchor(record.name)}"></a>**`{record.name}`**', "",
+                      *(f"- {_declaration(d)}" for d in shown), ""]
+    return lines

@@ -38,6 +38,7 @@ from .array_mapping import (
     matmul_mapping,
     qkv_mapping,
 )
+from .aten_params import ATEN_PARAMS
 from .cost_formulas import (
     Flops,
     KernelCost,
@@ -63,6 +64,7 @@ from .cost_formulas import (
     reduce_flops,
     whole,
 )
+from .params import Param, declare, p
 
 #: The dtypes a kernel runs unless its record says otherwise (names of the dtype table, `torch_ir.dtypes`).
 KERNEL_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
@@ -93,6 +95,8 @@ class KernelTest:
     (distinct integers in [0, N), as a cache write needs). Inputs at the
     positions in ``weights`` are weight slots (bound before the run), the others graph inputs.
     ``rtol``/``atol`` are for float32 and scale with the dtype (``torch_ir.verify.default_tolerance``).
+    ``params`` are the test node's IR attributes (the IR's encoding, ``{"dtype": {"dtype": "float16"}}``):
+    lowering turns them into the kernel's declared params as it does any node's.
     """
 
     inputs: tuple[tuple[tuple[int, ...], str, str], ...]
@@ -139,8 +143,9 @@ class KernelDef:
     #: "spatial": its 4-D activations are stored NHWC on a channels-last target; "keeps": its output keeps
     #: the layout of a same-shaped input (elementwise); None: row-major.
     layout: str | None = None
-    #: Parameter name -> meaning (plain JSON values in the program).
-    params: dict[str, str] = field(default_factory=dict)
+    #: Parameter name -> its typed declaration (``npu_program.params``: type, default, doc): what a dispatch of
+    #: the kernel may carry, checked when a program is loaded. ``kernel(params=(p(...), ...))`` builds it.
+    params: dict[str, Param] = field(default_factory=dict)
     #: Of a kernel with a ``has_bias`` parameter: the inputs before its bias (the bias's index when present), so
     #: that lowering can tell ``has_bias`` from the input count when the IR leaves it out.
     bias_index: int | None = None
@@ -195,10 +200,11 @@ class KernelDef:
 KERNELS: dict[str, KernelDef] = {}
 
 
-def kernel(name: str, kind: str, doc: str, **fields: Any) -> KernelDef:
+def kernel(name: str, kind: str, doc: str, *, params: Sequence[Param] = (), **fields: Any) -> KernelDef:
+    """Declare a kernel; ``params`` are its parameters' declarations (``p(name, type, default, doc)``)."""
     if name in KERNELS:
         raise ValueError(f"kernel {name!r} is declared twice")
-    KERNELS[name] = KernelDef(name, kind, doc, **fields)
+    KERNELS[name] = KernelDef(name, kind, doc, params=declare(*params), **fields)
     return KERNELS[name]
 
 
@@ -219,6 +225,22 @@ def gpu(module: str, function: str) -> str:
 
 
 _ACT = f"null or one of {', '.join(ACTIVATIONS)}: applied to the result (torch_ir.activations)"
+#: Required in a program (no default): the IR may leave it out, and lowering then counts the inputs; a default
+#: here would say "no bias" of a dispatch with one.
+_HAS_BIAS = "a bias input follows w (lowering counts the inputs when the IR leaves it out)"
+
+
+def _activation() -> Param:
+    return p("activation", "str|null", None, _ACT, choices=ACTIVATIONS)
+
+
+def _conv_params() -> tuple[Param, ...]:
+    return (p("stride", "ints", doc="per spatial dim"), p("padding", "ints", doc="per spatial dim"),
+            p("dilation", "ints", doc="per spatial dim"), p("groups", "int", 1, "channel groups"),
+            p("has_bias", "bool", doc=_HAS_BIAS),
+            p("bn_eps", "float|null", None, "batch norm folded when not null; its four inputs follow"), _activation())
+
+
 _CPU = "npu_runtime.backends.cpu_kernels"
 _HALF = ("float32", "bfloat16")
 _CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
@@ -227,11 +249,11 @@ _CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups
 
 kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=gemm_flops, array=gemm_mapping,
        bias_index=2,
-       params={"trans_a": "x's last two dims are transposed", "trans_b": "w is [N, K] (nn.Linear)",
-               "has_bias": "a bias input follows w",
-               "has_residual": "a residual activation of y's shape is the last input, added before the activation "
-                               "(inputs [x, w, bias?, residual]; has_bias is then always given)",
-               "activation": _ACT},
+       params=(p("trans_a", "bool", False, "x's last two dims are transposed"),
+               p("trans_b", "bool", True, "w is [N, K] (nn.Linear)"), p("has_bias", "bool", doc=_HAS_BIAS),
+               p("has_residual", "bool", False, "a residual activation of y's shape is the last input, added "
+                                                "before the activation (inputs [x, w, bias?, residual])"),
+               _activation()),
        impls={"cpu": f"{_CPU}:Gemm", "webgpu": gpu("contraction", "gemm")},
        test=(t("2,5,16", "8,16", "8", params={"trans_b": True, "activation": "gelu"}, weights=(1, 2), dtypes=_HALF),
              t("2,5,16", "8,16", "8", "2,5,8", params={"trans_b": True, "has_bias": True, "has_residual": True},
@@ -241,13 +263,11 @@ kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=
 kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch norm, residual add and activation",
        flops=conv_flops, traffic=conv_traffic, array=conv_mapping, layout="spatial", dtypes=FLOATS, bias_index=2,
        aten_sources=("aten.conv2d.default", "aten.convolution.default"),
-       params={"stride": "per spatial dim", "padding": "per spatial dim", "dilation": "per spatial dim",
-               "groups": "channel groups", "has_bias": "a bias input follows w",
-               "bn_eps": "batch norm folded when not null; its four inputs follow",
-               "has_residual": "a residual of y's shape is the last input, added before the activation (a ResNet "
-                               "block's add)",
-               "activation": _ACT,
-               "inplace_residual": "the output is written over the residual (it dies here): set by the compiler"},
+       params=(*_conv_params(),
+               p("has_residual", "bool", False, "a residual of y's shape is the last input, added before the "
+                                                "activation (a ResNet block's add)"),
+               p("inplace_residual", "bool", False, "the output is written over the residual (it dies here): set "
+                                                    "by the compiler")),
        impls={"cpu": f"{_CPU}:Conv2d", "webgpu": gpu("contraction", "conv")},
        test=(t("1,3,9,9", "4,3,3,3", "4", "4", "4", "4", "4:positive", weights=(1, 2, 3, 4, 5, 6),
                params={**_CONV_PARAMS, "has_bias": True, "bn_eps": 1e-5, "activation": "relu"}, atol=1e-4),
@@ -255,24 +275,27 @@ kernel("CONV", "contraction", "2-D convolution with optional bias, folded batch 
                params={**_CONV_PARAMS, "has_bias": True, "bn_eps": None, "has_residual": True,
                        "activation": "relu"}, atol=1e-4)))
 kernel("LAYER_NORM", "normalization", "layer norm over the trailing dims", layout="keeps", dtypes=FLOATS,
-       params={"normalized_shape": "trailing dims", "eps": "epsilon"},
+       params=(p("normalized_shape", "ints", doc="trailing dims"), p("eps", "float", 1e-5, "epsilon")),
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "layer_norm")},
        test=t("2,5,8", "8", "8", params={"normalized_shape": [8], "eps": 1e-5}, weights=(1, 2), dtypes=_HALF))
 kernel("RMS_NORM", "normalization", "RMS norm over the last dim", layout="keeps", dtypes=FLOATS,
-       params={"eps": "epsilon"}, impls={"cpu": f"{_CPU}:RmsNorm", "webgpu": gpu("transformer", "rms_norm")},
+       params=(p("eps", "float", 1e-6, "epsilon"),),
+       impls={"cpu": f"{_CPU}:RmsNorm", "webgpu": gpu("transformer", "rms_norm")},
        test=t("2,5,8", "8", params={"eps": 1e-6}, weights=(1,), dtypes=_HALF))
 kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout="keeps",
-       params={"dim": "axis", "scale": "scale applied first"},
+       params=(p("dim", "int", -1, "axis"), p("scale", "float", 1.0, "scale applied first")),
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "softmax")},
        test=t("2,3,7", params={"dim": -1, "scale": 0.5}, dtypes=_HALF))
 kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as one GEMM", flops=qkv_flops,
        array=qkv_mapping, bias_index=4,  # three weights (one when packed: lowering reads ``packed``)
-       params={"splits": "output widths", "has_bias": "biases follow the weights (one flag, or [q, k, v])",
-               "trans_b": "as GEMM",
-               "packed": "one weight", "num_heads": "query heads", "num_kv_heads": "key/value heads",
-               "head_dim": "per head",
-               "heads_first": "outputs head-major [B, heads, T, head_dim] (the head split and transpose done by "
-                              "the kernel's store) rather than [B, T, width]"},
+       params=(p("splits", "ints", doc="output widths"),
+               p("has_bias", "bool|bools", doc="biases follow the weights (one flag, or [q, k, v]; lowering counts "
+                                               "the inputs when the IR leaves it out)"),
+               p("trans_b", "bool", True, "as GEMM"), p("packed", "bool", False, "one weight"),
+               p("num_heads", "int|null", None, "query heads"), p("num_kv_heads", "int|null", None, "key/value heads"),
+               p("head_dim", "int|null", None, "per head"),
+               p("heads_first", "bool", False, "outputs head-major [B, heads, T, head_dim] (the head split and "
+                                               "transpose done by the kernel's store) rather than [B, T, width]")),
        impls={"cpu": f"{_CPU}:QkvProj", "webgpu": gpu("contraction", "qkv_proj")},
        test=(t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3), dtypes=_HALF,
                params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
@@ -290,19 +313,19 @@ kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as on
                params={"splits": [8, 8, 8], "has_bias": False, "trans_b": True, "packed": True,
                        "num_heads": 2, "num_kv_heads": 2, "head_dim": 4, "heads_first": True})))
 kernel("ATTN_SCORE", "attention", "softmax(q · kᵀ · scale + mask)", flops=attn_score_flops, array=attn_score_mapping,
-       params={"scale": "applied to q · kᵀ", "causal": "mask the future"},
+       params=(p("scale", "float", doc="applied to q · kᵀ"), p("causal", "bool", False, "mask the future")),
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "attn_score")},
        test=t("1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True}))
 kernel("ATTN_OUTPUT", "attention", "p · v, heads merged", flops=matmul_flops, array=attn_output_mapping,
        dtypes=FLOATS,
-       params={"merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
+       params=(p("merge_heads", "bool", True, "[B, T, H·D] rather than [B, H, T, D]"),),
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "attn_output")},
        test=t("1,2,5,5:positive", "1,2,5,4", params={"merge_heads": True}))
 kernel("ATTENTION", "attention", "softmax(q · kᵀ · scale + mask) · v, heads merged: ATTN_SCORE and ATTN_OUTPUT "
        "in one kernel (grouped-query k and v, a KV cache longer than q)", flops=attention_flops,
        array=attention_mapping,
-       params={"scale": "applied to q · kᵀ", "causal": "mask the future",
-               "merge_heads": "[B, T, H·D] rather than [B, H, T, D]"},
+       params=(p("scale", "float", doc="applied to q · kᵀ"), p("causal", "bool", False, "mask the future"),
+               p("merge_heads", "bool", True, "[B, T, H·D] rather than [B, H, T, D]")),
        impls={"cpu": f"{_CPU}:Attention", "webgpu": gpu("transformer", "attention")},
        test=(t("1,4,5,4", "1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True, "merge_heads": True},
                dtypes=_HALF),
@@ -317,7 +340,9 @@ kernel("SILU_GATE", "elementwise", "silu(a) * b", layout="keeps", dtypes=FLOATS,
 kernel("GATE_UP", "fused", "silu(x · w_gateᵀ + b_gate) * (x · w_upᵀ + b_up): a gated MLP's gate and up projections "
        "and SILU_GATE, one contraction over both weights (concatenated once, at bind time)", flops=gate_up_flops,
        array=gate_up_mapping, bias_index=3,
-       dtypes=FLOATS, params={"trans_b": "as GEMM", "has_bias": "b_gate and b_up follow the weights"},
+       dtypes=FLOATS, params=(p("trans_b", "bool", True, "as GEMM"),
+                              p("has_bias", "bool", doc="b_gate and b_up follow the weights (lowering counts the "
+                                                        "inputs when the IR leaves it out)")),
        impls={"cpu": f"{_CPU}:GateUp", "webgpu": gpu("contraction", "gate_up")},
        test=(t("2,5,16", "12,16", "12,16", params={"trans_b": True, "has_bias": False}, weights=(1, 2),
                atol=1e-4, dtypes=_HALF),
@@ -332,21 +357,23 @@ kernel("ROPE_QK", "elementwise", "rotary position embedding of q and k (same cos
        test=t("1,4,5,4", "1,2,5,4", "1,1,5,4", "1,1,5,4", dtypes=_HALF))
 kernel("EMBEDDING", "movement", "rows of a table by index; an id outside the table is an error (the runtime checks "
        "ids where they enter a program)",
-       params={"negative_wraps": "ids in [-rows, rows), a negative id counting from the end (ONNX Gather); "
-                                 "else [0, rows)"},
+       params=(p("negative_wraps", "bool", False, "ids in [-rows, rows), a negative id counting from the end "
+                                                  "(ONNX Gather); else [0, rows)"),),
        traffic=gathered, impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "embedding")},
        test=(t("10,4", "2,3:int64:index:10", weights=(0,)),
              t("10,4", "2,3:int64:index:10", params={"negative_wraps": True}, weights=(0,))))
 kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch norm statistics", layout="keeps",
-       dtypes=FLOATS, params={"eps": "epsilon"},
+       dtypes=FLOATS, params=(p("eps", "float", 1e-5, "epsilon"),),
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "batch_norm")},
        test=t("2,4,5,5", "4", "4", "4", "4:positive", params={"eps": 1e-5}, weights=(1, 2, 3, 4), dtypes=_HALF))
 kernel("LRN", "normalization", "local response normalization across channels", layout="keeps", dtypes=FLOATS,
-       params={"size": "channels in the window", "alpha": "scale", "beta": "exponent", "k": "added first"},
+       params=(p("size", "int", doc="channels in the window"), p("alpha", "float", 1e-4, "scale"),
+               p("beta", "float", 0.75, "exponent"), p("k", "float", 1.0, "added first")),
        impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "lrn")},
        test=t("1,6,4,4", params={"size": 3, "alpha": 1e-2, "beta": 0.75, "k": 1.0}, dtypes=_HALF))
 kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at positions, in place: its output is "
-       "the cache's state slot (see npu_compiler.state)", params={"dim": "axis"}, flops=no_flops, traffic=cache_update,
+       "the cache's state slot (see npu_compiler.state)", params=(p("dim", "int", 2, "axis"),), flops=no_flops,
+       traffic=cache_update,
        writes_state=True,
        impls={"cpu": f"{_CPU}:KvUpdate", "webgpu": gpu("transformer", "kv_update")},
        test=t("1,2,8,4", "1,2,3,4", "3:int64:positions:8", params={"dim": 2}, dtypes=_HALF))
@@ -366,7 +393,7 @@ def aten(name: str, kind: str, test: KernelTest | tuple[KernelTest, ...], doc: s
     impls = {"cpu": f"{_CPU}:{_FAST[op]}"} if op in _FAST else {"cpu": REFERENCE}
     if wgsl is not None or webgpu is not None:
         impls["webgpu"] = _EW if wgsl is not None else webgpu
-    kernel(op, kind, doc, impls=impls, test=test, wgsl=wgsl, **fields)
+    kernel(op, kind, doc, params=ATEN_PARAMS[op], impls=impls, test=test, wgsl=wgsl, **fields)
 
 
 _X, _XY, _POS = t("2,3,4,5", dtypes=_HALF), t("2,3,4,5", "2,3,4,5", dtypes=_HALF), t("2,3,4:positive")

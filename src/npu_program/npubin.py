@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,26 +32,48 @@ from torch_ir.fileio import atomic_write, read_input
 from torch_ir.ir.validate import MAX_JSON_DEPTH, nested_deeper_than
 
 from .codec import SchemaError, from_json, to_json
-from .kernels import kernels_for
-from .program import CompiledProgram, TensorSpec
+from .kernels import KERNELS, kernels_for
+from .params import Param, ParamError, params_from_attrs, params_from_file, params_to_file
+from .program import CompiledProgram, Dispatch, TensorSpec
 
 MAGIC = b"NPUBIN\0\0"
 # 1.1 added `state_specs` (optional, so a 1.0 file reads as a program without state slots).
 # 1.2 added `Dispatch.host` (host dispatches of compile(fallback="cpu")). It is written only when set: a program
 # without host dispatches reads in a 1.1 reader, which refuses one with them (an unknown dispatch field).
 # 1.3 added `Dispatch.provenance` (source nodes, module path, frontend origin, rewrite rules), written only when set.
-FORMAT_VERSION = (1, 3)
+# 2.0: a kernel dispatch's `params` are plain values its kernel record declares (`npu_program.params`: "float16",
+# not the IR's {"dtype": "float16"}; every declared default written out; a non-finite float as "inf", "-inf" or
+# "nan"). The meaning of a field changed, so the major goes up: a 1.x reader refuses a 2.0 file instead of
+# handing plain params to code that expects the IR's tags. This reader upgrades a 1.x file's params on read
+# (`_upgrade_params`); host dispatches keep their IR attributes in both.
+FORMAT_VERSION = (2, 0)
 # Majors this reader understands; a new major means the layout changed in a way old readers must refuse.
-SUPPORTED_MAJORS = (1,)
+SUPPORTED_MAJORS = (1, 2)
 ALIGNMENT = 64
 
 _FIXED = struct.Struct("<8sHHQ")  # magic, major, minor, header length
 _DIGEST_BYTES = hashlib.sha256().digest_size
 _RECOMPILE = "recompile the model to produce a fresh .npubin file"
 
-# Top-level header fields, each required so that a file from a buggy writer fails loudly on load.
-REQUIRED_FIELDS = ("model_name", "target", "input_specs", "output_specs", "weight_specs", "weight_keys",
-                   "tensors", "dispatches", "memory", "constants", "blob_nbytes", "ir", "metadata")
+
+@dataclass
+class ConstantRange:
+    """Where one constant's bytes are in the blob."""
+
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class BlobIndex:
+    """The header's fields beside the program's: where the constants' bytes are. Read by the same codec as the
+    program, so what is required is what the dataclasses say (a field without a default), checked strictly."""
+
+    constants: dict[str, ConstantRange]
+    blob_nbytes: int
+
+
+_BLOB_FIELDS = tuple(f.name for f in dataclasses.fields(BlobIndex))
 
 
 class NpubinError(TorchIRError, ValueError):
@@ -114,8 +137,14 @@ def _pack_constants(constants: dict[str, bytes]) -> tuple[bytes, dict[str, dict[
 
 def _header_dict(program: CompiledProgram, ranges: dict[str, dict[str, int]], blob_nbytes: int) -> dict[str, Any]:
     # Every program field through the one codec (`tensors` becomes a list so the compiler's order survives
-    # sort_keys); the constant bytes are in the blob, located by `constants`.
-    return {**to_json(program), "constants": ranges, "blob_nbytes": blob_nbytes}
+    # sort_keys); the constant bytes are in the blob, located by `constants`. A kernel's params are plain
+    # values, a non-finite float among them written as a string (strict JSON has no inf); a host dispatch's
+    # are its IR node's attributes, already strict JSON (the IR tags inf).
+    header = to_json(program)
+    for d, data in zip(program.dispatches, header["dispatches"]):
+        if d.host is None and isinstance(d.params, dict):
+            data["params"] = params_to_file(d.params)
+    return {**header, "constants": ranges, "blob_nbytes": blob_nbytes}
 
 
 def _encode_header(header: dict[str, Any]) -> bytes:
@@ -169,11 +198,13 @@ def _decode(data: bytes, path: str | os.PathLike[str]) -> CompiledProgram:
     header_len = _check_fixed_header(data, path)
     _check_checksum(data, path)
     header = _parse_header(data[_FIXED.size:_FIXED.size + header_len], path)
+    index = _blob_index(header, path)
     blob = data[_align(_FIXED.size + header_len):len(data) - _DIGEST_BYTES]
-    if len(blob) != header["blob_nbytes"]:
-        raise _error(path, f"blob holds {len(blob)} bytes but the header declares {header['blob_nbytes']}")
-    newer = _FIXED.unpack_from(data)[2] > FORMAT_VERSION[1]
-    program = _program_from_header(header, blob, path, ignore_unknown=newer)
+    if len(blob) != index.blob_nbytes:
+        raise _error(path, f"blob holds {len(blob)} bytes but the header declares {index.blob_nbytes}")
+    version = _FIXED.unpack_from(data)[1:3]
+    program = _program_from_header(header, index, blob, path, ignore_unknown=version > FORMAT_VERSION)
+    _read_params(program, version[0], path)
     from .check import check_program  # it raises this module's NpubinError
 
     # the kernel names are checked against the target's kernels when the kernel table knows the target; an
@@ -225,39 +256,65 @@ def _parse_header(raw: bytes, path: Path | str) -> dict[str, Any]:
         raise _error(path, f"header is not valid UTF-8 JSON (strict: no NaN or Infinity; {err})") from None
     if not isinstance(header, dict):
         raise _error(path, f"header is a JSON {type(header).__name__}, not an object")
-    for name in REQUIRED_FIELDS:
-        if name not in header:
-            raise _error(path, f"header lacks required field {name!r}")
     # The free-form fields are kept as they are: bounded in depth, so that no later walk over them (saving the
     # program again, copying it) overflows the stack. The typed fields are checked by from_json and check.
     for name in ("ir", "metadata"):
-        if nested_deeper_than(header[name], MAX_JSON_DEPTH):
+        if nested_deeper_than(header.get(name), MAX_JSON_DEPTH):
             raise _error(path, f"header field {name!r} is nested more than {MAX_JSON_DEPTH} lists or objects deep")
     return header
 
 
-def _program_from_header(header: dict[str, Any], blob: bytes, path: Path | str, *,
+def _blob_index(header: dict[str, Any], path: Path | str) -> BlobIndex:
+    """The header's blob fields, read strictly (a missing or mistyped one names its field path)."""
+    try:
+        return from_json(BlobIndex, {k: header[k] for k in _BLOB_FIELDS if k in header}, "header")
+    except SchemaError as err:
+        raise _error(path, f"header is malformed: {err}") from None
+
+
+def _program_from_header(header: dict[str, Any], index: BlobIndex, blob: bytes, path: Path | str, *,
                          ignore_unknown: bool = False) -> CompiledProgram:
     """The program of a header. A file of a newer minor version may add optional top-level fields this
     reader does not know (see docs/npubin.md, Versioning): they are ignored; in a file of this reader's
     version an unknown field is an error."""
     known = {f.name for f in dataclasses.fields(CompiledProgram)}
     fields = {k: v for k, v in header.items()
-              if k not in ("constants", "blob_nbytes") and (k in known or not ignore_unknown)}
+              if k not in _BLOB_FIELDS and (k in known or not ignore_unknown)}
     try:
         program = from_json(CompiledProgram, fields, "header")
     except SchemaError as err:
         raise _error(path, f"header is malformed: {err}") from None
-    program.constants = _read_constants(header["constants"], blob, program.tensors, path)
+    program.constants = _read_constants(index.constants, blob, program.tensors, path)
     return program
 
 
-def _read_constants(ranges: Any, blob: bytes, tensors: dict[str, TensorSpec], path: Path | str) -> dict[str, bytes]:
-    if not isinstance(ranges, dict):
-        raise _error(path, "header field 'constants' is malformed (expected an object)")
+def _read_params(program: CompiledProgram, major: int, path: Path | str) -> None:
+    """A kernel dispatch's params as the program holds them: a 1.x file's (the IR node's attributes, verbatim)
+    upgraded to plain params, a 2.x file's non-finite floats read back. Host dispatches keep theirs. A kernel the
+    table does not know is left to the checker, which refuses it."""
+    for i, d in enumerate(program.dispatches):
+        record = KERNELS.get(d.kernel) if isinstance(d.kernel, str) else None
+        if d.host is not None or record is None or not isinstance(d.params, dict):
+            continue
+        d.params = _upgrade_params(d, record.params, f"{path}: dispatch {i} ({d.kernel})") if major < 2 \
+            else params_from_file(record.params, d.params)
+
+
+def _upgrade_params(d: Dispatch, declared: dict[str, Param], where: str) -> dict[str, Any]:
+    """The one place format 1.x params become 2.0 params: the IR's tagged encoding decoded and the declared
+    defaults filled in, as lowering does (``params_from_attrs``). The params 1.x lowering made itself
+    (``has_bias``, ``inplace_residual``) are in the file already."""
+    try:
+        return params_from_attrs(declared, d.params, where)
+    except ParamError as err:
+        raise NpubinError(f"{err}; {_RECOMPILE}") from None
+
+
+def _read_constants(ranges: dict[str, ConstantRange], blob: bytes, tensors: dict[str, TensorSpec],
+                    path: Path | str) -> dict[str, bytes]:
     constants = {}
     for name, entry in ranges.items():
-        offset, nbytes = _constant_range(name, entry, path)
+        offset, nbytes = entry.offset, entry.nbytes
         if offset < 0 or nbytes < 0 or offset + nbytes > len(blob):
             raise _error(path, f"constant {name!r} range [{offset}, {offset + nbytes}) lies outside the "
                                f"{len(blob)}-byte blob")
@@ -266,13 +323,3 @@ def _read_constants(ranges: Any, blob: bytes, tensors: dict[str, TensorSpec], pa
             raise _error(path, f"constant {name!r} has {nbytes} bytes but no matching spec in 'tensors'")
         constants[name] = blob[offset:offset + nbytes]
     return constants
-
-
-def _constant_range(name: str, entry: Any, path: Path | str) -> tuple[int, int]:
-    try:
-        offset, nbytes = entry["offset"], entry["nbytes"]
-    except (KeyError, TypeError):
-        raise _error(path, f"constant {name!r} lacks required field 'offset' or 'nbytes'") from None
-    if not isinstance(offset, int) or not isinstance(nbytes, int):
-        raise _error(path, f"constant {name!r} has a non-integer offset or nbytes")
-    return offset, nbytes

@@ -119,7 +119,9 @@ class Dispatch:
     inputs: list[str]
     # Activations or state slots.
     outputs: list[str]
-    # Kernel arguments; JSON values only (lists, not tuples) so that they survive a save/load round trip.
+    # The kernel's parameters: plain values of the types its record declares (`npu_program.params`; "float16",
+    # not the IR's {"dtype": "float16"}; lists, not tuples, so that a save/load round trip is exact). A host
+    # dispatch's are its IR node's attributes, in the IR's encoding (it has no kernel record). Format 2.0.
     params: dict[str, Any] = field(default_factory=dict)
     # Why this dispatch runs on the host CPU rather than as a kernel of the target (set by
     # compile(fallback="cpu")); None for a kernel of the target. A host dispatch's `kernel` is the op type

@@ -17,22 +17,28 @@ from typing import Any
 
 import torch
 
+from npu_program.kernels import KERNELS
+from npu_program.params import params_to_attrs
 from npu_program.program import CompiledProgram, Dispatch, TensorSpec
 from torch_ir.errors import TorchIRError
 from torch_ir.ir import OpNode, TensorMeta
 from torch_ir.ops.npu import NPU_OPS
 from torch_ir.ops.registry import Kernel, bind_kernel, is_supported, resolve_overload, unsafe_reason
-from torch_ir.ops.values import dtype_from_name
+from torch_ir.ops.values import check_value, dtype_from_name
 
 from .device import RuntimeInputError
 
 
 def reference_params(dispatch: Dispatch) -> dict[str, Any]:
-    """The attributes of the op a dispatch came from: an NPU op's reference takes its own attributes, not
-    the kernel-only params the compiler adds (``inplace_residual``, GEMM's ``has_bias``)."""
+    """The attributes of the op a dispatch came from, in the IR's encoding the op registry reads: a kernel's plain
+    params encoded again by its record's declarations (``"float16"`` -> ``{"dtype": "float16"}``); a host
+    dispatch's are its node's attributes already. An NPU op's reference takes its own attributes, not the
+    kernel-only params the compiler adds (``inplace_residual``)."""
+    record = KERNELS.get(dispatch.kernel) if dispatch.host is None else None
+    attrs = dict(dispatch.params) if record is None else params_to_attrs(record.params, dispatch.params)
     if dispatch.kernel not in NPU_OPS:
-        return dict(dispatch.params)
-    return {k: v for k, v in dispatch.params.items() if k in NPU_OPS[dispatch.kernel].attrs}
+        return attrs
+    return {k: v for k, v in attrs.items() if k in NPU_OPS[dispatch.kernel].attrs}
 
 
 def bind_reference(dispatch: Dispatch, specs: Mapping[str, TensorSpec], device: torch.device) -> Kernel:
@@ -93,10 +99,21 @@ def host_op_problem(op: str) -> str | None:
 
 def check_host_dispatches(program: CompiledProgram) -> None:
     """Refuse the program, before anything is allocated or run, if a host dispatch names an op the host may
-    not run; the error names the program, the dispatch, its op and the rule."""
+    not run or holds attributes that are no attribute values of the IR (an unknown tag, a symbolic size outside
+    the safe grammar: ``torch_ir.ops.values.check_value``); the error names the program, the dispatch, its op
+    and the rule. Host dispatches have no kernel record: this, and the op's schema when it is bound, is their
+    params' check (the loader's only bounds them as JSON)."""
     for index, dispatch in enumerate(program.dispatches):
         if dispatch.host is None:
             continue
+        where = f"program {program.model_name!r}: dispatch {index} (host op {dispatch.kernel!r})"
+        try:
+            for key, value in dispatch.params.items():
+                check_value(value, f"{where} param {key!r}")
+        except TorchIRError:
+            raise
+        except ValueError as e:
+            raise RuntimeInputError(f"{e}; recompile the model") from None
         problem = host_op_problem(dispatch.kernel)
         if problem is not None:
             raise RuntimeInputError(

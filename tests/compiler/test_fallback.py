@@ -250,12 +250,13 @@ def _header(data: bytes) -> dict:
 def test_the_header_carries_host_only_on_host_dispatches_and_a_1_1_file_still_loads():
     ir, _, _ = build(CASES["histogram"])
     data = npubin.encode_npubin(npu_compiler.compile(ir, fallback="cpu"))
-    assert struct.unpack_from("<8sHH", data)[1:] == npubin.FORMAT_VERSION == (1, 3)
+    assert struct.unpack_from("<8sHH", data)[1:] == npubin.FORMAT_VERSION == (2, 0)
     dispatches = _header(data)["dispatches"]
     assert sorted(d["kernel"] for d in dispatches if "host" in d) == ["aten.histc.default", "aten.logcumsumexp.default"]
     assert all(d["host"] for d in dispatches if "host" in d)
-    # a program without host dispatches writes no `host` key at all, so its header is a 1.1 header: a 1.1
-    # file (the same bytes, version 1.1, checksum redone) loads as the same program
+    # a program without host dispatches writes no `host` key at all, and this one's params hold no value the
+    # IR would tag, so its header is a 1.1 header too: a 1.1 file (the same bytes, version 1.1, checksum redone,
+    # its params upgraded on read) loads as the same program
     strict = npu_compiler.compile(_linear_ir())
     data = npubin.encode_npubin(strict)
     assert all("host" not in d for d in _header(data)["dispatches"])

@@ -43,18 +43,19 @@ def make_program() -> CompiledProgram:
             # the kernels (and their parameters) a compile of TinyCnn emits: test_summary_and_helpers checks
             Dispatch("CONV", "conv", ["x", "w_conv"], ["conv_out"], {
                 "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "has_bias": False,
-                "bn_eps": 1e-05, "activation": None}),
+                "bn_eps": 1e-05, "activation": None, "has_residual": False, "inplace_residual": False}),
             Dispatch("aten.reshape.default", "flatten", ["conv_out"], ["flat"], {"shape": [1, 256]}),
             Dispatch("aten.relu.default", "relu", ["flat"], ["relu_out"]),
-            Dispatch("GEMM", "gemm", ["relu_out", "w_fc"], ["fc_out"], {"trans_b": True, "has_bias": False}),
-            Dispatch("aten.mul.Tensor", "mul", ["fc_out", "scale"], ["y"], {"note": "ünïcode ok", "none": None}),
+            Dispatch("GEMM", "gemm", ["relu_out", "w_fc"], ["fc_out"], {
+                "trans_a": False, "trans_b": True, "has_bias": False, "has_residual": False, "activation": None}),
+            Dispatch("aten.mul.Tensor", "mül ünïcode", ["fc_out", "scale"], ["y"]),
         ],
         memory=MemoryPlan(arena_bytes=2048, offsets={"x": 0, "conv_out": 1024, "relu_out": 0, "fc_out": 1024,
                                                      "y": 1088},
                           no_reuse_bytes=4096, alignment=64, aliases={"flat": "conv_out"}),
         constants={"scale": bytes(range(20)), "index": struct.pack("<3q", 2, 0, 1)},
         ir={"graph": {"nodes": [{"name": "conv", "op": "aten.conv2d.default"}]}, "version": "1"},
-        metadata={"compiler": "npu_compiler 0.1", "options": {"fuse": True}},
+        metadata={"compiler": "npu_compiler 0.1", "options": {"fuse": True}, "note": "ünïcode ok", "none": None},
     )
 
 
@@ -92,7 +93,7 @@ def test_save_is_deterministic(tmp_path):
 def test_layout_magic_version_alignment_and_checksum(saved):
     data = saved.read_bytes()
     magic, major, minor, header_len = struct.unpack_from("<8sHHQ", data)
-    assert (magic, major, minor) == (b"NPUBIN\0\0", 1, 3)
+    assert (magic, major, minor) == (b"NPUBIN\0\0", 2, 0)
     header = json.loads(data[FIXED_SIZE:FIXED_SIZE + header_len])
     blob_start = -(-(FIXED_SIZE + header_len) // 64) * 64
     for entry in header["constants"].values():
@@ -162,15 +163,15 @@ def test_wrong_magic(tmp_path):
 
 def test_future_major_version_is_refused(saved):
     body = bytearray(saved.read_bytes()[:-32])
-    struct.pack_into("<HH", body, 8, 2, 0)
+    struct.pack_into("<HH", body, 8, 3, 0)
     rewrite_with_checksum(saved, bytes(body))
-    with pytest.raises(NpubinError, match=r"version 2\.0 is not supported.*supports 1\.x.*recompiled"):
+    with pytest.raises(NpubinError, match=r"version 3\.0 is not supported.*supports 1\.x, 2\.x.*recompiled"):
         read_npubin(saved)
 
 
 def test_newer_minor_version_is_accepted(saved):
     body = bytearray(saved.read_bytes()[:-32])
-    struct.pack_into("<HH", body, 8, 1, 7)
+    struct.pack_into("<HH", body, 8, 2, 7)
     rewrite_with_checksum(saved, bytes(body))
     assert read_npubin(saved) == make_program()
 
@@ -183,7 +184,7 @@ def test_a_newer_minor_may_add_fields_this_reader_ignores_but_this_minor_may_not
     with pytest.raises(NpubinError, match="future_optional_field"):
         read_npubin(saved)
     body = bytearray(saved.read_bytes()[:-32])
-    struct.pack_into("<HH", body, 8, 1, 9)
+    struct.pack_into("<HH", body, 8, 2, 9)
     rewrite_with_checksum(saved, bytes(body))
     assert read_npubin(saved) == make_program()
 
@@ -196,7 +197,7 @@ def _rewrite_header(path, edit) -> None:
     blob = data[-(-(FIXED_SIZE + header_len) // 64) * 64:-32]
     raw = edit(header)
     raw = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
-    fixed = struct.pack("<8sHHQ", b"NPUBIN\0\0", 1, 0, len(raw))
+    fixed = struct.pack("<8sHHQ", b"NPUBIN\0\0", *npubin.FORMAT_VERSION, len(raw))
     padding = bytes(-(-(len(fixed) + len(raw)) // 64) * 64 - len(fixed) - len(raw))
     rewrite_with_checksum(path, fixed + raw + padding + blob)
 
@@ -208,10 +209,29 @@ def test_header_that_is_not_json(saved):
     assert str(saved) in str(info.value)
 
 
-@pytest.mark.parametrize("field", ["memory", "dispatches", "blob_nbytes", "ir"])
+@pytest.mark.parametrize("field", ["memory", "dispatches", "tensors", "blob_nbytes", "constants"])
 def test_header_missing_a_field_names_it(saved, field):
     _rewrite_header(saved, lambda header: {k: v for k, v in header.items() if k != field})
     with pytest.raises(NpubinError, match=f"lacks required field '{field}'"):
+        read_npubin(saved)
+
+
+def test_what_a_header_requires_is_what_the_dataclasses_require(saved):
+    """No list of required fields beside the program's dataclasses: a field with a default (the embedded IR,
+    the metadata, the state slots) may be left out and reads as its default."""
+    _rewrite_header(saved, lambda header: {k: v for k, v in header.items() if k not in ("ir", "metadata")})
+    loaded = read_npubin(saved)
+    assert loaded.ir is None and loaded.metadata == {}
+    assert not hasattr(npubin, "REQUIRED_FIELDS")
+
+
+def test_a_constant_range_is_read_strictly(saved):
+    def damage(header):
+        header["constants"]["scale"] = {"offset": "0", "nbytes": 20}
+        return header
+
+    _rewrite_header(saved, damage)
+    with pytest.raises(NpubinError, match=r"header\.constants\['scale'\]\.offset: expected int, got string"):
         read_npubin(saved)
 
 
@@ -262,7 +282,7 @@ def test_failed_write_keeps_the_old_file(saved, monkeypatch):
 
 def test_unserializable_program_is_refused_before_touching_disk(tmp_path):
     program = make_program()
-    program.dispatches[0].params["bad"] = float("nan")
+    program.metadata["bad"] = float("nan")
     with pytest.raises(ValueError, match="not strict JSON"):
         program.save(tmp_path / "m.npubin")
     assert os.listdir(tmp_path) == []

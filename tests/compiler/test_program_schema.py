@@ -14,6 +14,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+import npu_compiler
+import torch_ir
 from npu_program import npubin
 from npu_program.check import check_program
 from npu_program.codec import SchemaError, from_json, to_json
@@ -172,6 +174,59 @@ def test_a_format_1_0_file_still_loads_and_runs_equal_to_eager() -> None:
         expected = model(x)
     got = torch.from_numpy(out[program.output_specs[0].name].to_numpy())
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class Tagged(nn.Module):
+    """The model tests/compiler/data/v1_3_tagged.npubin was compiled from (format 1.3, by the compiler before typed
+    params): its dispatches hold the IR's tagged attributes, ``{"dtype": "float16"}``, ``{"float": "-inf"}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h = h.masked_fill(h < -0.5, float("-inf"))
+        h = torch.softmax(h, dim=-1).to(torch.float16)
+        h = h.clamp(max=float("inf")).contiguous(memory_format=torch.contiguous_format)
+        return (h.to(torch.float32) * 2.0).sum(dim=-1, keepdim=True)
+
+
+def _run(program: CompiledProgram, weights: Path, x: torch.Tensor) -> torch.Tensor:
+    device = Device()
+    out = Executor(program, device).run({program.input_specs[0].name: x.numpy()},
+                                        weights=load_weights(weights, program, device))
+    return torch.from_numpy(out[program.output_specs[0].name].to_numpy())
+
+
+def test_a_format_1_3_file_with_tagged_params_loads_upgraded_and_runs_as_before() -> None:
+    """A 1.x file's params are the IR's attributes verbatim; the reader upgrades them, in one place, to the plain
+    params the kernel records declare, and the program gives the numbers a fresh compile gives, bit for bit."""
+    path = DATA / "v1_3_tagged.npubin"
+    assert path.read_bytes()[8:12] == b"\x01\x00\x03\x00"  # major 1, minor 3
+    program = CompiledProgram.load(path)
+    params = {d.kernel: d.params for d in program.dispatches}
+    assert params["aten.masked_fill.Scalar"] == {"value": float("-inf")}
+    assert params["aten.clamp.default"] == {"min": None, "max": float("inf")}
+    assert params["aten._to_copy.default"] == {"dtype": "float32", "layout": None, "device": None,
+                                               "pin_memory": None, "non_blocking": False, "memory_format": None}
+    assert params["GEMM"] == {"trans_a": False, "trans_b": True, "has_bias": True, "has_residual": False,
+                              "activation": None}
+    # the upgraded program is the one the compiler makes today, and saves as a 2.0 file that reads back the same
+    with torch.device("meta"):
+        meta = Tagged()
+    fresh = npu_compiler.compile(torch_ir.extract_ir(meta, (torch.randn(2, 8, device="meta"),),
+                                                     model_name="v1_3_tagged"))
+    assert [(d.kernel, d.params) for d in fresh.dispatches] == [(d.kernel, d.params) for d in program.dispatches]
+    again = npubin.decode_npubin(npubin.encode_npubin(program))
+    assert again.dispatches == program.dispatches
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    got = _run(program, DATA / "v1_3_tagged.safetensors", x)
+    assert torch.equal(got, _run(fresh, DATA / "v1_3_tagged.safetensors", x))
+    model = Tagged()
+    model.load_state_dict(load_file(DATA / "v1_3_tagged.safetensors"))
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-3, atol=1e-3)
 
 
 def test_the_runtime_does_not_import_the_compiler() -> None:

@@ -34,11 +34,9 @@ def ints_param(call: Call, name: str, default: Sequence[int] = ()) -> list[int]:
 
 
 def number(value: Any, name: str) -> float | int:
-    """A scalar parameter's value: a number, or JSON's tagged ``{"float": "inf"}`` (JSON has no inf or nan)."""
+    """A scalar parameter's value: a number (inf and nan are floats in a loaded program: ``npu_program.params``)."""
     if isinstance(value, (bool, int, float)):
         return value
-    if isinstance(value, dict) and list(value) == ["float"] and value["float"] in ("inf", "-inf", "nan"):
-        return float(value["float"])
     raise UnsupportedCall(f"parameter {name!r} = {value!r} is not a number")
 
 
