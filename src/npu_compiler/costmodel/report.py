@@ -34,8 +34,8 @@ from pathlib import Path
 from torch_ir.fileio import atomic_write, check_output_path, check_writable_dir
 from torch_ir.report.cells import csv_cell
 
+from .costs import CSV_COLUMNS, CostReport, LayerCost, plain_line
 from .hardware import Hardware
-from .model import CSV_COLUMNS, CostReport, LayerCost, plain_line
 from .roofline import have_matplotlib, html_text, png_and_spots, png_figure, png_img, roofline_svg
 
 REPORT_FILES = ("cost.csv", "roofline.png", "report.html")

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from .array import _rate
+from .costs import CostReport, DispatchCost, plain_line
 from .hardware import Hardware
-from .model import CostReport, DispatchCost, _rate, plain_line
 
 #: Dot colour by bound.
 BOUND_COLOURS = {"compute": "#1f77b4", "memory": "#d62728"}
