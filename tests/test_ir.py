@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -191,7 +192,9 @@ def test_interrupted_save_leaves_old_file_and_no_partial(small_ir, tmp_path, mon
 
 def test_saving_an_invalid_ir_writes_nothing(small_ir, tmp_path):
     broken = ir_from_dict(ir_to_dict(small_ir))
-    broken.graph_outputs[0].name = "missing"
+    # a new object: the loaded output is the very TensorMeta its node defines, so renaming it in place would
+    # rename the value everywhere and leave the IR valid
+    broken.graph_outputs[0] = dataclasses.replace(broken.graph_outputs[0], name="missing")
     with pytest.raises(IRValidationError):
         broken.save(tmp_path / "ir.json")
     assert not (tmp_path / "ir.json").exists()

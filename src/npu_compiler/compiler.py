@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 from npu_compiler.passes import NormalizeOptions, normalize
 from npu_program.kernels import KERNELS
 from npu_program.program import bind_outputs
-from torch_ir.ir import NPU_IR, OpNode, load_ir
+from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity, load_ir
 from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.registry import is_supported, resolve_overload, unsafe_reason
@@ -215,14 +216,23 @@ def with_public_output_names(ir: NPU_IR) -> NPU_IR:
     if len({t.name for t in outs}) != len(outs) or taken & set(public):
         return ir  # an output listed twice, or the names are taken: keep the IR's names
     renames = {t.name: new for t, new in zip(outs, public)}
-    data = ir.to_dict()
-    for node in data["nodes"]:
-        for t in node["outputs"] + node["inputs"]:
-            t["name"] = renames.get(t["name"], t["name"])
-    for t in data["graph_outputs"]:
-        t["name"] = renames[t["name"]]
-    data["mutations"] = {k: renames.get(v, v) for k, v in data.get("mutations", {}).items()}
-    return ir_from_dict(data)
+    renamed: dict[int, TensorMeta] = {}  # one copy per tensor object (a value shared by its uses stays shared)
+
+    def re(t: TensorMeta) -> TensorMeta:
+        if t.name not in renames:
+            return t
+        if id(t) not in renamed:
+            renamed[id(t)] = dc_replace(t, name=renames[t.name])
+        return renamed[id(t)]
+
+    # copies of the nodes that touch an output; the rest, and the inputs and weights, keep their objects
+    nodes = [n if not any(t.name in renames for t in (*n.inputs, *n.outputs))
+             else dc_replace(n, inputs=[re(t) for t in n.inputs], outputs=[re(t) for t in n.outputs])
+             for n in ir.nodes]
+    public_ir = dc_replace(ir, nodes=nodes, graph_outputs=[re(t) for t in outs],
+                           mutations={k: renames.get(v, v) for k, v in ir.mutations.items()})
+    check_integrity(public_ir, source=f"IR {ir.model_name!r} with its outputs renamed {public}")
+    return public_ir
 
 
 def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions, alignment: int) -> MemoryPlan:

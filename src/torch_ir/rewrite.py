@@ -43,17 +43,24 @@ of the graph has (names drawn by a replacement that is not applied are given bac
 depend on how often a match was tried), and ``m.ctx.cached(key, compute)`` remembers what a check
 worked out (an index trace) for the rest of the call. Each call has its own context, so two rewrites
 (two models, two threads) never see each other's names or caches.
+
+Cost: producers, users and readers are indexed once per call and updated by each rewrite (``RewriteGraph``), so
+time grows with the nodes visited. ``with index_checks():`` compares the indices with a rebuild after each rewrite.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
-from typing import Any, TypeVar
+from typing import Any
 
 from .ir import NPU_IR, OpNode, TensorMeta, check_integrity, merged_provenance
+from .ir.serialize import gc_paused
+from .rewrite_state import RewriteContext, RewriteGraph, RulesByOp, Slot
 
 
 @dataclass(frozen=True)
@@ -83,67 +90,6 @@ class Op:
         object.__setattr__(self, "exact_arity", exact_arity)
 
 
-T = TypeVar("T")
-
-
-class RewriteContext:
-    """What one ``rewrite`` call shares with the rules it runs: names in use, caches, the input IR.
-
-    A rule reaches it as ``m.ctx`` from its check or replacement. It lives as long as the call, so
-    nothing a rule remembers can outlive the graph it describes.
-    """
-
-    def __init__(self, ir: NPU_IR) -> None:
-        self.ir = ir  #: the IR passed to ``rewrite`` (the current nodes are the engine's)
-        self.cache: dict[Hashable, Any] = {}  #: free for rules; ``cached`` keys it by what it computes
-        # names ever used in this call: a removed node's name stays taken (a name never changes meaning),
-        # except to the replacement that removes it (``reusable``)
-        self._nodes: set[str] = {n.name for n in ir.nodes}
-        self._tensors: set[str] = {t.name for t in ir.tensors()}
-        self._pending: set[str] = set()  # drawn by the replacement being tried; kept only if it is applied
-
-    def taken(self, name: str, *, nodes_only: bool = False) -> bool:
-        """Whether a node (or, unless ``nodes_only``, a tensor) of the graph is named ``name``, or the
-        replacement being built drew it. Node and tensor names are separate namespaces in the IR; a
-        name meant for both (a node named after its output) asks for both."""
-        return name in self._nodes or name in self._pending or (not nodes_only and name in self._tensors)
-
-    def claim(self, name: str, *, nodes_only: bool = False, reusable: Iterable[str] = ()) -> str:
-        """Reserve ``name`` for the replacement being built (for rules with a naming scheme of their own).
-
-        ``reusable``: names of nodes the replacement removes, which it may give to a node of its own."""
-        if name in self._pending or (name not in reusable and self.taken(name, nodes_only=nodes_only)):
-            raise ValueError(f"name {name!r} is already used in the graph")
-        self._pending.add(name)
-        return name
-
-    def fresh(self, base: str, *, nodes_only: bool = False, reusable: Iterable[str] = ()) -> str:
-        """``base``, or ``base_1``, ``base_2``, ...: the first name not in use (see ``taken``), reserved."""
-        reusable = set(reusable)
-        name, n = base, 0
-        while name in self._pending or (name not in reusable and self.taken(name, nodes_only=nodes_only)):
-            n += 1
-            name = f"{base}_{n}"
-        return self.claim(name, nodes_only=nodes_only, reusable=reusable)
-
-    def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
-        """``compute()`` once per rewrite call for ``key``. Rules keep tensor names and their meaning
-        within a call, so a key of tensor names (plus the rule's own tag) stays valid for all of it."""
-        if key not in self.cache:
-            self.cache[key] = compute()
-        return self.cache[key]
-
-    def _commit(self, nodes: Sequence[OpNode]) -> None:
-        self._nodes |= self._pending
-        self._nodes.update(n.name for n in nodes)
-        self._tensors |= self._pending
-        self._tensors.update(t.name for n in nodes for t in n.outputs)
-        self._pending.clear()
-
-    def _release(self) -> None:
-        self._pending.clear()
-
-
 class Match:
     """What a pattern bound: tensors by ``Var`` name (``m["x"]``) and nodes by ``Op`` name (``m.node("root")``)."""
 
@@ -154,10 +100,7 @@ class Match:
         self.keep_interior = False  # set for shared_interior rules: _drop_unread removes what is unread
         self.absorbed: list[OpNode] = []  # nodes outside the pattern that the replacement also defines
         self.data: dict[str, Any] = {}  # what a rule's check parsed, for its replacement
-        self._producers: dict[str, OpNode] = {}
-        self._readers: dict[str, list[OpNode]] = {}
-        self._constants: dict[str, Any] = {}
-        self._params: set[str] = set()
+        self._graph: RewriteGraph | None = None  # the graph being rewritten (set by the engine)
         self.ctx: RewriteContext | None = None  # the rewrite call's context (set by the engine)
 
     def producer(self, tensor: TensorMeta) -> OpNode | None:
@@ -165,26 +108,26 @@ class Match:
 
         For rules that must look further up than a fixed pattern can: a chain of views of any length.
         """
-        return self._producers.get(tensor.name)
+        return self._graph.producer.get(tensor.name) if self._graph is not None else None
 
     def users(self, tensor: TensorMeta) -> list[OpNode]:
         """The nodes that read ``tensor``, in graph order (for rules over siblings: Q, K and V of one input)."""
-        return self._readers.get(tensor.name, [])
+        return self._graph.readers(tensor.name) if self._graph is not None else []
 
     def constant(self, tensor: TensorMeta) -> Any:
         """The value of a constant known in the IR (a nested list, or a number for a 0-d one), else None."""
-        return self._constants.get(tensor.name)
+        return self._graph.constants.get(tensor.name) if self._graph is not None else None
 
     def scalar(self, tensor: TensorMeta) -> float | int | bool | None:
         """The value of a one-element constant (``pow(x, c)`` with ``c = 2``), else None."""
-        value = self._constants.get(tensor.name)
+        value = self.constant(tensor)
         while isinstance(value, list) and len(value) == 1:
             value = value[0]
         return value if isinstance(value, (int, float, bool)) else None
 
     def is_param(self, tensor: TensorMeta) -> bool:
         """Whether ``tensor`` is a weight or constant of the IR (not computed, not a graph input)."""
-        return tensor.name in self._params
+        return self._graph is not None and tensor.name in self._graph.params
 
     def include(self, node: OpNode) -> None:
         """Make ``node`` part of the match's interior (for checks that walk further than the pattern).
@@ -247,23 +190,7 @@ class RewriteResult:
 
 # -- matching ---------------------------------------------------------------------------------------
 
-class _Graph:
-    """Producer and user maps over the current node list, and the constants known by value."""
-
-    def __init__(self, nodes: Sequence[OpNode], constants: dict[str, Any], params: set[str],
-                 ctx: RewriteContext | None = None):
-        self.producer: dict[str, OpNode] = {t.name: n for n in nodes for t in n.outputs}
-        self.users: Counter = Counter(t.name for n in nodes for t in n.inputs)
-        self.readers: dict[str, list[OpNode]] = {}
-        for n in nodes:
-            for name in dict.fromkeys(t.name for t in n.inputs):
-                self.readers.setdefault(name, []).append(n)
-        self.constants = constants
-        self.params = params
-        self.ctx = ctx
-
-
-def _match(pattern: Any, tensor: TensorMeta, graph: _Graph, m: Match) -> bool:
+def _match(pattern: Any, tensor: TensorMeta, graph: RewriteGraph, m: Match) -> bool:
     if isinstance(pattern, Var):
         bound = m.tensors.setdefault(pattern.name, tensor)
         return bound.name == tensor.name
@@ -274,7 +201,7 @@ def _match(pattern: Any, tensor: TensorMeta, graph: _Graph, m: Match) -> bool:
     return True
 
 
-def _match_node(pattern: Op, node: OpNode, graph: _Graph, m: Match) -> bool:
+def _match_node(pattern: Op, node: OpNode, graph: RewriteGraph, m: Match) -> bool:
     if node.op_type not in pattern.op_types and pattern.op_types != ("*",):
         return False
     if pattern.exact_arity and len(node.inputs) != len(pattern.inputs):
@@ -288,16 +215,30 @@ def _match_node(pattern: Op, node: OpNode, graph: _Graph, m: Match) -> bool:
     return all(_match(p, t, graph, m) for p, t in zip(pattern.inputs, node.inputs))
 
 
-def match_at(pattern: Op, node: OpNode, graph: _Graph) -> Match | None:
+def match_at(pattern: Op, node: OpNode, graph: RewriteGraph) -> Match | None:
     m = Match()
-    m._producers, m._readers, m._constants = graph.producer, graph.readers, graph.constants
-    m._params = graph.params
+    m._graph = graph
     m.ctx = graph.ctx
     m.nodes["root"] = node
     return m if _match_node(pattern, node, graph, m) else None
 
 
 # -- rewriting --------------------------------------------------------------------------------------
+
+# Set by ``index_checks()``: every rewrite then checks the engine's indices against a rebuild (for tests).
+_CHECK_INDICES: ContextVar[bool] = ContextVar("torch_ir_rewrite_index_checks", default=False)
+
+
+@contextlib.contextmanager
+def index_checks() -> Iterator[None]:
+    """Within the block, each ``rewrite`` checks its indices (producers, users, readers, order) against a rebuild
+    after every change, raising ``AssertionError`` on a difference. Slow: for tests of the engine and the rules."""
+    token = _CHECK_INDICES.set(True)
+    try:
+        yield
+    finally:
+        _CHECK_INDICES.reset(token)
+
 
 def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: bool = True,
             limit: int | None = None) -> RewriteResult:
@@ -311,19 +252,22 @@ def rewrite(ir: NPU_IR, rules: Sequence[Rule], *, max_rounds: int = 20, check: b
     ``n`` applications can be rebuilt at will (``npu_tools.debug.bisect`` searches for the one that breaks a
     model). ``RewriteResult.log`` lists every application (rule, root node), and every node a rule makes
     carries the provenance of the nodes it replaces plus the rule's name (``OpNode.provenance``).
+
+    The graph's indices (``RewriteGraph``) are built once per call and updated by each rewrite, so a call
+    costs time in proportion to the nodes visited, not to the nodes times the rewrites.
     """
-    nodes = list(ir.nodes)
     result = RewriteResult(ir)
     params = {t.name for t in ir.weights} | {t.name for t in ir.constants}
-    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params, RewriteContext(ir), limit)
-    for _ in range(max_rounds):
-        nodes, applied = _sweep(nodes, rules, state)
-        if not applied or state.exhausted:
-            break
-    read = {t.name for n in nodes for t in n.inputs}
-    folded = [meta for meta in state.folded.values() if meta.name in read]
+    state = _State(result, set(), _protected(ir), dict(ir.constant_values), {}, params, RewriteContext(ir), limit,
+                   _CHECK_INDICES.get())
+    graph, by_op = RewriteGraph(ir.nodes, state.constants, state.params, state.ctx), RulesByOp(rules)
+    with gc_paused():  # matches, slots and copies: many small objects (see gc_paused)
+        for _ in range(max_rounds):
+            if not _sweep(graph, by_op, state) or state.exhausted:
+                break
+    folded = [meta for meta in state.folded.values() if graph.is_read(meta.name)]
     result.ir = dc_replace(
-        ir, nodes=nodes, constants=list(ir.constants) + folded,
+        ir, nodes=graph.nodes(), constants=list(ir.constants) + folded,
         constant_values={**ir.constant_values, **{t.name: state.constants[t.name] for t in folded}},
     )
     if check:
@@ -346,73 +290,93 @@ class _State:
     params: set[str]  # weight and constant names (grows with folding)
     ctx: RewriteContext  # what the rules of this call share (m.ctx)
     limit: int | None = None  # applications allowed in the call (None: no limit)
+    check_indices: bool = False  # compare the graph's indices with a rebuild after each rewrite (index_checks)
 
     @property
     def exhausted(self) -> bool:
         return self.limit is not None and len(self.result.log) >= self.limit
 
 
-def _sweep(nodes: list[OpNode], rules: Sequence[Rule], state: _State) -> tuple[list[OpNode], bool]:
-    """One pass over the nodes; after a rewrite the pass goes on at the first new node.
+def _sweep(graph: RewriteGraph, rules: RulesByOp, state: _State) -> bool:
+    """One pass over the nodes, in place; whether a rule applied. After a rewrite the pass goes on at the first
+    new node (at the node after the root when the replacement adds none).
 
     Going on (rather than starting over) keeps a graph with many matches linear in sweeps: a
     1,000-node graph with 600 rewrites would otherwise be rescanned 600 times. A match the rewrite
     made possible before that point is found by the next sweep.
     """
-    graph = _Graph(nodes, state.constants, state.params, state.ctx)
+    if state.check_indices:
+        graph.check()
     changed = False
-    i, budget = 0, 4 * len(nodes) + 100  # rules that undo each other must not spin inside one sweep
-    while i < len(nodes) and budget > 0 and not state.exhausted:
-        rewritten = _rewrite_at(nodes, i, rules, graph, state)
-        if rewritten is None:
-            i += 1
+    slot, budget = graph.first(), 4 * len(graph) + 100  # rules that undo each other must not spin inside one sweep
+    while slot is not graph.tail and budget > 0 and not state.exhausted:
+        after = _rewrite_at(graph, slot, rules, state)
+        if after is None:
+            slot = slot.next
             continue
         budget -= 1
-        prefix = {id(n) for n in nodes[:i]}
-        nodes, changed = rewritten, True
-        i = sum(1 for n in nodes if id(n) in prefix)  # survivors of the prefix come first
-        graph = _Graph(nodes, state.constants, state.params, state.ctx)
-    return nodes, changed
+        changed = True
+        while after.removed:  # a removed slot's ``next`` leads on to the first node still in the graph
+            after = after.next
+        slot = after
+        if state.check_indices:
+            graph.check()
+    return changed
 
 
-def _rewrite_at(nodes: list[OpNode], i: int, rules: Sequence[Rule], graph: _Graph,
-                state: _State) -> list[OpNode] | None:
-    """The node list after the first rule that applies at ``nodes[i]``, or None."""
-    node, protected = nodes[i], state.protected
-    for rule in rules:
+def _rewrite_at(graph: RewriteGraph, slot: Slot, rules: RulesByOp, state: _State) -> Slot | None:
+    """Apply the first rule that applies at ``slot``'s node; the slot the sweep goes on at, or None if none applies."""
+    node = slot.node
+    for rule in rules(node.op_type):
         m = match_at(rule.pattern, node, graph)
         if m is None:
             continue
         m.keep_interior = rule.shared_interior
         reason = rule.check(m) if rule.check else None
-        new = replacement = None if reason else rule.replace(m)
+        new = None if reason else rule.replace(m)
         if new is None and reason is None:
             state.ctx._release()
             continue  # the replacement declined: the rule does not apply here (nothing to report)
-        if new is not None and not rule.shared_interior:
-            reason = _interior_read_elsewhere(m, graph, protected)
-            new = None if reason else new
-        if isinstance(new, TensorMeta):
-            reason = _alias_problem(node, new, protected)
-            new = None if reason else _splice_alias(nodes, i, m, new)
-        elif isinstance(new, Fold):
-            reason = _fold_problem(node, new, protected)
-            new = None if reason else _splice_fold(nodes, i, m, new, state)
-        elif new is not None:
-            reason = _absorb_problem(nodes, i, m, protected)
-            new = None if reason else _splice(nodes, i, m, _with_provenance(new, m, rule))
-        if new is None:
+        if new is not None:
+            reason = _problem(graph, node, m, new, rule, state.protected)
+        if new is None or reason is not None:
             state.ctx._release()  # names the replacement drew are free again
             key = (rule.name, node.name, reason)
             if key not in state.seen:
                 state.seen.add(key)
                 state.result.rejected.append(key)
             continue
-        state.ctx._commit(replacement if isinstance(replacement, list) else [])
+        after = _apply(graph, slot, m, new, rule, state)
+        state.ctx._commit(new if isinstance(new, list) else [])
         state.result.applied[rule.name] += 1
         state.result.log.append((rule.name, node.name))
-        return _drop_unread(new, m, protected)
+        return after
     return None
+
+
+def _problem(graph: RewriteGraph, root: OpNode, m: Match, new: Any, rule: Rule, protected: set[str]) -> str | None:
+    """Why the replacement cannot take the root's place, or None."""
+    if not rule.shared_interior:
+        reason = _interior_read_elsewhere(m, graph, protected)
+        if reason is not None:
+            return reason
+    if isinstance(new, TensorMeta):
+        return _alias_problem(root, new, protected)
+    if isinstance(new, Fold):
+        return _fold_problem(root, new, protected)
+    return _absorb_problem(graph, root, m)
+
+
+def _apply(graph: RewriteGraph, slot: Slot, m: Match, new: Any, rule: Rule, state: _State) -> Slot:
+    """Put the replacement in place of the root at ``slot``; the slot the sweep goes on at."""
+    if isinstance(new, TensorMeta):
+        after = _splice_alias(graph, slot, m, new)
+    elif isinstance(new, Fold):
+        after = _splice_fold(graph, slot, m, new, state)
+    else:
+        after = _splice(graph, slot, m, _with_provenance(new, m, rule))
+    _drop_unread(graph, m, state.protected)
+    return after
 
 
 def _with_provenance(new: list[OpNode], m: Match, rule: Rule) -> list[OpNode]:
@@ -430,26 +394,29 @@ def _fold_problem(root: OpNode, fold: Fold, protected: set[str]) -> str | None:
     return None
 
 
-def _splice_fold(nodes: list[OpNode], index: int, m: Match, fold: Fold, state: _State) -> list[OpNode]:
-    for t in nodes[index].outputs:
+def _splice_fold(graph: RewriteGraph, slot: Slot, m: Match, fold: Fold, state: _State) -> Slot:
+    root = slot.node
+    for t in root.outputs:
         state.constants[t.name] = fold.values[t.name]
         state.folded[t.name] = dc_replace(t, role="constant")
         state.params.add(t.name)
-    removed = {id(n) for n in m.interior} if not m.keep_interior else set()
-    return [n for j, n in enumerate(nodes) if j != index and id(n) not in removed]
+    _remove_matched(graph, m, root, absorbed=False)
+    graph.remove(root)
+    return slot.next
 
 
-def _absorb_problem(nodes: list[OpNode], index: int, m: Match, protected: set[str]) -> str | None:
+def _absorb_problem(graph: RewriteGraph, root: OpNode, m: Match) -> str | None:
     """An absorbed node may only read tensors defined before the root, where its replacement goes."""
-    defined_later = {t.name for n in nodes[index:] for t in n.outputs}
+    where = graph.position(root)
     for node in m.absorbed:
-        late = [t.name for t in node.inputs if t.name in defined_later]
+        late = [t.name for t in node.inputs
+                if (p := graph.producer.get(t.name)) is not None and graph.position(p) >= where]
         if late:
-            return f"absorbed node {node.name!r} reads {late}, defined after the root {nodes[index].name!r}"
+            return f"absorbed node {node.name!r} reads {late}, defined after the root {root.name!r}"
     return None
 
 
-def _interior_read_elsewhere(m: Match, graph: _Graph, protected: set[str]) -> str | None:
+def _interior_read_elsewhere(m: Match, graph: RewriteGraph, protected: set[str]) -> str | None:
     inside = Counter(t.name for n in [m.node("root"), *m.interior] for t in n.inputs)
     for node in m.interior:
         for t in node.outputs:
@@ -470,49 +437,48 @@ def _alias_problem(root: OpNode, target: TensorMeta, protected: set[str]) -> str
     return None
 
 
-def _drop_unread(nodes: list[OpNode], m: Match, protected: set[str]) -> list[OpNode]:
+def _remove_matched(graph: RewriteGraph, m: Match, root: OpNode, *, absorbed: bool) -> None:
+    """Remove the match's interior (unless the rule keeps a shared interior) and, for a node list, the absorbed
+    nodes; the root stays, as the replacement goes in its place."""
+    doomed = ([] if m.keep_interior else m.interior) + (m.absorbed if absorbed else [])
+    for node in doomed:
+        if node is not root:
+            graph.remove(node)
+
+
+def _drop_unread(graph: RewriteGraph, m: Match, protected: set[str]) -> None:
     """Remove the match's interior nodes that nothing reads any more (last first, so chains go too).
 
     Only interior nodes still present matter: those of a ``shared_interior`` match that others read.
     """
-    present = {id(n) for n in nodes}
     for node in reversed(m.interior):
-        if id(node) not in present:
-            continue
-        read = {t.name for n in nodes for t in n.inputs} | protected
-        if not any(t.name in read for t in node.outputs):
-            nodes = [n for n in nodes if n is not node]
-            present.discard(id(node))
-    return nodes
+        if graph.contains(node) and not any(graph.is_read(t.name) or t.name in protected for t in node.outputs):
+            graph.remove(node)
 
 
-def _splice_alias(nodes: list[OpNode], index: int, m: Match, target: TensorMeta) -> list[OpNode]:
+def _splice_alias(graph: RewriteGraph, slot: Slot, m: Match, target: TensorMeta) -> Slot:
     """Drop the root (and its dead interior) and make every later reader use ``target`` instead."""
-    old = nodes[index].outputs[0].name
-    removed = {id(n) for n in m.interior} if not m.keep_interior else set()
-    before = [n for n in nodes[:index] if id(n) not in removed]
-    after = []
-    for n in nodes[index + 1:]:
-        if id(n) in removed:
-            continue
-        if any(t.name == old for t in n.inputs):  # a new node object: the input IR stays untouched
-            n = dc_replace(n, inputs=[target if t.name == old else t for t in n.inputs])
-        after.append(n)
-    return before + after
+    root = slot.node
+    old = root.outputs[0].name
+    _remove_matched(graph, m, root, absorbed=False)
+    for reader in list(graph.readers(old)):
+        if graph.position(reader) > slot.key:  # a new node object: the input IR stays untouched
+            graph.replace(reader, dc_replace(reader, inputs=[target if t.name == old else t for t in reader.inputs]))
+    graph.remove(root)
+    return slot.next
 
 
-def _splice(nodes: list[OpNode], index: int, m: Match, new: list[OpNode]) -> list[OpNode]:
-    root = nodes[index]
+def _splice(graph: RewriteGraph, slot: Slot, m: Match, new: list[OpNode]) -> Slot:
+    root = slot.node
     defined = {t.name for n in new for t in n.outputs}
-    read = {t.name for n in nodes for t in n.inputs}
-    missing = [t.name for t in root.outputs if t.name not in defined and t.name in read]
+    missing = [t.name for t in root.outputs if t.name not in defined and graph.is_read(t.name)]
     missing += [t.name for n in m.absorbed for t in n.outputs if t.name not in defined]
     if missing:
         raise ValueError(f"replacement for node {root.name!r} does not define {missing}")
-    removed = {id(n) for n in m.interior} if not m.keep_interior else set()
-    removed |= {id(n) for n in m.absorbed}
-    before = [n for n in nodes[:index] if id(n) not in removed]
-    return before + new + [n for n in nodes[index + 1:] if id(n) not in removed]
+    _remove_matched(graph, m, root, absorbed=True)
+    made = graph.insert_before(slot, new)
+    graph.remove(root)
+    return made[0] if made else slot.next
 
 
 def select(rules: Iterable[Rule], families: Iterable[str] | None = None,

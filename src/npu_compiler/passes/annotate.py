@@ -127,16 +127,26 @@ def _op_types(ir: NPU_IR) -> dict[str, set[str]]:
 
 
 def _apply(ir: NPU_IR, table: dict[str, dict[str, Any]]) -> NPU_IR:
-    def fix(t: TensorMeta) -> TensorMeta:
-        e = table.get(t.name)
-        if e is None:
-            return t
-        return dc_replace(t, role=e["role"], layout=e["layout"], quant=e.get("quant", t.quant))
+    """A copy of the IR with every tensor annotated from ``table``. A tensor object shared by its definition and
+    its uses stays one object, annotated once: one value, one ``TensorMeta``, rather than a copy per use."""
+    fixed: dict[int, TensorMeta] = {}  # id of a tensor of ``ir`` (alive as long as ``ir``) -> its annotated copy
+    first: dict[str, TensorMeta] = {}  # name -> the first annotated copy, which equal copies become
 
-    nodes = [dc_replace(n, inputs=[fix(t) for t in n.inputs], outputs=[fix(t) for t in n.outputs]) for n in ir.nodes]
-    return dc_replace(ir, graph_inputs=[fix(t) for t in ir.graph_inputs],
-                      graph_outputs=[fix(t) for t in ir.graph_outputs], weights=[fix(t) for t in ir.weights],
-                      constants=[fix(t) for t in ir.constants], nodes=nodes)
+    def fix(t: TensorMeta) -> TensorMeta:
+        done = fixed.get(id(t))
+        if done is None:
+            e = table.get(t.name)
+            done = t if e is None else dc_replace(t, role=e["role"], layout=e["layout"], quant=e.get("quant", t.quant))
+            same = first.setdefault(done.name, done)
+            done = fixed[id(t)] = same if same == done else done  # copies a pass made of one value become one
+        return done
+
+    def fix_all(ts: list[TensorMeta]) -> list[TensorMeta]:
+        return [fix(t) for t in ts]
+
+    nodes = [dc_replace(n, inputs=fix_all(n.inputs), outputs=fix_all(n.outputs)) for n in ir.nodes]
+    return dc_replace(ir, graph_inputs=fix_all(ir.graph_inputs), graph_outputs=fix_all(ir.graph_outputs),
+                      weights=fix_all(ir.weights), constants=fix_all(ir.constants), nodes=nodes)
 
 
 def tensor_table(ir: NPU_IR) -> list[dict[str, Any]]:

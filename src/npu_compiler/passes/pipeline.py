@@ -23,7 +23,8 @@ from dataclasses import replace as dc_replace
 from typing import Any
 
 from torch_ir.errors import IRValidationError, TorchIRError
-from torch_ir.ir import NPU_IR, check_integrity
+from torch_ir.ir import NPU_IR, TensorMeta, check_integrity
+from torch_ir.ir.serialize import gc_paused
 from torch_ir.ops.npu import NPU_OPS
 from torch_ir.ops.registry import check_node_attrs
 from torch_ir.rewrite import RewriteResult, Rule, eliminate_dead_code, rewrite, select
@@ -86,7 +87,11 @@ def normalize(ir: NPU_IR, options: NormalizeOptions | None = None) -> NPU_IR:
         npu_ir = normalize(ir, NormalizeOptions(disable={"attention"}))
         print(npu_ir.op_histogram())
     """
-    options = options or NormalizeOptions()
+    with gc_paused():  # many small objects: collecting mid-way would cost more than the pass (see gc_paused)
+        return _normalize(ir, options or NormalizeOptions())
+
+
+def _normalize(ir: NPU_IR, options: NormalizeOptions) -> NPU_IR:
     for n in ir.nodes:  # rules read attributes with defaults: a misspelled one must not become the default
         check_node_attrs(n)
     report: dict[str, Any] = {"nodes_before": len(ir.nodes), "ops_before": ir.op_histogram(), "stages": []}
@@ -184,8 +189,14 @@ def rename(ir: NPU_IR, node_prefix: str | None, tensor_prefix: str | None) -> NP
                 if t.name not in fixed:
                     names[t.name] = f"{tensor_prefix}{len(names)}"
 
-    def re(t):
-        return dc_replace(t, name=names.get(t.name, t.name))
+    renamed: dict[int, TensorMeta] = {}  # one copy per tensor object, not one per use
+
+    def re(t: TensorMeta) -> TensorMeta:
+        if t.name not in names:
+            return t
+        if id(t) not in renamed:
+            renamed[id(t)] = dc_replace(t, name=names[t.name])
+        return renamed[id(t)]
 
     nodes = [dc_replace(n, name=f"{node_prefix}{i}" if node_prefix else n.name,
                         inputs=[re(t) for t in n.inputs], outputs=[re(t) for t in n.outputs])

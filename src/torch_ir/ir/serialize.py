@@ -100,40 +100,73 @@ def ir_to_dict(ir: NPU_IR) -> dict[str, Any]:
 
 
 def ir_from_dict(doc: Any, *, source: str = "<dict>") -> NPU_IR:
-    """Build an NPU_IR from its JSON form, refusing malformed documents with the bad field's path."""
+    """Build an NPU_IR from its JSON form, refusing malformed documents with the bad field's path.
+
+    The file writes a tensor out at its definition and at every use; in memory each value is one ``TensorMeta``,
+    shared by its definition and the uses that say the same of it (``_Values``)."""
     try:
         check_document(doc, source=source)
     except RecursionError:
         raise IRValidationError(f"{source}: nested too deeply to be an IR; extract or save the IR again") from None
+    values = _Values()
+    graph_inputs = values.define_all(doc["graph_inputs"])
+    weights = values.define_all(doc["weights"])
+    constants = values.define_all(doc.get("constants", []))
+    nodes = [_node_from_dict(n, values) for n in doc["nodes"]]
     ir = NPU_IR(
         model_name=doc["model_name"],
         producer=dict(doc.get("producer", {})),
-        graph_inputs=[tensor_from_dict(t) for t in doc["graph_inputs"]],
-        graph_outputs=[tensor_from_dict(t) for t in doc["graph_outputs"]],
-        weights=[tensor_from_dict(t) for t in doc["weights"]],
+        graph_inputs=graph_inputs,
+        graph_outputs=[values.use(t) for t in doc["graph_outputs"]],
+        weights=weights,
         weight_name_mapping=dict(doc.get("weight_name_mapping", {})),
         weight_aliases={k: list(v) for k, v in doc.get("weight_aliases", {}).items()},
-        constants=[tensor_from_dict(t) for t in doc.get("constants", [])],
+        constants=constants,
         constant_values={k: decode_value(v) for k, v in doc.get("constant_values", {}).items()},
         symbols={k: dict(v) for k, v in doc.get("symbols", {}).items()},
         mutations=dict(doc.get("mutations", {})),
         non_persistent_buffers={k: _recipe_json(v, decode_value)
                                 for k, v in doc.get("non_persistent_buffers", {}).items()},
         inlined_constant_keys=dict(doc.get("inlined_constant_keys", {})),
-        nodes=[
-            OpNode(
-                name=n["name"], op_type=n["op_type"],
-                inputs=[tensor_from_dict(t) for t in n["inputs"]],
-                outputs=[tensor_from_dict(t) for t in n["outputs"]],
-                attrs=dict(n.get("attrs", {})),
-                provenance=provenance_from_dict(n["provenance"]) if "provenance" in n else None,
-            )
-            for n in doc["nodes"]
-        ],
+        nodes=nodes,
         metadata=dict(doc.get("metadata", {})),
     )
     check_integrity(ir, source=source)
     return ir
+
+
+def _node_from_dict(n: dict[str, Any], values: _Values) -> OpNode:
+    inputs = [values.use(t) for t in n["inputs"]]  # uses first: a node never reads its own output
+    return OpNode(
+        name=n["name"], op_type=n["op_type"], inputs=inputs, outputs=values.define_all(n["outputs"]),
+        attrs=dict(n.get("attrs", {})),
+        provenance=provenance_from_dict(n["provenance"]) if "provenance" in n else None,
+    )
+
+
+class _Values:
+    """The tensors defined so far while a document is read, so that a use gets its definition's object.
+
+    A use that says something else of its tensor (a role, layout or quantization of its own; a shape that the
+    integrity check then refuses) keeps an object of its own, so what the document says of each use is kept."""
+
+    def __init__(self) -> None:
+        self._defined: dict[str, tuple[dict[str, Any], TensorMeta]] = {}
+
+    def define_all(self, docs: list[dict[str, Any]]) -> list[TensorMeta]:
+        made = []
+        for d in docs:
+            t = tensor_from_dict(d)
+            self._defined.setdefault(t.name, (d, t))  # a name defined twice is the integrity check's to refuse
+            made.append(t)
+        return made
+
+    def use(self, d: dict[str, Any]) -> TensorMeta:
+        known = self._defined.get(d.get("name"))
+        if known is not None and known[0] == d:
+            return known[1]
+        t = tensor_from_dict(d)
+        return known[1] if known is not None and known[1] == t else t
 
 
 def save_ir(ir: NPU_IR, path: str | os.PathLike, *, indent: int | None = None) -> None:
@@ -142,7 +175,7 @@ def save_ir(ir: NPU_IR, path: str | os.PathLike, *, indent: int | None = None) -
     path = Path(path)
     check_output_path(path, "IR file")
     check_integrity(ir, source=f"IR {ir.model_name!r} being saved to {path}")
-    with _gc_paused():
+    with gc_paused():
         text = json.dumps(ir_to_dict(ir), indent=indent, allow_nan=False)
     atomic_write(path, text, what="IR file")
 
@@ -156,7 +189,7 @@ def load_ir(path: str | os.PathLike) -> NPU_IR:
     path = Path(path)
     try:
         data = read_input(path, "IR file", "extract or save the IR again")
-        with _gc_paused():
+        with gc_paused():
             return ir_from_dict(_parse_json(data, path), source=str(path))
     except RecursionError:
         raise IRValidationError(f"{path}: nested too deeply to be an IR file; extract or save the IR again") from None
@@ -193,9 +226,10 @@ def _refuse_constant(name: str) -> None:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Building or walking a large IR allocates many small objects; in a process that also holds
-    torch (hundreds of thousands of tracked objects) the collector's passes would dominate the time."""
+    torch (hundreds of thousands of tracked objects) the collector's passes would dominate the time.
+    Loading and saving run under it, and so do ``normalize`` and the rewrite engine."""
     enabled = gc.isenabled()
     gc.disable()
     try:

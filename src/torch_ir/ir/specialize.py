@@ -35,7 +35,8 @@ def specialize(ir: NPU_IR, sizes: Mapping[str, int]) -> NPU_IR:
         node["outputs"] = [_tensor(t, sizes, where) for t in node["outputs"]]
         node["attrs"] = _value(node["attrs"], sizes, f"{where}, node {node['name']!r}")
     data["symbols"] = {name: spec for name, spec in data["symbols"].items() if name not in sizes}
-    data.setdefault("metadata", {})["specialized"] = {**ir.metadata.get("specialized", {}), **sizes}
+    # a new dict: ``data["metadata"]`` is ``ir.metadata`` itself, which a copy must leave as it was
+    data["metadata"] = {**data.get("metadata", {}), "specialized": {**ir.metadata.get("specialized", {}), **sizes}}
     return ir_from_dict(data)
 
 

@@ -69,10 +69,17 @@ class _Chart:
             self.lines.append(f'    {box}[/"{escape(t.name)}<br/>{escape(_type(t))}"/]')
 
     def buffers(self) -> None:
+        if not self.ir.mutations:
+            return
+        tensors: dict[str, TensorMeta] = {}  # what ir.tensor(name) finds, for all names at once (not a scan each)
+        for t in self.ir.tensors():
+            tensors.setdefault(t.name, t)
         for i, name in enumerate(self.ir.mutations):
             box = _id("buf", name, i)
             self.source[name] = box
-            self.lines.append(f'    {box}[("{escape(name)}<br/>{escape(_type(self.ir.tensor(name)))}")]')
+            if name not in tensors:
+                self.ir.tensor(name)  # raises the KeyError that names the IR, as before
+            self.lines.append(f'    {box}[("{escape(name)}<br/>{escape(_type(tensors[name]))}")]')
 
     def node(self, node: OpNode) -> None:
         box = _id("n", node.name, len(self.node_ids))
