@@ -64,9 +64,9 @@ def inject(fault: str) -> None:
         NORMALIZE.ALL_RULES = [bad if r.name == bad.name else r for r in NORMALIZE.ALL_RULES]
     elif fault == "kernel":
         from npu_program.kernels import KERNELS
-        from npu_runtime.backends import cpu_kernels
+        from npu_runtime.backends import cpu_kernels, cpu_transformer
 
-        class OffRmsNorm(cpu_kernels.RmsNorm):
+        class OffRmsNorm(cpu_transformer.RmsNorm):
             def run(self, inputs, outputs):
                 super().run(inputs, outputs)
                 outputs[0].add_(0.1)

@@ -242,6 +242,7 @@ def _conv_params() -> tuple[Param, ...]:
 
 
 _CPU = "npu_runtime.backends.cpu_kernels"
+_CPU_TRANSFORMER = "npu_runtime.backends.cpu_transformer"
 _HALF = ("float32", "bfloat16")
 _CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
 
@@ -280,7 +281,7 @@ kernel("LAYER_NORM", "normalization", "layer norm over the trailing dims", layou
        test=t("2,5,8", "8", "8", params={"normalized_shape": [8], "eps": 1e-5}, weights=(1, 2), dtypes=_HALF))
 kernel("RMS_NORM", "normalization", "RMS norm over the last dim", layout="keeps", dtypes=FLOATS,
        params=(p("eps", "float", 1e-6, "epsilon"),),
-       impls={"cpu": f"{_CPU}:RmsNorm", "webgpu": gpu("transformer", "rms_norm")},
+       impls={"cpu": f"{_CPU_TRANSFORMER}:RmsNorm", "webgpu": gpu("transformer", "rms_norm")},
        test=t("2,5,8", "8", params={"eps": 1e-6}, weights=(1,), dtypes=_HALF))
 kernel("SOFTMAX", "normalization", "softmax(x * scale + mask) along dim", layout="keeps",
        params=(p("dim", "int", -1, "axis"), p("scale", "float", 1.0, "scale applied first")),
@@ -326,7 +327,7 @@ kernel("ATTENTION", "attention", "softmax(q · kᵀ · scale + mask) · v, heads
        array=attention_mapping,
        params=(p("scale", "float", doc="applied to q · kᵀ"), p("causal", "bool", False, "mask the future"),
                p("merge_heads", "bool", True, "[B, T, H·D] rather than [B, H, T, D]")),
-       impls={"cpu": f"{_CPU}:Attention", "webgpu": gpu("transformer", "attention")},
+       impls={"cpu": f"{_CPU_TRANSFORMER}:Attention", "webgpu": gpu("transformer", "attention")},
        test=(t("1,4,5,4", "1,2,5,4", "1,2,5,4", params={"scale": 0.5, "causal": True, "merge_heads": True},
                dtypes=_HALF),
              t("1,4,1,4", "1,2,7,4", "1,2,7,4", "1,1,1,7:bool",
@@ -350,10 +351,10 @@ kernel("GATE_UP", "fused", "silu(x · w_gateᵀ + b_gate) * (x · w_upᵀ + b_up
                weights=(1, 2, 3, 4), atol=1e-4),
              t("1,3,16", "16,12", "16,12", params={"trans_b": False, "has_bias": False}, weights=(1, 2), atol=1e-4)))
 kernel("ROPE", "elementwise", "rotary position embedding", dtypes=FLOATS,
-       impls={"cpu": f"{_CPU}:Rope", "webgpu": gpu("transformer", "rope")},
+       impls={"cpu": f"{_CPU_TRANSFORMER}:Rope", "webgpu": gpu("transformer", "rope")},
        test=t("1,2,5,4", "5,4", "5,4", dtypes=_HALF))
 kernel("ROPE_QK", "elementwise", "rotary position embedding of q and k (same cos and sin) in one kernel",
-       dtypes=FLOATS, impls={"cpu": f"{_CPU}:Rope", "webgpu": gpu("transformer", "rope")},
+       dtypes=FLOATS, impls={"cpu": f"{_CPU_TRANSFORMER}:Rope", "webgpu": gpu("transformer", "rope")},
        test=t("1,4,5,4", "1,2,5,4", "1,1,5,4", "1,1,5,4", dtypes=_HALF))
 kernel("EMBEDDING", "movement", "rows of a table by index; an id outside the table is an error (the runtime checks "
        "ids where they enter a program)",
@@ -375,7 +376,7 @@ kernel("KV_UPDATE", "movement", "write new keys/values into a KV cache at positi
        "the cache's state slot (see npu_compiler.state)", params=(p("dim", "int", 2, "axis"),), flops=no_flops,
        traffic=cache_update,
        writes_state=True,
-       impls={"cpu": f"{_CPU}:KvUpdate", "webgpu": gpu("transformer", "kv_update")},
+       impls={"cpu": f"{_CPU_TRANSFORMER}:KvUpdate", "webgpu": gpu("transformer", "kv_update")},
        test=t("1,2,8,4", "1,2,3,4", "3:int64:positions:8", params={"dim": 2}, dtypes=_HALF))
 
 # -- ATen ops an NPU runs as they are: one line each, with its test record -------------------------------------

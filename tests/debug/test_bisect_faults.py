@@ -26,7 +26,7 @@ from torch import nn
 
 from npu_compiler.passes import pipeline
 from npu_program.kernels import KERNELS
-from npu_runtime.backends import cpu_kernels
+from npu_runtime.backends import cpu_kernels, cpu_transformer
 from npu_tools.debug.bisect import bisect
 from npu_tools.debug.sources import subject_from_torch
 
@@ -138,7 +138,7 @@ def install_rule(monkeypatch: pytest.MonkeyPatch, bad) -> None:
     monkeypatch.setattr(NORMALIZE, "ALL_RULES", swap(NORMALIZE.ALL_RULES))
 
 
-class OffRmsNorm(cpu_kernels.RmsNorm):
+class OffRmsNorm(cpu_transformer.RmsNorm):
     """The CPU RMS_NORM kernel, off by 0.1."""
 
     def run(self, inputs, outputs):

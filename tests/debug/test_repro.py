@@ -59,15 +59,15 @@ FAULTS = textwrap.dedent('''
 
 
     def break_rms_kernel():
-        from npu_runtime.backends import cpu_kernels
+        from npu_runtime.backends import cpu_transformer
 
-        run = cpu_kernels.RmsNorm.run
+        run = cpu_transformer.RmsNorm.run
 
         def off_by_one(self, inputs, outputs):
             run(self, inputs, outputs)
             outputs[0].add_(1.0)
 
-        cpu_kernels.RmsNorm.run = off_by_one
+        cpu_transformer.RmsNorm.run = off_by_one
 ''')
 
 # Runs ``python repro.py <argv>`` once per list in one process (runpy, as __main__, with sys.argv set); a string

@@ -18,7 +18,8 @@ import torch_ir
 from npu_compiler.passes import normalize
 from npu_program.kernels import KERNELS
 from npu_runtime import Device, Executor, load_weights
-from npu_runtime.backends.cpu_kernels import Attention, GateUp
+from npu_runtime.backends.cpu_kernels import GateUp
+from npu_runtime.backends.cpu_transformer import Attention
 from npu_tools.zoo import build_pair as zoo_pair
 from npu_tools.zoo import get_model
 from torch_ir.ir import specialize

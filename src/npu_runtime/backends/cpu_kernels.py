@@ -11,7 +11,8 @@ views of the arena. The hot kernels of CNNs and transformers have their own clas
 (oneDNN with a prepacked weight, batch norm folded and the activation fused; with ``has_residual`` the
 residual add as a oneDNN post-op, accumulated in place when the compiler marked ``inplace_residual``: the
 output *is* the residual's buffer), ``GEMM`` (``addmm`` into the arena),
-max pooling, add and relu. Every other kernel runs the op's reference implementation from the
+max pooling, add and relu; the transformer kernels' (RMS norm, RoPE, attention over a KV cache, the cache
+update) are in :mod:`.cpu_transformer`. Every other kernel runs the op's reference implementation from the
 ``torch_ir`` op registry and copies the result into the arena, so each op is declared once.
 
 Layout: 4-D activations of convolutions are NHWC (``channels_last``) in the arena; oneDNN then reads and
@@ -20,6 +21,7 @@ writes them without conversion.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -217,7 +219,7 @@ class _Linear:
             out2.add_(residual)
 
 
-def _linear_dtypes_ok(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
+def linear_dtypes_ok(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
     """x, weights, biases, residual and outputs of one dtype the kernels run (the reference refuses mixed ones)."""
     dtypes = {specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}
     return len(dtypes) == 1 and dtypes <= LINEAR_DTYPES
@@ -236,7 +238,7 @@ class Gemm:
         names, residual = dispatch.inputs, bool(dispatch.params.get("has_residual"))
         constant = names[1:-1] if residual else names[1:]  # the weight and the bias, bound before any run
         return not dispatch.params.get("trans_a") and all(n in weight_names for n in constant) \
-            and _linear_dtypes_ok(dispatch, specs)
+            and linear_dtypes_ok(dispatch, specs)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
@@ -270,7 +272,7 @@ class GateUp:
 
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        return all(n in weight_names for n in dispatch.inputs[1:]) and _linear_dtypes_ok(dispatch, specs)
+        return all(n in weight_names for n in dispatch.inputs[1:]) and linear_dtypes_ok(dispatch, specs)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         self.names = dispatch.inputs
@@ -300,7 +302,7 @@ class QkvProj:
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         return dispatch.params.get("trans_b", True) and not dispatch.params.get("packed") \
-            and all(n in weight_names for n in dispatch.inputs[1:]) and _linear_dtypes_ok(dispatch, specs)
+            and all(n in weight_names for n in dispatch.inputs[1:]) and linear_dtypes_ok(dispatch, specs)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
@@ -390,32 +392,6 @@ class Relu(Binary):
         self.fn = lambda x, out: torch.clamp_min(x, 0.0, out=out)
 
 
-class KvUpdate:
-    """``KV_UPDATE``: the new keys/values written into the cache at their positions, in place.
-
-    In a program the output is the cache's state slot itself (``npu_compiler.state``), so the step touches
-    only the written rows, never copies the cache; an output that is another tensor (a one-node program,
-    the kernel test table) first gets a copy of the cache.
-    """
-
-    @classmethod
-    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        return True
-
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        self.dim = int(dispatch.params.get("dim", 2))
-        self.in_place = dispatch.inputs[0] == dispatch.outputs[0]
-
-    def prepare(self, weights: dict[str, Tensor]) -> None:
-        pass
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        cache, new, index = inputs
-        if not self.in_place:
-            outputs[0].copy_(cache)
-        outputs[0].index_copy_(self.dim, index, new)  # checks every index against the cache's length
-
-
 class Reference:
     """Any kernel of the library: the op's reference implementation, its results copied into the arena."""
 
@@ -432,111 +408,10 @@ class Reference:
             out.copy_(value)
 
 
-class RmsNorm:
-    """``RMS_NORM``: ``x · rsqrt(mean(x², -1) + eps) (· weight)`` in float32, rounded to x's dtype before the
-    weight as the reference (and Llama/Qwen) do, written with ``out=`` ops: a few small ops, no temporaries
-    for float32."""
-
-    @classmethod
-    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        return _linear_dtypes_ok(dispatch, specs)  # x, weight and y of one float dtype
-
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        self.eps = float(dispatch.params.get("eps", 1e-6))
-
-    def prepare(self, weights: dict[str, Tensor]) -> None:
-        pass
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        x, out = inputs[0], outputs[0]
-        xf = x.float()  # x itself for float32, else a float32 copy that may be scaled in place
-        scale = xf.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        if xf is x:
-            torch.mul(x, scale, out=out)
-        else:
-            out.copy_(xf.mul_(scale))
-        if len(inputs) > 1:
-            out.mul_(inputs[1])
-
-
-class Rope:
-    """``ROPE`` and ``ROPE_QK``: ``x·cos + rotate_half(x)·sin`` of each of the first inputs (q, and k), written
-    half by half into the outputs (``rotate_half`` is never materialized)."""
-
-    @classmethod
-    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        names = [*dispatch.inputs, *dispatch.outputs]
-        return len({specs[n].dtype for n in names if n in specs}) == 1 and \
-            all(specs[n].shape[-1] % 2 == 0 for n in dispatch.outputs)
-
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        pass
-
-    def prepare(self, weights: dict[str, Tensor]) -> None:
-        pass
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        cos, sin = inputs[-2], inputs[-1]
-        half = cos.shape[-1] // 2
-        for x, out in zip(inputs[:-2], outputs):
-            torch.mul(x, cos, out=out)
-            out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
-            out[..., half:].addcmul_(x[..., :half], sin[..., half:])
-
-
-class Attention:
-    """``ATTENTION``: ``softmax(q·kᵀ·scale + mask)·v`` over a KV cache without copying it.
-
-    Under grouped-query attention each key/value head serves ``g`` query heads: q ``[B, H, T, D]`` is read as
-    ``[B, Hkv, g·T, D]``, so one batched matmul per product reads k and v ``[B, Hkv, S, D]`` where they lie (the
-    reference repeats them ``g`` times first: a copy of the cache per token). A fully masked row gives zeros, as
-    the reference; the merged output is written into the arena's ``[B, T, H·D]`` in one copy.
-    """
-
-    @classmethod
-    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        names = [*dispatch.inputs[:3], *dispatch.outputs]
-        if len({specs[n].dtype for n in names if n in specs}) != 1 or specs[names[0]].dtype not in LINEAR_DTYPES \
-                or len(dispatch.inputs) > 4:
-            return False
-        q, k, v = (specs[n].shape for n in dispatch.inputs[:3])
-        return len(q) == len(k) == len(v) == 4 and k[1] == v[1] and k[1] > 0 and q[1] % k[1] == 0 and \
-            (len(dispatch.inputs) == 3 or specs[dispatch.inputs[3]].dtype in ("bool", specs[names[0]].dtype))
-
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        params = dispatch.params
-        self.scale = float(params["scale"])
-        self.causal = bool(params.get("causal", False))
-        self.merge_heads = bool(params.get("merge_heads", True))
-        b, h, t, _ = specs[dispatch.inputs[0]].shape
-        hkv, s = specs[dispatch.inputs[1]].shape[1:3]
-        self.dims = (int(b), int(h), int(t), int(hkv), int(s))
-        self.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if self.causal else None
-
-    def prepare(self, weights: dict[str, Tensor]) -> None:
-        pass
-
-    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        (b, h, t, hkv, s), g = self.dims, self.dims[1] // self.dims[3]
-        q, k, v = (x.float() for x in inputs[:3])  # scores and softmax in float32 (no copy for float32)
-        scores = torch.matmul(q.reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2)).view(b, h, t, s)
-        scores.mul_(self.scale)
-        if self.future is not None:
-            scores.masked_fill_(self.future, float("-inf"))
-        if len(inputs) > 3:
-            mask = inputs[3]
-            if mask.dtype == torch.bool:
-                scores.masked_fill_(~mask, float("-inf"))
-            else:
-                scores.add_(mask.float())
-        p = torch.softmax(scores, dim=-1)
-        p.masked_fill_(torch.isnan(p), 0.0)
-        y = torch.matmul(p.view(b, hkv, g * t, s), v).view(b, h, t, v.shape[-1])
-        out = outputs[0]
-        out.copy_(y.transpose(1, 2).reshape(out.shape) if self.merge_heads else y)
-
-
 # --------------------------------------------------------------------------------------------- choice
+
+#: The modules whose classes the kernel table may name as CPU implementations (``impls["cpu"]``).
+KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer")
 
 
 def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
@@ -548,7 +423,8 @@ def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: 
     impl = get_kernel(dispatch.kernel).impls.get("cpu", REFERENCE)
     if impl != REFERENCE:
         module, _, name = impl.partition(":")
-        cls = globals()[name] if module == __name__ else None  # the table names classes of this module only
+        # the table names classes of the CPU backend's own modules only: nothing else is imported from it
+        cls = getattr(importlib.import_module(module), name, None) if module in KERNEL_MODULES else None
         if cls is not None and cls.accepts(dispatch, specs, weight_names):
             return cls(dispatch, specs)
     return Reference(dispatch, specs)

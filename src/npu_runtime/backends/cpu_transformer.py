@@ -1,0 +1,144 @@
+"""CPU kernels of the transformer NPU ops: ``RMS_NORM``, ``ROPE``/``ROPE_QK``, ``ATTENTION`` over a KV cache, and
+``KV_UPDATE``, the cache written in place. The same ``prepare``/``run`` pairs as :mod:`.cpu_kernels`, whose
+``make_kernel`` picks them by the kernel table's ``impls["cpu"]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from npu_program.program import Dispatch, TensorSpec
+
+from .cpu_kernels import LINEAR_DTYPES, linear_dtypes_ok
+
+Tensor = torch.Tensor
+
+
+class KvUpdate:
+    """``KV_UPDATE``: the new keys/values written into the cache at their positions, in place.
+
+    In a program the output is the cache's state slot itself (``npu_compiler.state``), so the step touches
+    only the written rows, never copies the cache; an output that is another tensor (a one-node program,
+    the kernel test table) first gets a copy of the cache.
+    """
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return True
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.dim = int(dispatch.params.get("dim", 2))
+        self.in_place = dispatch.inputs[0] == dispatch.outputs[0]
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        cache, new, index = inputs
+        if not self.in_place:
+            outputs[0].copy_(cache)
+        outputs[0].index_copy_(self.dim, index, new)  # checks every index against the cache's length
+
+
+class RmsNorm:
+    """``RMS_NORM``: ``x · rsqrt(mean(x², -1) + eps) (· weight)`` in float32, rounded to x's dtype before the
+    weight as the reference (and Llama/Qwen) do, written with ``out=`` ops: a few small ops, no temporaries
+    for float32."""
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        return linear_dtypes_ok(dispatch, specs)  # x, weight and y of one float dtype
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.eps = float(dispatch.params.get("eps", 1e-6))
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        x, out = inputs[0], outputs[0]
+        xf = x.float()  # x itself for float32, else a float32 copy that may be scaled in place
+        scale = xf.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        if xf is x:
+            torch.mul(x, scale, out=out)
+        else:
+            out.copy_(xf.mul_(scale))
+        if len(inputs) > 1:
+            out.mul_(inputs[1])
+
+
+class Rope:
+    """``ROPE`` and ``ROPE_QK``: ``x·cos + rotate_half(x)·sin`` of each of the first inputs (q, and k), written
+    half by half into the outputs (``rotate_half`` is never materialized)."""
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        names = [*dispatch.inputs, *dispatch.outputs]
+        return len({specs[n].dtype for n in names if n in specs}) == 1 and \
+            all(specs[n].shape[-1] % 2 == 0 for n in dispatch.outputs)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        pass
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        cos, sin = inputs[-2], inputs[-1]
+        half = cos.shape[-1] // 2
+        for x, out in zip(inputs[:-2], outputs):
+            torch.mul(x, cos, out=out)
+            out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
+            out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+
+
+class Attention:
+    """``ATTENTION``: ``softmax(q·kᵀ·scale + mask)·v`` over a KV cache without copying it.
+
+    Under grouped-query attention each key/value head serves ``g`` query heads: q ``[B, H, T, D]`` is read as
+    ``[B, Hkv, g·T, D]``, so one batched matmul per product reads k and v ``[B, Hkv, S, D]`` where they lie (the
+    reference repeats them ``g`` times first: a copy of the cache per token). A fully masked row gives zeros, as
+    the reference; the merged output is written into the arena's ``[B, T, H·D]`` in one copy.
+    """
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        names = [*dispatch.inputs[:3], *dispatch.outputs]
+        if len({specs[n].dtype for n in names if n in specs}) != 1 or specs[names[0]].dtype not in LINEAR_DTYPES \
+                or len(dispatch.inputs) > 4:
+            return False
+        q, k, v = (specs[n].shape for n in dispatch.inputs[:3])
+        return len(q) == len(k) == len(v) == 4 and k[1] == v[1] and k[1] > 0 and q[1] % k[1] == 0 and \
+            (len(dispatch.inputs) == 3 or specs[dispatch.inputs[3]].dtype in ("bool", specs[names[0]].dtype))
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        params = dispatch.params
+        self.scale = float(params["scale"])
+        self.causal = bool(params.get("causal", False))
+        self.merge_heads = bool(params.get("merge_heads", True))
+        b, h, t, _ = specs[dispatch.inputs[0]].shape
+        hkv, s = specs[dispatch.inputs[1]].shape[1:3]
+        self.dims = (int(b), int(h), int(t), int(hkv), int(s))
+        self.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if self.causal else None
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        (b, h, t, hkv, s), g = self.dims, self.dims[1] // self.dims[3]
+        q, k, v = (x.float() for x in inputs[:3])  # scores and softmax in float32 (no copy for float32)
+        scores = torch.matmul(q.reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2)).view(b, h, t, s)
+        scores.mul_(self.scale)
+        if self.future is not None:
+            scores.masked_fill_(self.future, float("-inf"))
+        if len(inputs) > 3:
+            mask = inputs[3]
+            if mask.dtype == torch.bool:
+                scores.masked_fill_(~mask, float("-inf"))
+            else:
+                scores.add_(mask.float())
+        p = torch.softmax(scores, dim=-1)
+        p.masked_fill_(torch.isnan(p), 0.0)
+        y = torch.matmul(p.view(b, hkv, g * t, s), v).view(b, h, t, v.shape[-1])
+        out = outputs[0]
+        out.copy_(y.transpose(1, 2).reshape(out.shape) if self.merge_heads else y)
