@@ -55,10 +55,6 @@ def npu_op(name: str, *, inputs: str, outputs: str, attrs: dict[str, str], shape
     return decorator
 
 
-def is_npu_op(op_type: str) -> bool:
-    return op_type in NPU_OPS
-
-
 # -- shape rules ----------------------------------------------------------------------------------
 
 def _same_as_first(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:

@@ -37,7 +37,6 @@ from .fold import output_nbytes
 
 _DOMAINS = {"": "onnx", "ai.onnx.ml": "onnx_ml", "ai.onnx.preview": "onnx_preview",
             "ai.onnx.preview.training": "onnx_preview_training"}
-_META_KEYS = ("opset", "num_outputs", "input_slots")
 #: Most outputs / input positions an ``onnx.*`` node may declare.
 MAX_SLOTS = 1 << 12
 #: The dtypes a tensor attribute may have (``reference_node`` stores only these): numpy's own real types.

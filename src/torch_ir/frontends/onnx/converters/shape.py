@@ -15,8 +15,6 @@ from ..context import Ctx, Sym, UnsupportedNode
 from ..dtypes import ONNX_TO_IR
 from . import converter
 
-_INT64_MAX = 2**63 - 1
-
 
 def _axis(axis: int, rank: int) -> int:
     """``axis`` in ``[0, rank)`` (a negative one counts from the end); out of range, the node is refused."""
