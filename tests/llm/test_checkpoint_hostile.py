@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from npu_tools.cli import main
+from tests.hang_guard import no_hang
 from tests.llm.checkpoints import make_checkpoint
 from torch_ir.errors import LimitExceededError, TorchIRError
 from torch_ir.frontends.hf_checkpoint import (
@@ -167,9 +167,8 @@ def test_model_sizes_are_checked_before_anything_is_built(copy: Path, members: s
                                                           fragments: list[str]) -> None:
     load_checkpoint(copy)  # transformers imported and warm: what is timed is the check
     add_members(copy / "config.json", members)
-    started = time.perf_counter()
-    refused(copy, error, "config.json", *fragments)
-    assert time.perf_counter() - started < 1  # milliseconds, where building 100,000 layers took minutes
+    with no_hang(1, "test_model_sizes_are_checked_before_anything_is_built"):
+        refused(copy, error, "config.json", *fragments)
 
 
 def test_the_layer_limit_can_be_raised(copy: Path) -> None:
@@ -295,10 +294,9 @@ def test_a_tokenizer_panic_is_one_error_and_prints_nothing(catastrophic: Path, c
 
 def test_a_slow_regex_is_abandoned_at_the_deadline(catastrophic: Path) -> None:
     checkpoint = load_checkpoint(catastrophic)
-    started = time.perf_counter()
-    with limits(max_tokenizer_seconds=1), pytest.raises(CheckpointError) as info:
-        checkpoint.encode(SLOW_TEXT)
-    assert time.perf_counter() - started < 3
+    with no_hang(3, "test_a_slow_regex_is_abandoned_at_the_deadline"):
+        with limits(max_tokenizer_seconds=1), pytest.raises(CheckpointError) as info:
+            checkpoint.encode(SLOW_TEXT)
     assert "within 1 s" in str(info.value) and "TORCH_IR_MAX_TOKENIZER_SECONDS" in str(info.value)
 
 

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from npu_tools.cli import main as torch_ir_main
+from tests.hang_guard import no_hang
 from torch_ir.errors import (
     ExtractionError,
     IRValidationError,
@@ -84,14 +84,13 @@ def range_model(limit: int = 10**9) -> onnx.ModelProto:
 def huge_model_outcome(m: onnx.ModelProto | Path, op: str, **kwargs) -> None:
     """A model of a 37 GiB tensor imports with it as a graph node ``op``, or (where the op registry checks
     node output sizes at import) fails with a LimitExceededError naming the file and the limit; fast either way."""
-    start = time.perf_counter()
-    try:
-        ir, weights = import_onnx(m, **kwargs)
-    except LimitExceededError as e:
-        assert str(m if isinstance(m, Path) else "<ModelProto>") in str(e) and "limit" in str(e), e
-    else:
-        assert op in ops(ir) and largest_constant_bytes(ir, weights) < 1024
-    assert time.perf_counter() - start < 5
+    with no_hang(5, "huge_model_outcome"):
+        try:
+            ir, weights = import_onnx(m, **kwargs)
+        except LimitExceededError as e:
+            assert str(m if isinstance(m, Path) else "<ModelProto>") in str(e) and "limit" in str(e), e
+        else:
+            assert op in ops(ir) and largest_constant_bytes(ir, weights) < 1024
 
 
 def data_prop_bomb_model(length: int = 10**9) -> onnx.ModelProto:
@@ -205,10 +204,9 @@ def test_missing_path_is_also_a_file_not_found_error(tmp_path) -> None:
 def test_ten_thousand_nested_if_subgraphs(tmp_path) -> None:
     path = tmp_path / "deep.onnx"
     path.write_bytes(nested_if_bytes(10_000))
-    start = time.perf_counter()
-    with pytest.raises(InvalidModelError, match=r"deep\.onnx"):
-        import_onnx(path)
-    assert time.perf_counter() - start < 10
+    with no_hang(10, "test_ten_thousand_nested_if_subgraphs"):
+        with pytest.raises(InvalidModelError, match=r"deep\.onnx"):
+            import_onnx(path)
 
 
 def test_a_few_nested_if_subgraphs_are_a_well_formed_model(tmp_path) -> None:
@@ -396,9 +394,8 @@ def test_constant_attribute_with_external_data_outside(tmp_path) -> None:
 
 
 def test_constant_of_shape_over_the_fold_limit_stays_a_graph_node() -> None:
-    start = time.perf_counter()
-    ir, weights = import_onnx(constant_of_shape_model(BIG))
-    assert time.perf_counter() - start < 5
+    with no_hang(5, "test_constant_of_shape_over_the_fold_limit_stays_a_graph_node"):
+        ir, weights = import_onnx(constant_of_shape_model(BIG))
     full = next(n for n in ir.nodes if n.op_type == "aten.full.default")
     assert full.attrs["size"] == BIG and full.attrs["fill_value"] == 1.0
     assert largest_constant_bytes(ir, weights) < 1024
@@ -420,9 +417,8 @@ def test_huge_range_expand_and_tile_stay_graph_nodes() -> None:
     huge_model_outcome(range_model(10**10), "aten.arange.start_step")
     for m, op in ((range_model(), "aten.arange.start_step"), (expand, "aten.expand.default"),
                   (tile, "aten.repeat.default")):
-        start = time.perf_counter()
-        ir, weights = import_onnx(m)
-        assert time.perf_counter() - start < 5
+        with no_hang(5, "test_huge_range_expand_and_tile_stay_graph_nodes"):
+            ir, weights = import_onnx(m)
         assert op in ops(ir)
         assert largest_constant_bytes(ir, weights) < 1024
 
@@ -464,9 +460,8 @@ def test_a_legitimately_large_constant_folds_under_a_raised_limit() -> None:
 def test_shape_inference_data_propagation_bomb_is_skipped() -> None:
     m = data_prop_bomb_model()
     assert "10000000" in (data_propagation_risk(onnx.shape_inference.infer_shapes(m).graph) or "")
-    start = time.perf_counter()
-    ir, _ = import_onnx(m)
-    assert time.perf_counter() - start < 5
+    with no_hang(5, "test_shape_inference_data_propagation_bomb_is_skipped"):
+        ir, _ = import_onnx(m)
     assert ir.graph_inputs[0].shape == [10**9]
 
 
@@ -484,12 +479,11 @@ def test_symbolic_size_expressions_do_not_double_without_bound() -> None:
         nodes.append(helper.make_node("Mul", [f"s{k}", f"s{k}"], [f"s{k + 1}"]))
     nodes.append(helper.make_node("Cast", ["s40"], ["y"], to=FLOAT))
     m = model(nodes, [("x", FLOAT, ["n"])], [("y", FLOAT, [1])])
-    start = time.perf_counter()
-    try:
-        import_onnx(m)
-    except TorchIRError:
-        pass  # refusing is fine; hanging or exhausting memory is not
-    assert time.perf_counter() - start < 10
+    with no_hang(10, "test_symbolic_size_expressions_do_not_double_without_bound"):
+        try:
+            import_onnx(m)
+        except TorchIRError:
+            pass  # refusing is fine; hanging or exhausting memory is not
 
 
 def test_dropout_mask_of_a_huge_input_is_not_materialized() -> None:
@@ -502,7 +496,7 @@ def test_dropout_mask_of_a_huge_input_is_not_materialized() -> None:
 # ------------------------------------------------------------------- memory, in a fresh interpreter
 
 CHILD = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, resource, sys
     from pathlib import Path
     import torch_ir
     from torch_ir.frontends.onnx import import_onnx
@@ -522,13 +516,12 @@ CHILD = textwrap.dedent("""
     except OSError:
         pass
     before = status("VmRSS")
-    start = time.perf_counter()
     try:
         ir, weights = import_onnx(sys.argv[1])
         error, ops = None, [n.op_type for n in ir.nodes]
     except Exception as e:
         error, ops = f"{type(e).__name__}: {e}", []
-    print(json.dumps({"seconds": time.perf_counter() - start, "growth": status("VmHWM") - before,
+    print(json.dumps({"growth": status("VmHWM") - before,
                       "error": error, "ops": ops}))
 """)
 
@@ -548,8 +541,9 @@ def run_child(path: Path) -> dict:
     (lambda: range_model(10**10), "aten.arange.start_step"),
     (data_prop_bomb_model, "aten.neg.default"),
 ])
-def test_tiny_files_asking_for_huge_memory_stay_small_and_fast(tmp_path, build, op) -> None:
-    """Imported as graph nodes, or refused for the allocation limit: in seconds and under 1 GiB either way."""
+def test_tiny_files_asking_for_huge_memory_stay_small(tmp_path, build, op) -> None:
+    """Imported as graph nodes, or refused for the allocation limit: under 1 GiB either way (the child's
+    run_child timeout is the hang guard)."""
     path = save(build(), tmp_path / "tiny.onnx")
     assert path.stat().st_size < 1024
     result = run_child(path)
@@ -557,7 +551,6 @@ def test_tiny_files_asking_for_huge_memory_stay_small_and_fast(tmp_path, build, 
         assert result["error"].startswith("LimitExceededError") and "tiny.onnx" in result["error"], result
     else:
         assert op in result["ops"], result
-    assert result["seconds"] < 5, result
     assert result["growth"] < GiB, result
 
 
