@@ -20,9 +20,7 @@ MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
 # path under src -> why it may be longer
-LONG_FILES = {
-    "npu_program/kernels.py": "the kernel table: one declarative record per kernel",
-}
+LONG_FILES: dict[str, str] = {}
 # "path:function" -> why it may be longer
 LONG_FUNCTIONS = {
     "torch_ir/frontends/tinygrad/idioms.py:idiom_rules": "builds rule data: one pattern per tinygrad idiom",
