@@ -19,7 +19,7 @@ import npu_compiler
 from npu_compiler import CompileOptions
 from npu_program.kernels import KernelTest
 from npu_runtime import Device, Executor, NPUBuffer, load_weights
-from npu_runtime.backends import cpu_gemv, cpu_gemv_build
+from npu_runtime.backends import cpu_gemv
 from npu_runtime.backends.cpu_kernels import Gemm
 from npu_runtime.device import new_tensor
 from tests.kernels.test_kernel_table import make_inputs, one_node_ir
@@ -28,14 +28,6 @@ from torch_ir import IRExecutor
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: relative size of the output's rounding (half an ulp); fp32's is covered by the accumulation term
 OUT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-
-
-@pytest.fixture(scope="module")
-def native() -> cpu_gemv_build.Library:
-    library = cpu_gemv._load()
-    if library is None:
-        pytest.skip(f"no native GEMV here: {cpu_gemv.native_status()}")
-    return library
 
 
 @pytest.fixture

@@ -18,14 +18,6 @@ from npu_runtime.backends import cpu_gemv, cpu_gemv_build
 from tests.runtime.test_gemv import check_against_float64, random
 
 
-@pytest.fixture(scope="module")
-def native() -> cpu_gemv_build.Library:
-    library = cpu_gemv._load()
-    if library is None:
-        pytest.skip(f"no native GEMV here: {cpu_gemv.native_status()}")
-    return library
-
-
 def fresh_state(monkeypatch, cache) -> None:
     monkeypatch.setenv("TORCH_IR_CACHE", str(cache))
     for name, value in (("_library", None), ("_load_failed", None), ("_warned", False), ("_native_enabled", True)):
