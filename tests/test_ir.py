@@ -88,7 +88,7 @@ def irs(draw) -> NPU_IR:
     for i in range(n_nodes):
         ins = draw(st.lists(st.sampled_from(defined), min_size=1, max_size=3))
         out = TensorMeta(f"t{i}", draw(st.lists(dims, max_size=4)), draw(st.sampled_from(["float32", "int64", "bool"])),
-                         layout=draw(st.none() | st.just("NCHW")), quant=draw(st.none() | st.just({"bits": 8})))
+                         layout=draw(st.none() | st.just("NCHW")), bits=draw(st.none() | st.just(8)))
         attrs = draw(st.dictionaries(names, attr_values, max_size=3))
         nodes.append(OpNode(f"n{i}", draw(st.sampled_from(["aten.add.Tensor", "npu.GEMM"])), list(ins), [out], attrs))
         defined.append(out)

@@ -29,6 +29,7 @@ from .fileio import atomic_write, check_output_path, check_regular_file
 from .ir import NPU_IR, TensorMeta
 from .limits import check_shape
 from .ops.values import INLINE_DTYPES, dtype_from_name, dtype_name
+from .quant.spec import stored
 from .weights_messages import key_lines, nonpersistent_why
 
 WeightsSource = str | os.PathLike | Mapping[str, Any] | torch.nn.Module | ExportedProgram
@@ -387,10 +388,12 @@ def _tensor_attribute(model: torch.nn.Module, path: str) -> torch.Tensor | None:
 
 
 def _mismatch(meta: TensorMeta, tensor: torch.Tensor) -> str | None:
-    if list(tensor.shape) != list(meta.shape):
-        return f"shape {list(tensor.shape)}, IR expects {meta.shape}"
-    if dtype_name(tensor.dtype) != meta.dtype:
-        return f"dtype {dtype_name(tensor.dtype)}, IR expects {meta.dtype}"
+    dtype, shape = stored(meta.dtype, meta.shape)  # 4-bit codes are stored packed, two per byte
+    if list(tensor.shape) != list(shape):
+        return f"shape {list(tensor.shape)}, IR expects {shape}" + ("" if dtype == meta.dtype else f" ({meta.dtype}"
+                                                                     f"{meta.shape} packed)")
+    if dtype_name(tensor.dtype) != dtype:
+        return f"dtype {dtype_name(tensor.dtype)}, IR expects {dtype}"
     if tensor.device.type == "meta":
         return "is on the meta device (no data); load the real weights"
     return None

@@ -861,19 +861,19 @@ def test_qconfig_precedence_roles_and_layouts_survive_save(tmp_path):
         conv, emb, gemm = graph.nodes
         assert ops(graph) == ["CONV", "EMBEDDING", "GEMM"]
         # name beats op type: the GEMM weight is named 16, the GEMM bias by op type 4
-        assert gemm.inputs[1].quant["bits"] == 16 and gemm.inputs[2].quant["bits"] == 4
-        assert conv.inputs[1].quant["bits"] == 2
+        assert gemm.inputs[1].bits == 16 and gemm.inputs[2].bits == 4
+        assert conv.inputs[1].bits == 2
         # op type beats role: the GEMM's output is a graph output (role 3) produced by a GEMM (4)
-        assert gemm.outputs[0].role == "output" and gemm.outputs[0].quant["bits"] == 4
+        assert gemm.outputs[0].role == "output" and gemm.outputs[0].bits == 4
         # role beats default: the embedding's rows are an activation the GEMM reads (not its weight)
-        assert gemm.inputs[0].quant["bits"] == 6 and gemm.inputs[0].role == "activation"
-        assert conv.inputs[2].quant["bits"] == 8 and conv.inputs[2].role == "weight"  # default
-        assert emb.inputs[1].dtype == "int64" and emb.inputs[1].quant is None  # ids: no width
+        assert gemm.inputs[0].bits == 6 and gemm.inputs[0].role == "activation"
+        assert conv.inputs[2].bits == 8 and conv.inputs[2].role == "weight"  # default
+        assert emb.inputs[1].dtype == "int64" and emb.inputs[1].bits is None  # ids: no width
         assert emb.inputs[0].role == "embedding" and emb.inputs[1].role == "input"
         assert conv.inputs[0].role == "input" and conv.outputs[0].role == "output"
         assert conv.inputs[0].layout == "NCHW" and conv.outputs[0].layout == "NCHW"
         assert gemm.inputs[0].layout == "[B,T,H]" and gemm.outputs[0].layout == "[B,T,H]"
-        assert conv.outputs[0].quant["bits"] == 3  # CONV has no op-type width: the output role's
+        assert conv.outputs[0].bits == 3  # CONV has no op-type width: the output role's
     same_numbers(ir, out, real.state_dict(), args)
 
 
@@ -896,9 +896,9 @@ def test_attention_layouts_and_kv_role_on_llama_kv(tmp_path):
         attentions = [n for n in graph.nodes if n.op_type == "ATTENTION"]
         assert updates and attentions
         for n in updates:
-            assert n.inputs[0].role == "kv" and n.inputs[0].quant["bits"] == 4
+            assert n.inputs[0].role == "kv" and n.inputs[0].bits == 4
         for n in attentions:
             assert [t.layout for t in n.inputs[:3]] == ["[B,H,T,D]"] * 3 and n.outputs[0].layout == "[B,T,H]"
             assert n.inputs[1].role == "kv" and n.inputs[2].role == "kv"
         kv = [w for w in graph.weights if w.role == "kv"]
-        assert kv and all(w.quant["bits"] == 4 for w in kv)
+        assert kv and all(w.bits == 4 for w in kv)

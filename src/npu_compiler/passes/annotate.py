@@ -1,8 +1,8 @@
 """The tensor table (seed 003 §4.2): a role, a layout and a quantization bit-width for every tensor.
 
 The annotator only records: roles from where a tensor comes from and who reads it, layouts from
-the NPU ops that imply one (propagated through elementwise ops), bit-widths from a ``QConfig``.
-Executing quantized arithmetic is not its business.
+the NPU ops that imply one (propagated through elementwise ops), bit-widths from the tensor's quantization spec
+(``TensorMeta.quant``) where it has one, else the width a ``QConfig`` plans. Quantizing is ``torch_ir.quant``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ class QConfig:
     by_role: dict[str, int | None] = field(default_factory=dict)
     by_op_type: dict[str, int | None] = field(default_factory=dict)
     by_name: dict[str, int | None] = field(default_factory=dict)
-    scheme: str = "symmetric"
 
     def bits(self, name: str, role: str | None, op_types: set[str]) -> tuple[int | None, str]:
         if name in self.by_name:
@@ -50,9 +49,10 @@ def annotate(ir: NPU_IR, qconfig: QConfig | None = None) -> NPU_IR:
     table: dict[str, dict[str, Any]] = {}
     for t in ir.tensors():
         entry: dict[str, Any] = {"role": roles.get(t.name, "activation"), "layout": layouts.get(t.name)}
-        if qconfig is not None and "float" in t.dtype:
-            bits, source = qconfig.bits(t.name, entry["role"], op_types.get(t.name, set()))
-            entry["quant"] = None if bits is None else {"bits": bits, "scheme": qconfig.scheme, "from": source}
+        if t.quant is not None:  # a quantized tensor's width is its spec's
+            entry["bits"] = t.quant.bits
+        elif qconfig is not None and "float" in t.dtype:
+            entry["bits"] = qconfig.bits(t.name, entry["role"], op_types.get(t.name, set()))[0]
         table[t.name] = entry
     return _apply(ir, table)
 
@@ -136,7 +136,7 @@ def _apply(ir: NPU_IR, table: dict[str, dict[str, Any]]) -> NPU_IR:
         done = fixed.get(id(t))
         if done is None:
             e = table.get(t.name)
-            done = t if e is None else dc_replace(t, role=e["role"], layout=e["layout"], quant=e.get("quant", t.quant))
+            done = t if e is None else dc_replace(t, role=e["role"], layout=e["layout"], bits=e.get("bits", t.bits))
             same = first.setdefault(done.name, done)
             done = fixed[id(t)] = same if same == done else done  # copies a pass made of one value become one
         return done
@@ -152,4 +152,4 @@ def _apply(ir: NPU_IR, table: dict[str, dict[str, Any]]) -> NPU_IR:
 def tensor_table(ir: NPU_IR) -> list[dict[str, Any]]:
     """The table as rows (name, shape, dtype, role, layout, bits), one per tensor."""
     return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "role": t.role, "layout": t.layout,
-             "bits": (t.quant or {}).get("bits")} for t in ir.tensors()]
+             "bits": t.bits} for t in ir.tensors()]

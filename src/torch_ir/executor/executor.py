@@ -20,6 +20,7 @@ from ..ir import NPU_IR, OpNode, TensorMeta
 from ..ops.registry import bind_kernel, unsupported_message
 from ..ops.symbolic import eval_sym
 from ..ops.values import decode_value, dtype_name
+from ..quant.spec import stored
 from ..weights import WeightsSource, as_tensor, match_weights
 
 Inputs = Sequence[Any] | Mapping[str, Any]  # torch tensors, numpy arrays, anything with __array__/__dlpack__
@@ -142,12 +143,13 @@ def _check_input(ir: NPU_IR, meta: TensorMeta, value: object, symbols: dict[str,
     where = f"input {meta.name!r} of IR {ir.model_name!r}"
     if not isinstance(value, torch.Tensor):
         raise InputMismatchError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
-    if dtype_name(value.dtype) != meta.dtype:
-        raise InputMismatchError(f"{where} must have dtype {meta.dtype}, got {dtype_name(value.dtype)}")
-    if value.dim() != len(meta.shape):
+    dtype, shape = stored(meta.dtype, meta.shape)  # 4-bit codes travel packed, two per byte
+    if dtype_name(value.dtype) != dtype:
+        raise InputMismatchError(f"{where} must have dtype {dtype}, got {dtype_name(value.dtype)}")
+    if value.dim() != len(shape):
         raise InputMismatchError(
-            f"{where} must have shape {meta.shape} (rank {len(meta.shape)}), got {list(value.shape)}")
-    for axis, (want, got) in enumerate(zip(meta.shape, value.shape)):
+            f"{where} must have shape {shape} (rank {len(shape)}), got {list(value.shape)}")
+    for axis, (want, got) in enumerate(zip(shape, value.shape)):
         if isinstance(want, str) and want.isidentifier():
             symbol, want = want, symbols.setdefault(want, got)
             lo, hi = ir.symbols.get(symbol, {}).get("min"), ir.symbols.get(symbol, {}).get("max")
@@ -172,11 +174,12 @@ def _check_outputs(ir: NPU_IR, node: OpNode, outs: Sequence[torch.Tensor], symbo
         if not isinstance(value, torch.Tensor):
             raise ExecutionError(f"check_shapes: node {node.name} ({node.op_type}) output {index} ({meta.name!r}) "
                                  f"is {type(value).__name__}, not a tensor\n  {node}")
-        declared = [_resolve_dim(d, symbols) for d in meta.shape]
+        want_dtype, want_shape = stored(meta.dtype, meta.shape)
+        declared = [_resolve_dim(d, symbols) for d in want_shape]
         actual = list(value.shape)
         shape_ok = len(declared) == len(actual) and all(d is None or d == a for d, a in zip(declared, actual))
         dtype = dtype_name(value.dtype)
-        if shape_ok and dtype == meta.dtype:
+        if shape_ok and dtype == want_dtype:
             continue
         shown = [d if d is not None else s for d, s in zip(declared, meta.shape)]
         symbolic = f" (IR: {meta.shape})" if any(isinstance(d, str) for d in meta.shape) else ""

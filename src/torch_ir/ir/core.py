@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..quant.spec import QuantSpec
+
 Dim = int | str  # an int, or the name of a symbol (``"s0"``) or an expression of symbols (``"2*s0"``)
 
 #: Roles a tensor can play. ``kv`` is a buffer the graph writes back (a KV cache, a running stat).
@@ -25,7 +27,8 @@ class TensorMeta:
     dtype: str  # torch's name without the prefix: "float32", "int64", "bool", ...
     role: str | None = None
     layout: str | None = None  # e.g. "NCHW", "[B,T,H]"; filled by passes that can infer it
-    quant: dict[str, Any] | None = None  # e.g. {"bits": 8, "scheme": "symmetric"}; recorded only
+    quant: QuantSpec | None = None  # a quantized tensor: its type, scales and zero points (torch_ir.quant)
+    bits: int | None = None  # the width the tensor table plans for it (seed 003's qbits; annotate), or its spec's
 
     @property
     def rank(self) -> int:

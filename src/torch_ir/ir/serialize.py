@@ -19,29 +19,47 @@ from typing import Any
 
 from ..fileio import atomic_write, check_output_path, file_kind, read_input
 from ..ops.values import decode_value, encode_value
+from ..quant.spec import QuantSpec
 from .core import NPU_IR, OpNode, Provenance, TensorMeta
 from .validate import IRValidationError, check_document, check_integrity
 
 # 1.1: non_persistent_buffers, inlined_constant_keys, non-finite constant values, mutations of graph inputs
 # 1.2: a node's provenance (source nodes, module path, frontend origin, rewrite rules)
-IR_VERSION = "1.2"
+# 1.3: a tensor's ``quant`` is an executable quantization spec (torch_ir.quant.QuantSpec)
+IR_VERSION = "1.3"
 FORMAT = "torch_ir"
 
 
 def tensor_to_dict(t: TensorMeta) -> dict[str, Any]:
     d: dict[str, Any] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
-    for key in ("role", "layout", "quant"):
+    for key in ("role", "layout", "bits"):
         value = getattr(t, key)
         if value is not None:
             d[key] = value
+    if t.quant is not None:
+        d["quant"] = t.quant.to_dict()
     return d
 
 
 def tensor_from_dict(d: dict[str, Any]) -> TensorMeta:
     return TensorMeta(
         name=d["name"], shape=list(d["shape"]), dtype=d["dtype"],
-        role=d.get("role"), layout=d.get("layout"), quant=d.get("quant"),
+        role=d.get("role"), layout=d.get("layout"), quant=quant_from_dict(d.get("quant"), d["name"]),
+        bits=d.get("bits", _planned_bits(d.get("quant"))),
     )
+
+
+def _planned_bits(quant: dict[str, Any] | None) -> int | None:
+    """A pre-1.3 ``quant`` that only planned a width (``{"bits": 8, ...}``): the width, now ``bits``."""
+    return quant.get("bits") if isinstance(quant, dict) and "dtype" not in quant else None
+
+
+def quant_from_dict(d: dict[str, Any] | None, tensor: str) -> QuantSpec | None:
+    """A tensor's quantization spec; before 1.3 ``quant`` could hold a planned bit-width with no scales (the
+    old annotator's ``{"bits": 8, ...}``): that is the tensor's ``bits`` now, not a spec."""
+    if d is None or ("dtype" not in d and "bits" in d):
+        return None
+    return QuantSpec.from_dict(d, f"tensor {tensor!r}: quant")
 
 
 def provenance_to_dict(p: Provenance) -> dict[str, Any]:

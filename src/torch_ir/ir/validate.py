@@ -18,6 +18,7 @@ from ..errors import IRValidationError, TorchIRError
 from ..limits import get_limits
 from ..ops.symbolic import parse_sym
 from ..ops.values import check_value
+from ..quant.spec import QuantSpec, check_fits
 from .core import NPU_IR, ROLES, OpNode
 
 SUPPORTED_MAJOR = 1
@@ -57,15 +58,20 @@ def _check_tensor(t: Any, path: str, source: str) -> None:
         _fail(source, f"{path}.dtype", "expected a dtype name string such as 'float32'")
     if not is_dtype(t["dtype"]):
         _fail(source, f"{path}.dtype", f"unknown dtype {t['dtype'][:60]!r}; expected one of {', '.join(DTYPES)}")
+    bits = t.get("bits")
+    if bits is not None and (not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 64):
+        _fail(source, f"{path}.bits", f"expected a bit-width from 1 to 64 or null, got {bits!r}")
     role = t.get("role")
     if role is not None and role not in ROLES:
         _fail(source, f"{path}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
     quant = t.get("quant")
     if quant is not None:
         if not isinstance(quant, dict):
-            _fail(source, f"{path}.quant", f"expected an object (a quantization annotation) or null, got "
+            _fail(source, f"{path}.quant", f"expected an object (a quantization spec) or null, got "
                                            f"{type(quant).__name__}")
         _check_nesting(quant, f"{path}.quant", source)
+        if "dtype" in quant or "bits" not in quant:  # before 1.3: a planned width only, read as ``bits``
+            QuantSpec.from_dict(quant, f"{source}: {path}.quant")
 
 
 def nested_deeper_than(value: Any, limit: int) -> bool:
@@ -335,6 +341,7 @@ def check_integrity(ir: NPU_IR, *, source: str | None = None) -> None:
     for i, t in enumerate(ir.graph_outputs):
         if t.name not in defined:
             _fail(source, f"graph_outputs[{i}]", f"output {t.name!r} is never produced by any node or input")
+    _check_quant_specs(ir, defined, source)
     weight_names = {w.name for w in ir.weights}
     stored = weight_names | {c.name for c in ir.constants}  # constants without inline values are stored too
     for name in ir.weight_name_mapping:
@@ -357,6 +364,19 @@ def check_integrity(ir: NPU_IR, *, source: str | None = None) -> None:
             _fail(source, f"non_persistent_buffers[{key!r}]",
                   f"the recipe makes {recipe.get('dtype')}{recipe.get('shape')}, buffer {weight.name!r} is "
                   f"{weight.dtype}{weight.shape}")
+
+
+def _check_quant_specs(ir: NPU_IR, defined: dict[str, tuple[list, str]], source: str) -> None:
+    """Every quantization spec fits its tensor; a named scale or zero point is a tensor of the IR."""
+    for t in ir.tensors():
+        if t.quant is None:
+            continue
+        where = f"{source}: tensor {t.name!r}"
+        for name in t.quant.names():
+            if name not in defined:
+                _fail(source, f"tensor {t.name!r}.quant", f"names {name!r} as a scale or zero point, but no "
+                      "tensor of the IR has that name (add it to the weights or constants)")
+        check_fits(t.quant, list(t.shape), t.dtype, where, {n: defined[n][0] for n in t.quant.names()})
 
 
 def _check_node(ir: NPU_IR, i: int, node: OpNode, defined: dict, node_names: set, source: str) -> None:

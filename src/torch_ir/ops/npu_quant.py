@@ -1,0 +1,145 @@
+"""The quantized NPU ops: (de)quantize, and CONV/GEMM computed in integers or with quantized weights.
+
+Their reference implementations are ``torch_ir.quant.numerics``, bit-exact with the formats they follow
+(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize). A quantized
+tensor's codes have the tensor's dtype; 4-bit ones travel packed two per byte (uint8), so the ops that read them
+are told the type (``dtype``, ``w_dtype``). Every zero point is an input (zeros when symmetric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from ..ir import TensorMeta
+from ..quant import numerics as qn
+from .npu import Shape, _conv_shape, _gemm_shape, _same_as_first, npu_op
+
+_GRAN = {"axis": "the dimension a per-channel or per-group scale runs along (null: one scale for the tensor)",
+         "group_size": "elements per scale along ``axis`` (null: per channel)"}
+_OUT = ("what y is: a quantized dtype (int8, uint8, int16: requantized with y_scale and y_zero_point), int32 (the "
+        "accumulators, as ConvInteger/MatMulInteger) or float32 (accumulators times x_scale·w_scale, dynamic "
+        "quantization)")
+_ACT = "null or relu (fused: codes below y's zero point are raised to it)"
+
+
+def _dtype_of(name: str) -> torch.dtype:
+    return qn.storage_dtype(name)
+
+
+@npu_op("QUANTIZE", inputs="x scale zero_point?", outputs="q", shape=_same_as_first, attrs={
+    "dtype": "the codes' type (int8, uint8, int16, uint16, int4, uint4: packed, float8_e4m3fn, float8_e5m2)",
+    **_GRAN, "method": "divide (x / scale: ONNX) or multiply_inverse (x · (1/scale): PyTorch)"})
+def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None, *, dtype: str,
+             axis: int | None = None, group_size: int | None = None, method: str = "divide") -> torch.Tensor:
+    """q = saturate(round_half_even(x / scale) + zero_point): a float tensor to codes, per tensor, channel or
+    group."""
+    return qn.quantize(x, scale, zero_point, dtype=dtype, axis=axis, group_size=group_size, method=method)
+
+
+@npu_op("DEQUANTIZE", inputs="q scale zero_point?", outputs="x", shape=_same_as_first, attrs={
+    "dtype": "the codes' type (as QUANTIZE's)", **_GRAN, "out_dtype": "the float type of x (the scale's)"})
+def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None, *, dtype: str,
+               axis: int | None = None, group_size: int | None = None, out_dtype: str = "float32") -> torch.Tensor:
+    """x = (q - zero_point) · scale, computed in float32: codes to a float tensor."""
+    return qn.dequantize(q, scale, zero_point, dtype=dtype, axis=axis, group_size=group_size,
+                         out_dtype=_dtype_of(out_dtype))
+
+
+def _split(rest: Sequence[torch.Tensor | None], has_bias: bool, out_dtype: str) -> tuple:
+    rest = [t for t in rest if t is not None]
+    bias = rest.pop(0) if has_bias else None
+    quantized = out_dtype not in ("int32", "float32")
+    if len(rest) != (2 if quantized else 0):
+        raise ValueError(f"out_dtype={out_dtype} takes {'y_scale and y_zero_point' if quantized else 'no y_scale'}"
+                         f" after the bias, got {len(rest)} input(s)")
+    return bias, (rest[0], rest[1]) if quantized else None
+
+
+def _finish(acc: torch.Tensor, bias: torch.Tensor | None, channel_dim: int, x_scale: torch.Tensor,
+            w_scale: torch.Tensor, y: tuple | None, out_dtype: str, activation: str | None) -> torch.Tensor:
+    """Add the int32 bias along ``channel_dim``, then requantize, scale to float or keep the accumulators."""
+    view = [1] * acc.dim()
+    view[channel_dim] = -1
+    if bias is not None:
+        acc = acc + bias.to(torch.int64).reshape(view)
+    if acc.numel() and (acc.max() > 2 ** 31 - 1 or acc.min() < -(2 ** 31)):
+        raise ValueError("an int32 accumulator overflowed (the sum of products and bias is outside int32)")
+    if activation not in (None, "relu"):
+        raise ValueError(f"a quantized op fuses only relu, got activation={activation!r}")
+    w_scale = w_scale.reshape(view) if w_scale.numel() > 1 else w_scale.reshape(())
+    if out_dtype == "int32":
+        return acc.to(torch.int32)
+    if out_dtype == "float32":
+        out = acc.to(torch.float32) * (x_scale.reshape(()).to(torch.float32) * w_scale.to(torch.float32))
+        return out.clamp_min(0) if activation == "relu" else out
+    m = qn.requant_multiplier(x_scale.reshape(()), w_scale, y[0].reshape(()))
+    return qn.requantize(acc, m, y[1].reshape(()), out_dtype, relu=activation == "relu")
+
+
+@npu_op("QCONV", inputs="x w x_scale x_zero_point w_scale w_zero_point bias? y_scale? y_zero_point?", outputs="y",
+        shape=_conv_shape, layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW"}, attrs={
+            "stride": "per spatial dim", "padding": "per spatial dim (symmetric)", "dilation": "per spatial dim",
+            "groups": "channel groups", "w_dtype": "the weight codes' type (int8, uint8, int4, uint4)",
+            "has_bias": "an int32 bias at scale x_scale·w_scale follows w_zero_point", "out_dtype": _OUT,
+            "activation": _ACT})
+def qconv(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
+          w_scale: torch.Tensor, w_zero_point: torch.Tensor, *rest: torch.Tensor | None, stride: list[int],
+          padding: list[int], dilation: list[int], groups: int = 1, w_dtype: str = "int8", has_bias: bool = False,
+          out_dtype: str = "int8", activation: str | None = None) -> torch.Tensor:
+    """y = requantize(Σ (x - x_zp)(w - w_zp) + bias): a convolution of integer codes with int32 accumulation and a
+    per-tensor or per-output-channel weight scale (ONNX QLinearConv, ConvInteger)."""
+    bias, y = _split(rest, has_bias, out_dtype)
+    xc = qn.centered(x, x_zero_point, qn.dtype_name(x))
+    wc = qn.centered(w, w_zero_point, w_dtype, axis=0)
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
+    acc = qn.exact_int(fn(xc, wc, None, stride, padding, dilation, groups), wc[0].numel(), "QCONV")
+    return _finish(acc, bias, 1, x_scale, w_scale, y, out_dtype, activation)
+
+
+def _qgemm_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    return _gemm_shape(inputs, {"trans_b": attrs.get("trans_b", True)})
+
+
+@npu_op("QGEMM", inputs="x w x_scale x_zero_point w_scale w_zero_point bias? y_scale? y_zero_point?", outputs="y",
+        shape=_qgemm_shape, layouts={"w": "[N,K]"}, attrs={
+            "trans_b": "w is [N,K] (a linear layer) rather than [...,K,N] (a matmul)",
+            "w_dtype": "the second operand's codes' type (int8, uint8, int4, uint4)",
+            "has_bias": "an int32 bias at scale x_scale·w_scale follows w_zero_point", "out_dtype": _OUT,
+            "activation": _ACT})
+def qgemm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
+          w_scale: torch.Tensor, w_zero_point: torch.Tensor, *rest: torch.Tensor | None, trans_b: bool = True,
+          w_dtype: str = "int8", has_bias: bool = False, out_dtype: str = "int8",
+          activation: str | None = None) -> torch.Tensor:
+    """y = requantize(Σ (x - x_zp)(w - w_zp) + bias): a matrix product of integer codes with int32 accumulation and
+    a per-tensor or per-output-column scale of the second operand (ONNX QLinearMatMul, MatMulInteger, QGemm)."""
+    bias, y = _split(rest, has_bias, out_dtype)
+    xc = qn.centered(x, x_zero_point, qn.dtype_name(x))
+    wc = qn.centered(w, w_zero_point, w_dtype, axis=0 if trans_b else -1)
+    acc = qn.exact_int(xc @ (wc.transpose(-1, -2) if trans_b else wc), xc.shape[-1], "QGEMM")
+    return _finish(acc, bias, -1, x_scale, w_scale, y, out_dtype, activation)
+
+
+@npu_op("DQGEMM", inputs="x w w_scale w_zero_point? bias?", outputs="y", shape=_qgemm_shape,
+        layouts={"w": "[N,K]"}, attrs={
+            "trans_b": "w is [N,K] (a linear layer) rather than [K,N]",
+            "w_dtype": "the weight codes' type (int8, uint8, int4, uint4: packed, float8_e4m3fn)",
+            "axis": "the weight dim its scales run along (0: per output channel; 1 with group_size: per group of K)",
+            "group_size": _GRAN["group_size"], "has_zero_point": "a weight zero point follows w_scale",
+            "has_bias": "a float bias comes last", "activation": "applied to the result (torch_ir.activations)"})
+def dqgemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *rest: torch.Tensor | None,
+           trans_b: bool = True, w_dtype: str = "int8", axis: int | None = 0, group_size: int | None = None,
+           has_zero_point: bool = False, has_bias: bool = False, activation: str | None = None) -> torch.Tensor:
+    """y = act(x · dequantize(w)ᵀ + bias): a weight-only quantized linear layer (w8a16, w4a16 g128, ONNX
+    MatMulNBits); the weight is dequantized to x's float type inside, the activations stay float."""
+    from ..activations import apply_activation
+
+    rest = [t for t in rest if t is not None]
+    zp = rest.pop(0) if has_zero_point else None
+    bias = rest.pop(0) if has_bias else None
+    wf = qn.dequantize(w, w_scale, zp, dtype=w_dtype, axis=axis, group_size=group_size, out_dtype=x.dtype)
+    y = x @ (wf.t() if trans_b else wf)
+    return apply_activation(activation, y if bias is None else y + bias)

@@ -1,0 +1,235 @@
+"""A quantization spec: everything needed to compute with one quantized tensor.
+
+A tensor whose ``TensorMeta.quant`` is a :class:`QuantSpec` holds integers (or fp8 codes) of ``spec.dtype``;
+its real value is ``(q - zero_point) * scale`` with the scale and zero point chosen by the spec's granularity:
+
+* per tensor: ``axis`` is None, one scale;
+* per channel: ``axis`` names the channel dimension, one scale per index along it;
+* per group: ``axis`` and ``group_size`` g, one scale per g consecutive elements along ``axis`` (ONNX's blocked
+  quantization, GPTQ/AWQ groups): the scale tensor has the tensor's shape with ``axis`` divided by g;
+* a block layout (``block``: GGUF's ``q8_0``, ``q4_0``, ``q4_K``, ``q6_K``): scales live inside the packed data.
+
+Scales and zero points are either named tensors (a weights-file tensor or an IR constant) or constants written
+in the spec. ``zero_point`` None means symmetric (zero point 0). ``method`` is how a float becomes a step when
+quantizing: ``divide`` (``x / scale``, ONNX) or ``multiply_inverse`` (``x * (1 / scale)``, PyTorch's
+quantized_decomposed ops); both round half to even and saturate. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import IRValidationError
+
+#: Quantized element types: name -> (smallest, largest) code, bits per element.
+QTYPES: dict[str, tuple[float, float, int]] = {
+    "int8": (-128, 127, 8), "uint8": (0, 255, 8), "int16": (-32768, 32767, 16), "uint16": (0, 65535, 16),
+    "int32": (-(2 ** 31), 2 ** 31 - 1, 32),  # a bias at scale x_scale * w_scale
+    "int4": (-8, 7, 4), "uint4": (0, 15, 4),  # stored packed two per byte, low nibble first
+    "float8_e4m3fn": (-448.0, 448.0, 8), "float8_e5m2": (-57344.0, 57344.0, 8),
+}
+PACKED = frozenset({"int4", "uint4"})
+SCALE_DTYPES = ("float32", "float16", "bfloat16")
+METHODS = ("divide", "multiply_inverse")
+#: GGUF block layouts (elements per block); their scales are inside the data.
+BLOCKS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+
+Scale = str | float | tuple[float, ...]
+ZeroPoint = str | int | tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one tensor is quantized (module docstring)."""
+
+    dtype: str
+    scale: Scale = 1.0
+    zero_point: ZeroPoint = None
+    axis: int | None = None
+    group_size: int | None = None
+    block: str | None = None
+    scale_dtype: str = "float32"
+    method: str = "divide"
+
+    @property
+    def granularity(self) -> str:
+        if self.block is not None:
+            return "block"
+        if self.axis is None:
+            return "tensor"
+        return "channel" if self.group_size is None else "group"
+
+    @property
+    def symmetric(self) -> bool:
+        zp = self.zero_point
+        return zp is None or (not isinstance(zp, str) and all(v == 0 for v in _values(zp)))
+
+    @property
+    def bits(self) -> int:
+        return QTYPES[self.dtype][2]
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith("float8")
+
+    def qrange(self) -> tuple[float, float]:
+        lo, hi, _ = QTYPES[self.dtype]
+        return lo, hi
+
+    def names(self) -> list[str]:
+        """The tensors this spec reads its scale and zero point from."""
+        return [v for v in (self.scale, self.zero_point) if isinstance(v, str)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        return {k: v for k, v in d.items() if v is not None and (k, v) not in _DEFAULTS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "quant") -> QuantSpec:
+        """A spec from its JSON form; an IRValidationError naming ``where`` for anything malformed."""
+        if not isinstance(d, dict):
+            raise IRValidationError(f"{where}: expected a quantization spec object, got {type(d).__name__}")
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise IRValidationError(f"{where}: unknown field(s) {sorted(unknown)}; a quantization spec has "
+                                 f"{sorted(cls.__dataclass_fields__)}")
+        if "dtype" not in d:
+            raise IRValidationError(f"{where}: a quantization spec needs a dtype (one of {', '.join(QTYPES)})")
+        fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
+        spec = cls(**fields)
+        check_spec(spec, where)
+        return spec
+
+
+_DEFAULTS = {("scale_dtype", "float32"), ("method", "divide")}
+
+
+def _values(v: Any) -> tuple:
+    return v if isinstance(v, tuple) else (v,)
+
+
+def _fail(where: str, rule: str) -> None:
+    raise IRValidationError(f"{where}: {rule}")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_spec(spec: QuantSpec, where: str) -> None:
+    """The spec's own rules: a known type, granularity fields that agree, finite positive constant scales, zero
+    points that are integers inside the type's range (fp8: none)."""
+    if spec.dtype not in QTYPES:
+        _fail(where, f"quantized dtype {spec.dtype!r} is not one of {', '.join(QTYPES)}")
+    if spec.scale_dtype not in SCALE_DTYPES:
+        _fail(where, f"scale_dtype {spec.scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
+    if spec.method not in METHODS:
+        _fail(where, f"method {spec.method!r} is not one of {', '.join(METHODS)}")
+    if spec.axis is not None and (not isinstance(spec.axis, int) or isinstance(spec.axis, bool)):
+        _fail(where, f"axis must be an integer or null, got {spec.axis!r}")
+    if spec.group_size is not None:
+        if spec.axis is None:
+            _fail(where, "group_size needs an axis (the dimension the groups run along)")
+        if not isinstance(spec.group_size, int) or isinstance(spec.group_size, bool) or spec.group_size < 1:
+            _fail(where, f"group_size must be a positive integer, got {spec.group_size!r}")
+    if spec.block is not None and spec.block not in BLOCKS:
+        _fail(where, f"block layout {spec.block!r} is not one of {', '.join(BLOCKS)}")
+    _check_scale(spec, where)
+    _check_zero_point(spec, where)
+
+
+def _check_scale(spec: QuantSpec, where: str) -> None:
+    if isinstance(spec.scale, str):
+        if not spec.scale:
+            _fail(where, "scale names no tensor (an empty name)")
+        return
+    values = _values(spec.scale)
+    if not values or not all(_is_number(v) and math.isfinite(v) and v > 0 for v in values):
+        _fail(where, f"constant scales must be finite numbers > 0, got {_short(spec.scale)}")
+    if spec.axis is None and len(values) != 1:
+        _fail(where, f"a per-tensor spec has one scale, got {len(values)}")
+
+
+def _check_zero_point(spec: QuantSpec, where: str) -> None:
+    zp = spec.zero_point
+    if zp is None or isinstance(zp, str):
+        if isinstance(zp, str) and not zp:
+            _fail(where, "zero_point names no tensor (an empty name)")
+        return
+    if spec.is_float:
+        _fail(where, f"{spec.dtype} has no zero point (got {_short(zp)}); leave zero_point out")
+    lo, hi = spec.qrange()
+    values = _values(zp)
+    bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi]
+    if bad:
+        _fail(where, f"zero point {_short(bad[0])} is outside {spec.dtype}'s range [{int(lo)}, {int(hi)}]")
+    if not isinstance(spec.scale, str) and len(values) != len(_values(spec.scale)):
+        _fail(where, f"{len(values)} zero point(s) for {len(_values(spec.scale))} scale(s)")
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def param_shape(spec: QuantSpec, shape: list[Any]) -> list[Any]:
+    """The shape a scale or zero-point tensor of ``spec`` has for a quantized tensor of ``shape``: [] per tensor,
+    [C] per channel, the tensor's shape with ``axis`` divided by the group size per group."""
+    if spec.axis is None or spec.block is not None:
+        return []
+    axis = spec.axis % len(shape)
+    if spec.group_size is None:
+        return [shape[axis]]
+    out = list(shape)
+    out[axis] = shape[axis] // spec.group_size if isinstance(shape[axis], int) else shape[axis]
+    return out
+
+
+def check_fits(spec: QuantSpec, shape: list[Any], dtype: str, where: str,
+               param_shapes: dict[str, list[Any]] | None = None) -> None:
+    """That ``spec`` fits a tensor of ``shape`` and ``dtype``: the tensor holds the spec's type, the axis is one
+    of its dims, a group divides its axis, a block layout divides the last dim, and every scale or zero point
+    (constants, or the named tensors' shapes in ``param_shapes``) has the shape the granularity needs."""
+    if dtype != spec.dtype:
+        _fail(where, f"the tensor is {dtype} but its quantization spec says {spec.dtype}; a quantized tensor holds "
+                     "the spec's type (dequantize it to get floats)")
+    rank = len(shape)
+    if spec.axis is not None and not -rank <= spec.axis < rank:
+        _fail(where, f"axis {spec.axis} is out of range for a rank-{rank} tensor {list(shape)}")
+    if spec.dtype in PACKED and rank and isinstance(shape[-1], int) and shape[-1] % 2:
+        _fail(where, f"{spec.dtype} is stored two per byte along the last dim, which must be even (got {shape[-1]})")
+    if spec.block is not None:
+        n = BLOCKS[spec.block]
+        if not rank or not isinstance(shape[-1], int) or shape[-1] % n:
+            _fail(where, f"block layout {spec.block} packs {n} elements per block: the last dim ({list(shape)}) "
+                         "must be a multiple of it")
+        return
+    if spec.group_size is not None:
+        size = shape[spec.axis % rank]
+        if isinstance(size, int) and size % spec.group_size:
+            _fail(where, f"group_size {spec.group_size} does not divide dim {spec.axis % rank} ({size}) of "
+                         f"{list(shape)}")
+    want = param_shape(spec, list(shape))
+    numel = math.prod(d for d in want if isinstance(d, int))
+    for field_name, value in (("scale", spec.scale), ("zero_point", spec.zero_point)):
+        if value is None:
+            continue
+        if isinstance(value, str):
+            got = (param_shapes or {}).get(value)
+            if got is not None and [d for d in got if d != 1] != [d for d in want if d != 1]:
+                _fail(where, f"{field_name} tensor {value!r} has shape {list(got)}; a {spec.granularity} spec of "
+                             f"a {list(shape)} tensor needs {want}")
+        elif len(_values(value)) not in (1, numel) or (spec.axis is not None and len(_values(value)) != numel):
+            _fail(where, f"{len(_values(value))} constant {field_name}(s); a {spec.granularity} spec of a "
+                         f"{list(shape)} tensor needs {numel}")
+
+
+def stored(dtype: str, shape: list[Any]) -> tuple[str, list[Any]]:
+    """The dtype and shape a tensor of ``dtype`` and ``shape`` is held in: 4-bit codes as uint8, two per byte
+    along the last dim; every other type as it is."""
+    if dtype not in PACKED or not shape:
+        return dtype, list(shape)
+    last = shape[-1]
+    return "uint8", [*shape[:-1], last // 2 if isinstance(last, int) else f"({last})//2"]
