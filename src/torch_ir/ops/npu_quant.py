@@ -32,12 +32,15 @@ def _dtype_of(name: str) -> torch.dtype:
 
 @npu_op("QUANTIZE", inputs="x scale zero_point?", outputs="q", shape=_same_as_first, attrs={
     "dtype": "the codes' type (int8, uint8, int16, uint16, int4, uint4: packed, float8_e4m3fn, float8_e5m2)",
-    **_GRAN, "method": "divide (x / scale: ONNX) or multiply_inverse (x · (1/scale): PyTorch)"})
+    **_GRAN, "method": "divide (x / scale: ONNX) or multiply_inverse (x · (1/scale): PyTorch)",
+    "qmin": "smallest code (null: the type's)", "qmax": "largest code (null: the type's)"})
 def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None, *, dtype: str,
-             axis: int | None = None, group_size: int | None = None, method: str = "divide") -> torch.Tensor:
+             axis: int | None = None, group_size: int | None = None, method: str = "divide",
+             qmin: int | None = None, qmax: int | None = None) -> torch.Tensor:
     """q = saturate(round_half_even(x / scale) + zero_point): a float tensor to codes, per tensor, channel or
     group."""
-    return qn.quantize(x, scale, zero_point, dtype=dtype, axis=axis, group_size=group_size, method=method)
+    return qn.quantize(x, scale, zero_point, dtype=dtype, axis=axis, group_size=group_size, method=method,
+                       qmin=qmin, qmax=qmax)
 
 
 @npu_op("DEQUANTIZE", inputs="q scale zero_point?", outputs="x", shape=_same_as_first, attrs={

@@ -66,8 +66,10 @@ def expand(param: torch.Tensor | None, shape: torch.Size, axis: int | None,
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, *, dtype: str,
-             axis: int | None = None, group_size: int | None = None, method: str = "divide") -> torch.Tensor:
-    """Float ``x`` to codes of ``dtype`` (4-bit ones packed)."""
+             axis: int | None = None, group_size: int | None = None, method: str = "divide",
+             qmin: int | None = None, qmax: int | None = None) -> torch.Tensor:
+    """Float ``x`` to codes of ``dtype`` (4-bit ones packed), saturated to ``[qmin, qmax]`` (default: the type's
+    range; a narrower one for e.g. PyTorch's symmetric int8 weights, [-127, 127])."""
     s = expand(scale, x.shape, axis, group_size)
     xf = x.to(torch.float32)
     if method == "divide":
@@ -82,6 +84,7 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | No
     if zp is not None:
         y = y + zp.to(torch.float32)
     lo, hi, _ = QTYPES[dtype]
+    lo, hi = max(lo, qmin) if qmin is not None else lo, min(hi, qmax) if qmax is not None else hi
     q = y.clamp(lo, hi).to(storage_dtype(dtype))
     return pack4(q) if dtype in PACKED else q
 
