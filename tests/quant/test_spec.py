@@ -141,3 +141,10 @@ def test_4_bit_codes_pack_low_nibble_first() -> None:
     assert packed.tolist() == [[0xE1, 0x87]]  # ONNX: first element in the low nibble
     assert torch.equal(qn.unpack4(packed, signed=True), codes)
     assert qn.unpack4(torch.tensor([[0xE1]], dtype=torch.uint8), signed=False).tolist() == [[1, 14]]
+
+
+def test_a_dequantize_that_says_another_granularity_than_its_tensor_is_refused() -> None:
+    doc = ir_to_dict(_weight_only_ir())
+    doc["nodes"][0]["attrs"]["group_size"] = 64  # the spec says 128: one of the two would be silently wrong
+    with pytest.raises(IRValidationError, match=r"DEQUANTIZE says group_size=64 of tensor 'w'.*spec says 128"):
+        ir_from_dict(doc, source="model.json")

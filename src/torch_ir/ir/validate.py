@@ -18,7 +18,7 @@ from ..errors import IRValidationError, TorchIRError
 from ..limits import get_limits
 from ..ops.symbolic import parse_sym
 from ..ops.values import check_value
-from ..quant.spec import QuantSpec, check_fits
+from ..quant.spec import QuantSpec, check_fits, node_disagrees
 from .core import NPU_IR, ROLES, OpNode
 
 SUPPORTED_MAJOR = 1
@@ -377,6 +377,10 @@ def _check_quant_specs(ir: NPU_IR, defined: dict[str, tuple[list, str]], source:
                 _fail(source, f"tensor {t.name!r}.quant", f"names {name!r} as a scale or zero point, but no "
                       "tensor of the IR has that name (add it to the weights or constants)")
         check_fits(t.quant, list(t.shape), t.dtype, where, {n: defined[n][0] for n in t.quant.names()})
+    for i, n in enumerate(ir.nodes):
+        why = node_disagrees(n.op_type, n.attrs, n.inputs, n.outputs)
+        if why is not None:
+            _fail(source, f"nodes[{i}]", why + _node_context(ir, i))
 
 
 def _check_node(ir: NPU_IR, i: int, node: OpNode, defined: dict, node_names: set, source: str) -> None:

@@ -233,3 +233,32 @@ def stored(dtype: str, shape: list[Any]) -> tuple[str, list[Any]]:
         return dtype, list(shape)
     last = shape[-1]
     return "uint8", [*shape[:-1], last // 2 if isinstance(last, int) else f"({last})//2"]
+
+
+#: The ops that read or make a quantized tensor and where: op type -> (index of the quantized tensor, in inputs or
+#: outputs, and the attribute naming its dtype).
+_SPEC_NODES = {"QUANTIZE": ("outputs", "dtype"), "DEQUANTIZE": ("inputs", "dtype")}
+
+
+def node_disagrees(op_type: str, attrs: dict[str, Any], inputs: list[Any], outputs: list[Any]) -> str | None:
+    """Why a (de)quantize node's attributes say something else than its quantized tensor's spec, or None.
+
+    The node's attributes are what runs; the spec is what the tensor declares to compilers and cost models:
+    a difference would make one of them silently wrong."""
+    where = _SPEC_NODES.get(op_type)
+    if where is None:
+        return None
+    side, _ = where
+    tensors = inputs if side == "inputs" else outputs
+    if not tensors or getattr(tensors[0], "quant", None) is None:
+        return None
+    spec, t = tensors[0].quant, tensors[0]
+    said = {"dtype": attrs.get("dtype"), "axis": attrs.get("axis"), "group_size": attrs.get("group_size")}
+    declared = {"dtype": spec.dtype, "axis": spec.axis, "group_size": spec.group_size}
+    if said["axis"] is not None and declared["axis"] is not None and t.shape:
+        said["axis"], declared["axis"] = said["axis"] % len(t.shape), declared["axis"] % len(t.shape)
+    for key, value in said.items():
+        if value != declared[key]:
+            return (f"{op_type} says {key}={value!r} of tensor {t.name!r}, whose quantization spec says "
+                    f"{declared[key]!r}; make them agree")
+    return None
