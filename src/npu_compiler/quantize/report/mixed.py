@@ -152,8 +152,8 @@ class _Search:
     cost_fn: CostFn | None
     logits: str | bool | None
     tried: list[Assignment] = field(default_factory=list)
-    #: Assignments already evaluated (a cumulative one can equal a probe): not quantized and recorded twice.
-    seen: dict[tuple, tuple[AccuracyReport, set[str]]] = field(default_factory=dict)
+    #: Assignments already evaluated (a cumulative one can equal a probe): recorded again, not recomputed.
+    seen: dict[tuple, tuple[AccuracyReport, set[str], Assignment]] = field(default_factory=dict)
 
     def evaluate(self, target: Target, ladder: Sequence[Any], levels: Mapping[str, int], kind: str,
                  widened: str | None) -> tuple[AccuracyReport, set[str]]:
@@ -161,7 +161,9 @@ class _Search:
         quantized layers."""
         key = tuple(sorted(levels.items()))
         if key in self.seen:
-            return self.seen[key]
+            report, quantized, before = self.seen[key]
+            self.tried.append(dataclasses.replace(before, step=len(self.tried), kind=kind, widened=widened))
+            return report, quantized
         overrides = {literal_pattern(n): ladder[k - 1] for n, k in levels.items()}
         config = self.add_overrides(self.base_config, overrides) if overrides else self.base_config
         q_ir, q_weights = self.quantize_fn(self.float_ir, self.weights, config, self.calibration)
@@ -172,8 +174,9 @@ class _Search:
             len(self.tried), kind, widened, {n: _label(ladder[k - 1]) for n, k in levels.items()},
             report.output_sqnr_db, tokens.mean_kld if tokens else None, tokens.top1_pct if tokens else None,
             self.cost_fn(q_ir, q_weights) if self.cost_fn else None, target.met(report)))
-        self.seen[key] = report, dequantized_readers(q_ir)
-        return self.seen[key]
+        quantized = dequantized_readers(q_ir)
+        self.seen[key] = report, quantized, self.tried[-1]
+        return report, quantized
 
     def order(self, rank: str, base: AccuracyReport, quantized: set[str], target: Target,
               ladder: Sequence[Any]) -> list[str]:
