@@ -1,0 +1,1 @@
+"""Quantization by the toolkit itself: float IR + weights + a config -> a quantized IR in QDQ form."""
