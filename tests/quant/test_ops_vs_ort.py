@@ -139,6 +139,27 @@ def test_qlinearconv_multiplier_product_order() -> None:
     _assert_codes_equal(ours, theirs)
 
 
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["w_per_tensor", "w_per_channel"])
+def test_qconv_float_bias_is_quantized_half_even(per_channel: bool) -> None:
+    """A float bias (PT2E's) against QLinearConv with the int32 bias round_half_even(bias / (x_scale·w_scale)),
+    computed here in float32; some biases sit exactly on a .5 step."""
+    rng = np.random.default_rng(7)
+    x, w = _codes(rng, "uint8", [1, 4, 5, 5]), _codes(rng, "int8", [6, 4, 3, 3], lo=-127)
+    x_scale = np.asarray(0.03125, np.float32)  # powers of two: bias / (x_scale·w_scale) is exact, ties are ties
+    w_scale = np.asarray([2.0 ** -8] * 6 if per_channel else 2.0 ** -8, np.float32)
+    steps = np.array([10.5, -10.5, 11.5, -3.25, 1000.7, 0.5])
+    bias = (steps * (x_scale * w_scale)).astype(np.float32)
+    int_bias = np.round(bias / (x_scale * w_scale).astype(np.float32)).astype(np.int32)
+    assert int_bias.tolist() == [10, -10, 12, -3, 1001, 0]  # half to even
+    x_zp, w_zp, y_scale, y_zp = np.uint8(128), np.zeros(w_scale.shape, np.int8), np.float32(0.01), np.uint8(128)
+    theirs = ort_run("QLinearConv", [("x", x), ("xs", x_scale), ("xz", x_zp), ("w", w), ("ws", w_scale),
+                                     ("wz", w_zp), ("ys", y_scale), ("yz", y_zp), ("b", int_bias)], out="uint8")
+    ours = nq.qconv(T(x), T(w), T(x_scale), T(np.array(x_zp)), T(w_scale), T(w_zp), T(bias), T(np.array(y_scale)),
+                    T(np.array(y_zp)), stride=[1, 1], padding=[0, 0], dilation=[1, 1], has_bias=True,
+                    out_dtype="uint8")
+    _assert_codes_equal(ours, theirs)
+
 # -- QLinearMatMul, MatMulInteger, ConvInteger ----------------------------------------------------------------
 
 @pytest.mark.parametrize("a_shape", [[5, 64], [3, 5, 64]], ids=["2d", "batched"])
