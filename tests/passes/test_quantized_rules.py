@@ -151,29 +151,36 @@ def test_qdq_linear_becomes_qgemm_and_matmul_of_activations_qgemm() -> None:
     s_q = g.quantize(s, g.scale("s_scale", 0.5), g.zp("s_zp", 128, "uint8"), "uint8", "s_q")
     before = g.ir([y_q, s_q])
     after = normalize(before)
-    assert ops(after) == ["QGEMM", "QGEMM"]
+    assert ops(after) == ["QGEMM", "QGEMM"] and applied(after)["qdq_gemm"] == applied(after)["qdq_matmul"] == 1
     assert [n.attrs["trans_b"] for n in after.nodes] == [True, False]
     feeds = [g.codes("int8", [2, 5, 32]), g.codes("uint8", [2, 4, 6, 16]), g.codes("uint8", [2, 4, 16, 7])]
     for got, want in zip(g.run(after, feeds), g.run(before, feeds)):
         _within_one_step(got, want)
 
 
-@pytest.mark.parametrize("case", ["int8_channel", "int4_group"])
+@pytest.mark.parametrize("case", ["int8_channel", "int4_group", "matmul_int8_column"])
 def test_weight_only_gemm_becomes_dqgemm(case: str) -> None:
-    """linear(x, DQ(w_q)) -> relu with x float: DQGEMM (the same arithmetic: the weight dequantized, a float
-    product), the relu fused."""
+    """linear(x, DQ(w_q)) or matmul(x, DQ(w_q)) -> relu with x float: DQGEMM (the same arithmetic: the weight
+    dequantized, a float product), the relu fused."""
     g = QDQGraph(2)
     x = g.input("x", [3, 64], "float32")
     if case == "int8_channel":
         _, w = g.quantized_weight("w_q", g.codes("int8", [16, 64], lo=-127), torch.rand(16, generator=g.gen) * 0.01)
-    else:
+    elif case == "int4_group":
         packed = qn.pack4(g.codes("int8", [16, 64], -8, 7))
         _, w = g.quantized_weight("w_q", packed, torch.rand(16, 2, generator=g.gen) * 0.02, axis=1, dtype="int4",
                                   group_size=32)
-    y = g.op("aten.relu.default", [g.op("aten.linear.default", [x, w], [3, 16], {"bias": None})], [3, 16])
-    before = g.ir([y])
+    else:  # ONNX MatMul by a dequantized [K, N] weight, per output column
+        _, w = g.quantized_weight("w_q", g.codes("int8", [64, 16], lo=-127), torch.rand(16, generator=g.gen) * 0.01,
+                                  axis=1)
+    product = (g.op("aten.matmul.default", [x, w], [3, 16]) if case.startswith("matmul")
+               else g.op("aten.linear.default", [x, w], [3, 16], {"bias": None}))
+    before = g.ir([g.op("aten.relu.default", [product], [3, 16])])
     after = normalize(before)
     assert ops(after) == ["DQGEMM"] and after.nodes[0].attrs["activation"] == "relu"
+    rule = "weight_only_matmul" if case.startswith("matmul") else "weight_only_gemm"
+    assert applied(after)[rule] == applied(after)["dqgemm_activation"] == 1
+    assert after.nodes[0].attrs["trans_b"] == (rule == "weight_only_gemm")
     feeds = [torch.randn(3, 64, generator=g.gen)]
     torch.testing.assert_close(g.run(after, feeds)[0], g.run(before, feeds)[0], rtol=1e-6, atol=1e-6)
 
