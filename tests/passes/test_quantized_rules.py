@@ -221,3 +221,19 @@ def test_fused_qconv_equals_onnxruntime_qlinearconv() -> None:
                                      ("ws", v["w_q_scale"]), ("wz", v["w_q_zp"]), ("ys", v["y_scale"]),
                                      ("yz", v["y_zp"]), ("b", v["b_q"])], {"pads": [1, 1, 1, 1]}, out="uint8")
     assert torch.equal(g.run(after, [x])[0], torch.from_numpy(theirs))
+
+
+def test_missing_zero_points_become_zeros() -> None:
+    """Symmetric int8 x and y (DEQUANTIZE/QUANTIZE without a zero point, as ONNX allows): QGEMM takes zeros."""
+    g = QDQGraph(4)
+    x_scale = g.scale("x_scale", 0.05)
+    x_q = g.input("x_q", [4, 16], "int8", QuantSpec("int8", scale="x_scale"))
+    _, w = g.quantized_weight("w_q", g.codes("int8", [8, 16], lo=-127), torch.full((8,), 6e-3))
+    y = g.op("aten.linear.default", [g.dequantize(x_q, x_scale, None), w], [4, 8], {"bias": None})
+    y_q = g.op("QUANTIZE", [y, g.scale("y_scale", 0.02)], [4, 8], {"dtype": "int8"}, dtype="int8",
+               quant=QuantSpec("int8", scale="y_scale"), name="y_q")
+    before = g.ir([y_q])
+    after = normalize(before)
+    assert ops(after) == ["aten.full.default", "aten.full.default", "QGEMM"]
+    feeds = [g.codes("int8", [4, 16])]
+    _within_one_step(g.run(after, feeds)[0], g.run(before, feeds)[0])
