@@ -23,6 +23,8 @@ _GRAN = {"axis": "the dimension a per-channel or per-group scale runs along (nul
 _OUT = ("what y is: a quantized dtype (int8, uint8, int16: requantized with y_scale and y_zero_point), int32 (the "
         "accumulators, as ConvInteger/MatMulInteger) or float32 (accumulators times x_scale·w_scale, dynamic "
         "quantization)")
+_BIAS = ("a bias follows w_zero_point: int32 at scale x_scale·w_scale (ONNX), or float (PyTorch PT2E), quantized "
+         "inside to int32 as round_half_even(bias / (x_scale·w_scale)) in float32")
 _ACT = "null or relu (fused: codes below y's zero point are raised to it)"
 
 
@@ -62,13 +64,24 @@ def _split(rest: Sequence[torch.Tensor | None], has_bias: bool, out_dtype: str) 
     return bias, (rest[0], rest[1]) if quantized else None
 
 
+def int_bias(bias: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """A bias as int32 codes at scale x_scale·w_scale: an integer one as it is (ONNX), a float one (PT2E, the toolkit's
+    quantizer) as ``round_half_even(bias / (x_scale·w_scale))`` in float32, saturated to int32."""
+    if not bias.is_floating_point():
+        return bias.to(torch.int64)
+    f = torch.float32
+    scale = x_scale.reshape(()).to(f) * w_scale.reshape(-1).to(f)
+    q = torch.round(bias.to(f).reshape(-1) / scale).clamp(-(2 ** 31), 2 ** 31 - 1)
+    return q.to(torch.int64)
+
+
 def _finish(acc: torch.Tensor, bias: torch.Tensor | None, channel_dim: int, x_scale: torch.Tensor,
             w_scale: torch.Tensor, y: tuple | None, out_dtype: str, activation: str | None) -> torch.Tensor:
-    """Add the int32 bias along ``channel_dim``, then requantize, scale to float or keep the accumulators."""
+    """Add the bias (``int_bias``) along ``channel_dim``, then requantize, scale to float or keep the accumulators."""
     view = [1] * acc.dim()
     view[channel_dim] = -1
     if bias is not None:
-        acc = acc + bias.to(torch.int64).reshape(view)
+        acc = acc + int_bias(bias, x_scale, w_scale).reshape(view)
     if acc.numel() and (acc.max() > 2 ** 31 - 1 or acc.min() < -(2 ** 31)):
         raise ValueError("an int32 accumulator overflowed (the sum of products and bias is outside int32)")
     if activation not in (None, "relu"):
@@ -87,8 +100,7 @@ def _finish(acc: torch.Tensor, bias: torch.Tensor | None, channel_dim: int, x_sc
         shape=_conv_shape, layouts={"x": "NCHW", "y": "NCHW", "w": "OIHW"}, attrs={
             "stride": "per spatial dim", "padding": "per spatial dim (symmetric)", "dilation": "per spatial dim",
             "groups": "channel groups", "w_dtype": "the weight codes' type (int8, uint8, int4, uint4)",
-            "has_bias": "an int32 bias at scale x_scale·w_scale follows w_zero_point", "out_dtype": _OUT,
-            "activation": _ACT})
+            "has_bias": _BIAS, "out_dtype": _OUT, "activation": _ACT})
 def qconv(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
           w_scale: torch.Tensor, w_zero_point: torch.Tensor, *rest: torch.Tensor | None, stride: list[int],
           padding: list[int], dilation: list[int], groups: int = 1, w_dtype: str = "int8", has_bias: bool = False,
@@ -104,15 +116,21 @@ def qconv(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point:
 
 
 def _qgemm_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
-    return _gemm_shape(inputs, {"trans_b": attrs.get("trans_b", True)})
+    x, w = inputs[0].shape, inputs[1].shape
+    if attrs.get("trans_b", True) or len(w) <= 2:
+        return _gemm_shape(inputs, {"trans_b": attrs.get("trans_b", True)})
+    # a batched second operand (attention's matmul of two activations): batch dims broadcast as torch.matmul's
+    lead_x, lead_w = list(x[:-2]), list(w[:-2])
+    width = max(len(lead_x), len(lead_w))
+    lead_x, lead_w = [1] * (width - len(lead_x)) + lead_x, [1] * (width - len(lead_w)) + lead_w
+    return [[a if b == 1 else b for a, b in zip(lead_x, lead_w)] + [x[-2], w[-1]]]
 
 
 @npu_op("QGEMM", inputs="x w x_scale x_zero_point w_scale w_zero_point bias? y_scale? y_zero_point?", outputs="y",
         shape=_qgemm_shape, layouts={"w": "[N,K]"}, attrs={
             "trans_b": "w is [N,K] (a linear layer) rather than [...,K,N] (a matmul)",
             "w_dtype": "the second operand's codes' type (int8, uint8, int4, uint4)",
-            "has_bias": "an int32 bias at scale x_scale·w_scale follows w_zero_point", "out_dtype": _OUT,
-            "activation": _ACT})
+            "has_bias": _BIAS, "out_dtype": _OUT, "activation": _ACT})
 def qgemm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
           w_scale: torch.Tensor, w_zero_point: torch.Tensor, *rest: torch.Tensor | None, trans_b: bool = True,
           w_dtype: str = "int8", has_bias: bool = False, out_dtype: str = "int8",

@@ -1,0 +1,239 @@
+"""normalize's QDQ rules (``npu_compiler.passes.quantized``): hand-built QDQ graphs of ATen ops become QCONV, QGEMM
+and DQGEMM, whose outputs equal the QDQ graph's within one output step (integer compute rounds once where QDQ rounds
+twice) and exactly where the arithmetic is the same; where a pattern does not apply the QDQ ops stay, with the
+reason recorded; and a fused QCONV equals onnxruntime's QLinearConv bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from npu_compiler.passes import normalize
+from torch_ir.executor import IRExecutor
+from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity
+from torch_ir.quant import QuantSpec
+from torch_ir.quant import numerics as qn
+
+from .test_rules import applied, ops, rejected
+
+
+class QDQGraph:
+    """A QDQ graph built node by node: weights with their values, code inputs, QUANTIZE/DEQUANTIZE helpers."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.nodes: list[OpNode] = []
+        self.weights: list[TensorMeta] = []
+        self.inputs: list[TensorMeta] = []
+        self.values: dict[str, torch.Tensor] = {}
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def weight(self, name: str, value: torch.Tensor, quant: QuantSpec | None = None) -> TensorMeta:
+        packed = quant is not None and quant.dtype in ("int4", "uint4")  # the IR's shape is the codes', unpacked
+        shape = [*value.shape[:-1], value.shape[-1] * 2] if packed else list(value.shape)
+        meta = TensorMeta(name, shape, quant.dtype if quant else qn.dtype_name(value), quant=quant)
+        self.weights.append(meta)
+        self.values[name] = value
+        return meta
+
+    def scale(self, name: str, value: float | list[float]) -> TensorMeta:
+        return self.weight(name, torch.tensor(value, dtype=torch.float32))
+
+    def zp(self, name: str, value: int | list[int], dtype: str) -> TensorMeta:
+        return self.weight(name, torch.tensor(value, dtype=getattr(torch, dtype)))
+
+    def codes(self, dtype: str, shape: list[int], lo: int | None = None, hi: int | None = None) -> torch.Tensor:
+        info = torch.iinfo(getattr(torch, dtype))
+        lo, hi = info.min if lo is None else lo, info.max if hi is None else hi
+        return torch.randint(lo, hi + 1, shape, generator=self.gen).to(getattr(torch, dtype))
+
+    def input(self, name: str, shape: list[int], dtype: str, quant: QuantSpec | None = None) -> TensorMeta:
+        meta = TensorMeta(name, list(shape), dtype, quant=quant)
+        self.inputs.append(meta)
+        return meta
+
+    def op(self, op_type: str, inputs: list[TensorMeta], shape: list[int], attrs: dict | None = None,
+           dtype: str = "float32", quant: QuantSpec | None = None, name: str | None = None) -> TensorMeta:
+        name = name or f"{op_type.split('.')[-2 if '.' in op_type else 0].lower()}_{len(self.nodes)}"
+        out = TensorMeta(name, list(shape), dtype, quant=quant)
+        self.nodes.append(OpNode(name, op_type, list(inputs), [out], dict(attrs or {})))
+        return out
+
+    def dequantize(self, q: TensorMeta, scale: TensorMeta, zp: TensorMeta | None, axis: int | None = None,
+                   group_size: int | None = None) -> TensorMeta:
+        return self.op("DEQUANTIZE", [q, scale, *([zp] if zp is not None else [])], q.shape,
+                       {"dtype": q.dtype, "axis": axis, "group_size": group_size})
+
+    def quantize(self, x: TensorMeta, scale: TensorMeta, zp: TensorMeta, dtype: str, name: str) -> TensorMeta:
+        spec = QuantSpec(dtype, scale=scale.name, zero_point=zp.name)
+        return self.op("QUANTIZE", [x, scale, zp], x.shape, {"dtype": dtype}, dtype=dtype, quant=spec, name=name)
+
+    def quantized_input(self, name: str, shape: list[int], dtype: str = "uint8",
+                        scale: float = 0.02, zero_point: int = 128) -> tuple[TensorMeta, TensorMeta]:
+        """A code input and its DEQUANTIZE: (codes, float)."""
+        s, z = self.scale(f"{name}_scale", scale), self.zp(f"{name}_zp", zero_point, dtype)
+        q = self.input(name, shape, dtype, QuantSpec(dtype, scale=s.name, zero_point=z.name))
+        return q, self.dequantize(q, s, z)
+
+    def quantized_weight(self, name: str, codes: torch.Tensor, scale: torch.Tensor, axis: int | None = 0,
+                         dtype: str = "int8", group_size: int | None = None) -> tuple[TensorMeta, TensorMeta]:
+        s = self.weight(f"{name}_scale", scale.float())
+        zero = torch.zeros(scale.shape, dtype=torch.int8)
+        z = self.weight(f"{name}_zp", zero if dtype != "uint4" else zero.to(torch.uint8) + 8)
+        spec = QuantSpec(dtype, scale=s.name, zero_point=z.name, axis=axis, group_size=group_size)
+        q = self.weight(name, codes, spec)
+        return q, self.dequantize(q, s, z, axis=axis, group_size=group_size)
+
+    def ir(self, outputs: list[TensorMeta]) -> NPU_IR:
+        ir = NPU_IR("qdq", self.inputs, outputs, self.weights, self.nodes)
+        check_integrity(ir)
+        return ir
+
+    def run(self, ir: NPU_IR, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
+        return IRExecutor(ir, self.values).run(feeds)
+
+
+def _within_one_step(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    diff = (got.to(torch.int32) - want.to(torch.int32)).abs()
+    assert int(diff.max()) <= 1, f"codes differ by up to {int(diff.max())}"
+    assert float((diff == 0).float().mean()) > 0.9, "most codes agree"
+
+
+def _conv_graph(bias: str | None = "float", activation: str | None = "relu", seed: int = 0,
+                per_channel: bool = True) -> tuple[QDQGraph, NPU_IR, torch.Tensor]:
+    """x_q -> DEQUANTIZE -> conv2d(., DEQUANTIZE(w_q), bias) [-> activation] -> QUANTIZE -> y_q."""
+    g = QDQGraph(seed)
+    x_q, x = g.quantized_input("x_q", [1, 8, 10, 10], scale=0.02, zero_point=120)
+    w_scale = torch.rand(16, generator=g.gen) * 4e-3 + 1e-3 if per_channel else torch.tensor(3e-3)
+    w_q, w = g.quantized_weight("w_q", g.codes("int8", [16, 8, 3, 3], lo=-127), w_scale,
+                                axis=0 if per_channel else None)
+    inputs = [x, w]
+    if bias == "float":
+        inputs.append(g.weight("b", torch.randn(16, generator=g.gen) * 0.5))
+    elif bias == "int32":  # ONNX: int32 codes at x_scale · w_scale
+        b_scale = g.weight("b_scale", (torch.tensor(0.02) * w_scale).float())
+        axis = 0 if per_channel else None
+        b_q = g.weight("b_q", g.codes("int32", [16], -5000, 5000), QuantSpec("int32", scale="b_scale", axis=axis))
+        inputs.append(g.dequantize(b_q, b_scale, None, axis=axis))
+    y = g.op("aten.conv2d.default", inputs, [1, 16, 10, 10], {"padding": [1, 1], "bias": None} if not bias
+             else {"padding": [1, 1]})
+    if activation:
+        y = g.op(f"aten.{activation}.default", [y], y.shape)
+    y_q = g.quantize(y, g.scale("y_scale", 0.05), g.zp("y_zp", 10 if activation else 128, "uint8"), "uint8", "y_q")
+    return g, g.ir([y_q]), g.codes("uint8", [1, 8, 10, 10])
+
+
+@pytest.mark.parametrize("bias", [None, "float", "int32"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["w_per_tensor", "w_per_channel"])
+def test_qdq_conv_becomes_qconv(bias: str | None, per_channel: bool) -> None:
+    g, before, x = _conv_graph(bias, per_channel=per_channel)
+    after = normalize(before)
+    assert ops(after) == ["QCONV"] and applied(after)["qdq_conv"] == 1
+    qconv = after.nodes[0]
+    assert qconv.attrs["activation"] == "relu" and qconv.attrs["has_bias"] == (bias is not None)
+    assert [t.name for t in qconv.inputs] == ["x_q", "w_q", "x_q_scale", "x_q_zp", "w_q_scale", "w_q_zp",
+                                              *({"float": ["b"], "int32": ["b_q"]}.get(bias, [])), "y_scale", "y_zp"]
+    assert after.graph_outputs[0].name == "y_q" and after.graph_outputs[0].quant == before.graph_outputs[0].quant
+    assert qconv.provenance is not None and "qdq_conv" in qconv.provenance.rules
+    _within_one_step(g.run(after, [x])[0], g.run(before, [x])[0])
+
+
+def test_qdq_linear_becomes_qgemm_and_matmul_of_activations_qgemm() -> None:
+    """linear(DQ(x), DQ(w), b) -> Q and a batched matmul of two dequantized activations (attention's scores)."""
+    g = QDQGraph(1)
+    x_q, x = g.quantized_input("x_q", [2, 5, 32], "int8", 0.03, -3)
+    w_q, w = g.quantized_weight("w_q", g.codes("int8", [24, 32], lo=-127), torch.rand(24, generator=g.gen) * 5e-3)
+    y = g.op("aten.linear.default", [x, w, g.weight("b", torch.randn(24, generator=g.gen))], [2, 5, 24])
+    y_q = g.quantize(y, g.scale("y_scale", 0.1), g.zp("y_zp", 0, "int8"), "int8", "y_q")
+    a_q, a = g.quantized_input("a_q", [2, 4, 6, 16], scale=0.05, zero_point=128)
+    b_q, b = g.quantized_input("b_q", [2, 4, 16, 7], scale=0.04, zero_point=100)
+    s = g.op("aten.matmul.default", [a, b], [2, 4, 6, 7])
+    s_q = g.quantize(s, g.scale("s_scale", 0.5), g.zp("s_zp", 128, "uint8"), "uint8", "s_q")
+    before = g.ir([y_q, s_q])
+    after = normalize(before)
+    assert ops(after) == ["QGEMM", "QGEMM"] and applied(after)["qdq_gemm"] == applied(after)["qdq_matmul"] == 1
+    assert [n.attrs["trans_b"] for n in after.nodes] == [True, False]
+    feeds = [g.codes("int8", [2, 5, 32]), g.codes("uint8", [2, 4, 6, 16]), g.codes("uint8", [2, 4, 16, 7])]
+    for got, want in zip(g.run(after, feeds), g.run(before, feeds)):
+        _within_one_step(got, want)
+
+
+@pytest.mark.parametrize("case", ["int8_channel", "int4_group", "matmul_int8_column"])
+def test_weight_only_gemm_becomes_dqgemm(case: str) -> None:
+    """linear(x, DQ(w_q)) or matmul(x, DQ(w_q)) -> relu with x float: DQGEMM (the same arithmetic: the weight
+    dequantized, a float product), the relu fused."""
+    g = QDQGraph(2)
+    x = g.input("x", [3, 64], "float32")
+    if case == "int8_channel":
+        _, w = g.quantized_weight("w_q", g.codes("int8", [16, 64], lo=-127), torch.rand(16, generator=g.gen) * 0.01)
+    elif case == "int4_group":
+        packed = qn.pack4(g.codes("int8", [16, 64], -8, 7))
+        _, w = g.quantized_weight("w_q", packed, torch.rand(16, 2, generator=g.gen) * 0.02, axis=1, dtype="int4",
+                                  group_size=32)
+    else:  # ONNX MatMul by a dequantized [K, N] weight, per output column
+        _, w = g.quantized_weight("w_q", g.codes("int8", [64, 16], lo=-127), torch.rand(16, generator=g.gen) * 0.01,
+                                  axis=1)
+    product = (g.op("aten.matmul.default", [x, w], [3, 16]) if case.startswith("matmul")
+               else g.op("aten.linear.default", [x, w], [3, 16], {"bias": None}))
+    before = g.ir([g.op("aten.relu.default", [product], [3, 16])])
+    after = normalize(before)
+    assert ops(after) == ["DQGEMM"] and after.nodes[0].attrs["activation"] == "relu"
+    rule = "weight_only_matmul" if case.startswith("matmul") else "weight_only_gemm"
+    assert applied(after)[rule] == applied(after)["dqgemm_activation"] == 1
+    assert after.nodes[0].attrs["trans_b"] == (rule == "weight_only_gemm")
+    feeds = [torch.randn(3, 64, generator=g.gen)]
+    torch.testing.assert_close(g.run(after, feeds)[0], g.run(before, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_patterns_that_do_not_apply_keep_their_qdq_ops() -> None:
+    """A SiLU between CONV and QUANTIZE is not fused (QDQ stays, the reason recorded); a DEQUANTIZE that a
+    residual add also reads stays for it while the QCONV reads the codes."""
+    g, before, x = _conv_graph(activation="silu")
+    after = normalize(before)
+    assert ops(after) == ["DEQUANTIZE", "DEQUANTIZE", "CONV", "QUANTIZE"]
+    assert any(r[0] == "qdq_conv" and "silu" in r[2] for r in rejected(after))
+    torch.testing.assert_close(g.run(after, [x])[0], g.run(before, [x])[0], rtol=0, atol=0)
+
+    g = QDQGraph(3)
+    x_q, x = g.quantized_input("x_q", [1, 8, 6, 6])
+    _, w = g.quantized_weight("w_q", g.codes("int8", [8, 8, 1, 1], lo=-127), torch.full((8,), 4e-3))
+    y_scale, y_zp = g.scale("y_scale", 0.02), g.zp("y_zp", 128, "uint8")
+    y_q = g.quantize(g.op("aten.conv2d.default", [x, w], [1, 8, 6, 6], {"bias": None}), y_scale, y_zp, "uint8", "y_q")
+    res = g.op("aten.add.Tensor", [g.dequantize(y_q, y_scale, y_zp), x], [1, 8, 6, 6])
+    before = g.ir([res])
+    after = normalize(before)
+    assert ops(after) == ["DEQUANTIZE", "QCONV", "DEQUANTIZE", "aten.add.Tensor"]
+    feeds = [g.codes("uint8", [1, 8, 6, 6])]
+    torch.testing.assert_close(g.run(after, feeds)[0], g.run(before, feeds)[0], rtol=0, atol=0.02 + 1e-6)
+
+
+def test_fused_qconv_equals_onnxruntime_qlinearconv() -> None:
+    """The QCONV normalize makes from a QDQ graph (int32 bias, per-channel weights), run by the IR executor, equals
+    an onnxruntime QLinearConv model of the same codes and scales bit for bit."""
+    pytest.importorskip("onnxruntime")
+    from tests.quant.test_ops_vs_ort import ort_run
+
+    g, before, x = _conv_graph("int32", activation=None, seed=5)
+    after = normalize(before)
+    assert ops(after) == ["QCONV"]
+    v = {k: t.numpy() for k, t in g.values.items()}
+    theirs = ort_run("QLinearConv", [("x", x.numpy()), ("xs", v["x_q_scale"]), ("xz", v["x_q_zp"]), ("w", v["w_q"]),
+                                     ("ws", v["w_q_scale"]), ("wz", v["w_q_zp"]), ("ys", v["y_scale"]),
+                                     ("yz", v["y_zp"]), ("b", v["b_q"])], {"pads": [1, 1, 1, 1]}, out="uint8")
+    assert torch.equal(g.run(after, [x])[0], torch.from_numpy(theirs))
+
+
+def test_missing_zero_points_become_zeros() -> None:
+    """Symmetric int8 x and y (DEQUANTIZE/QUANTIZE without a zero point, as ONNX allows): QGEMM takes zeros."""
+    g = QDQGraph(4)
+    x_scale = g.scale("x_scale", 0.05)
+    x_q = g.input("x_q", [4, 16], "int8", QuantSpec("int8", scale="x_scale"))
+    _, w = g.quantized_weight("w_q", g.codes("int8", [8, 16], lo=-127), torch.full((8,), 6e-3))
+    y = g.op("aten.linear.default", [g.dequantize(x_q, x_scale, None), w], [4, 8], {"bias": None})
+    y_q = g.op("QUANTIZE", [y, g.scale("y_scale", 0.02)], [4, 8], {"dtype": "int8"}, dtype="int8",
+               quant=QuantSpec("int8", scale="y_scale"), name="y_q")
+    before = g.ir([y_q])
+    after = normalize(before)
+    assert ops(after) == ["aten.full.default", "aten.full.default", "QGEMM"]
+    feeds = [g.codes("int8", [4, 16])]
+    _within_one_step(g.run(after, feeds)[0], g.run(before, feeds)[0])
