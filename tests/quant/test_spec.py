@@ -148,3 +148,15 @@ def test_a_dequantize_that_says_another_granularity_than_its_tensor_is_refused()
     doc["nodes"][0]["attrs"]["group_size"] = 64  # the spec says 128: one of the two would be silently wrong
     with pytest.raises(IRValidationError, match=r"DEQUANTIZE says group_size=64 of tensor 'w'.*spec says 128"):
         ir_from_dict(doc, source="model.json")
+
+
+@pytest.mark.parametrize("scale, group, words", [
+    (torch.rand(8, 2), 10 ** 9, "needs a group size that divides 256"),  # would size a repeat from the file
+    (torch.rand(8, 3), 128, "needs [8, 2], got shape [8, 3]"),
+    (torch.rand(7), None, "needs 256 values, got shape [7]"),
+])
+def test_a_scale_that_does_not_fit_is_refused_before_anything_is_sized(scale, group, words) -> None:
+    q = torch.zeros(8, 256, dtype=torch.int8)
+    with pytest.raises(ValueError) as e:
+        qn.dequantize(q, scale, None, dtype="int8", axis=1, group_size=group)
+    assert words in str(e.value)

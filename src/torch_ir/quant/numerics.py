@@ -50,18 +50,32 @@ def codes(q: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def expand(param: torch.Tensor | None, shape: torch.Size, axis: int | None,
            group_size: int | None) -> torch.Tensor | None:
-    """A scale or zero point broadcast to a tensor of ``shape``: a 0-d/1-element one as it is, a per-channel one
-    along ``axis``, a per-group one repeated ``group_size`` times along ``axis``."""
-    if param is None or param.numel() == 1 and axis is None:
-        return None if param is None else param.reshape(())
+    """A scale or zero point broadcast to a tensor of ``shape``: a 1-element one as it is (per tensor, whatever
+    ``axis`` says, as ONNX reads it), a per-channel one along ``axis``, a per-group one repeated ``group_size``
+    times along ``axis``. Its shape is checked first: the attributes and the tensors may come from a file, and a
+    group size that does not match would otherwise size the repeat."""
+    if param is None:
+        return None
+    if param.numel() == 1 and group_size is None:
+        return param.reshape(())
     rank = len(shape)
-    axis = axis % rank
+    if axis is None or not -rank <= axis < rank:
+        raise ValueError(f"a scale or zero point of shape {list(param.shape)} needs an axis of the rank-{rank} tensor "
+                         f"{list(shape)} to run along, got axis={axis}")
+    axis %= rank
     if group_size is None:
+        if param.numel() != shape[axis]:
+            raise ValueError(f"a per-channel scale or zero point along axis {axis} of {list(shape)} needs "
+                             f"{shape[axis]} values, got shape {list(param.shape)}")
         view = [1] * rank
         view[axis] = param.numel()
         return param.reshape(view)
-    if param.dim() != rank:
-        raise ValueError(f"a per-group scale must have the tensor's rank {rank}, got shape {list(param.shape)}")
+    want = list(shape)
+    want[axis] = shape[axis] // group_size if group_size > 0 and shape[axis] % group_size == 0 else -1
+    if want[axis] < 0 or list(param.shape) != want:
+        need = want if want[axis] >= 0 else f"a group size that divides {shape[axis]}"
+        raise ValueError(f"a per-group scale or zero point (group_size={group_size} along axis {axis}) of "
+                         f"{list(shape)} needs {need}, got shape {list(param.shape)}")
     return param.repeat_interleave(group_size, dim=axis)
 
 
