@@ -52,8 +52,9 @@ class Lowered:
 
 
 def spec_of(meta: TensorMeta, layout: str | None = None) -> TensorSpec:
-    """The program's spec of an IR tensor; the IR's descriptive layout labels are not storage layouts."""
-    return TensorSpec(meta.name, [int(d) for d in meta.shape], meta.dtype, layout)
+    """The program's spec of an IR tensor (its quantization spec kept); the IR's descriptive layout labels are not
+    storage layouts."""
+    return TensorSpec(meta.name, [int(d) for d in meta.shape], meta.dtype, layout, quant=meta.quant)
 
 
 def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None,
