@@ -30,6 +30,7 @@ from torch_ir.ir.serialize import ir_from_dict
 from torch_ir.limits import check_alloc, check_shape
 from torch_ir.ops.registry import is_supported, resolve_overload, unsafe_reason
 from torch_ir.ops.values import dtype_from_name
+from torch_ir.quant.spec import stored
 from torch_ir.weights import build_buffer
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
@@ -204,8 +205,9 @@ def _check_sizes(ir: NPU_IR) -> None:
     """Every static tensor within ``torch_ir.limits`` (an IR shape of [1e12, 1e12] must not become an arena)."""
     for t in ir.tensors():
         if t.is_static:
-            itemsize = dtype_from_name(t.dtype).itemsize
-            check_shape([int(d) for d in t.shape], itemsize, f"IR {ir.model_name!r}: tensor {t.name!r}")
+            dtype, shape = stored(t.dtype, t.shape)  # 4-bit codes are held packed, two per byte, as uint8
+            itemsize = dtype_from_name(dtype).itemsize
+            check_shape([int(d) for d in shape], itemsize, f"IR {ir.model_name!r}: tensor {t.name!r}")
 
 
 def with_public_output_names(ir: NPU_IR) -> NPU_IR:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from npu_program.kernels import KERNEL_DTYPES, KERNELS, all_kernels, kernels_for
+from npu_program.quant_kernels import QUANT_DTYPES
 from torch_ir.ir import OpNode, TensorMeta
 from torch_ir.ops.npu import NPU_OPS
 
@@ -33,7 +34,9 @@ class Target:
     #: The kernels it runs; None: every kernel of the table with an implementation for the backend of the
     #: same name (looked up when asked, so a kernel record added later is included).
     kernels: frozenset[str] | None = None
-    dtypes: frozenset[str] = KERNEL_DTYPES
+    #: The dtypes it runs (a kernel runs those of them its record names): quantized codes (int4 packed, fp8, int16)
+    #: included, which only the quantized kernels' records name.
+    dtypes: frozenset[str] = KERNEL_DTYPES | QUANT_DTYPES
     # Store 4-D activations of convolutions as NHWC (what oneDNN and most NPUs run fastest).
     channels_last: bool = False
     # Byte alignment of every tensor in the activation arena (WebGPU storage-buffer offsets need 256).

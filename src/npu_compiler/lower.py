@@ -52,8 +52,9 @@ class Lowered:
 
 
 def spec_of(meta: TensorMeta, layout: str | None = None) -> TensorSpec:
-    """The program's spec of an IR tensor; the IR's descriptive layout labels are not storage layouts."""
-    return TensorSpec(meta.name, [int(d) for d in meta.shape], meta.dtype, layout)
+    """The program's spec of an IR tensor (its quantization spec kept); the IR's descriptive layout labels are not
+    storage layouts."""
+    return TensorSpec(meta.name, [int(d) for d in meta.shape], meta.dtype, layout, quant=meta.quant)
 
 
 def lower(ir: NPU_IR, target: Target, host: Mapping[str, str] | None = None,
@@ -102,15 +103,16 @@ def _provenance(node: OpNode) -> Provenance | None:
 def _params(node: OpNode) -> dict[str, Any]:
     """The kernel's params: the node's attributes as plain values with the declared defaults filled in
     (``npu_program.params.params_from_attrs``), checked against the kernel's declarations, plus ``has_bias``
-    where the kernel takes it and the IR tells it by input count: more inputs than the kernel's others (those
+    where the kernel requires it and the IR tells it by input count: more inputs than the kernel's others (those
     before the bias, its record's ``bias_index``; a folded batch norm; a residual) account for."""
     record = KERNELS[node.op_type]
     declared = record.params
     where = f"node {node.name!r} (kernel {node.op_type})"
     try:
         params = params_from_attrs(declared, node.attrs, where)
-        if "has_bias" in declared and "has_bias" not in node.attrs:
-            # a packed QKV_PROJ has one weight where the record counts three
+        if "has_bias" in declared and declared["has_bias"].required and "has_bias" not in node.attrs:
+            # a kernel whose has_bias has a default (the quantized ones: the op's own default) takes that; a
+            # packed QKV_PROJ has one weight where the record counts three
             others = 2 if params.get("packed") else record.bias_index or 2
             others += 4 * (params.get("bn_eps") is not None) + bool(params.get("has_residual"))
             params["has_bias"] = len(node.inputs) > others

@@ -35,9 +35,11 @@ import re
 from collections.abc import Collection
 from typing import Any
 
+from torch_ir.dtypes import get_dtype
 from torch_ir.errors import IRValidationError, TorchIRError
 from torch_ir.ir.validate import check_buffer_recipes
 from torch_ir.limits import check_alloc, check_shape
+from torch_ir.quant.spec import QuantSpec, check_fits, check_spec, stored
 
 from .kernels import KERNELS
 from .memory_check import MemoryPlanError, alias_roots, check_plan, lifetimes
@@ -76,18 +78,23 @@ def check_program(program: CompiledProgram, where: str | None = None, *,
 def _check_spec(spec: Any, what: str, where: str) -> None:
     if not isinstance(spec, (TensorSpec, StateSpec)) or not isinstance(spec.name, str) or not spec.name:
         raise _fail(where, f"{what} is not a tensor spec with a name")
-    try:
-        itemsize = dtype_size(spec.dtype)
-    except (ValueError, TypeError) as e:
-        raise _fail(where, f"{what} {spec.name!r}: {e}") from None
     if not isinstance(spec.shape, list):
         raise _fail(where, f"{what} {spec.name!r}: shape {spec.shape!r} is not a list")
+    try:
+        get_dtype(spec.dtype)
+        dtype, shape = stored(spec.dtype, spec.shape)  # 4-bit codes: uint8, two per byte along the last dim
+        itemsize = dtype_size(dtype)
+    except (ValueError, TypeError) as e:
+        raise _fail(where, f"{what} {spec.name!r}: {e}") from None
+    if dtype != spec.dtype and (not spec.shape or not isinstance(spec.shape[-1], int) or spec.shape[-1] % 2):
+        raise _fail(where, f"{what} {spec.name!r}: {spec.dtype} is stored two per byte along the last dim, which "
+                           f"must be even (shape {spec.shape})")
     layout = getattr(spec, "layout", None)  # a state slot has the default layout
     if layout not in (None, "NHWC") or (layout == "NHWC" and len(spec.shape) != 4):
         raise _fail(where, f"{what} {spec.name!r}: layout {layout!r} is not a storage layout of a "
                            f"{len(spec.shape)}-d tensor (None, or NHWC for 4-d)")
     try:
-        check_shape(spec.shape, itemsize, f"{where}: {what} {spec.name!r}")
+        check_shape(shape, itemsize, f"{where}: {what} {spec.name!r}")
     except TorchIRError as e:
         raise NpubinError(str(e)) from None
 
@@ -118,7 +125,30 @@ def _check_specs(program: CompiledProgram, where: str) -> dict[str, TensorSpec]:
             isinstance(v, list) and all(isinstance(x, str) for x in v) for v in tied.values()):
         raise _fail(where, "metadata.weight_aliases must map state-dict keys to lists of tied keys")
     _check_buffer_recipes(program, where)
+    _check_quant_specs(program, where)
     return {**program.tensors, **weights, **state}
+
+
+def _check_quant_specs(program: CompiledProgram, where: str) -> None:
+    """Each quantized tensor's spec by the IR's rules (``torch_ir.quant.spec``): a spec of its own (known type,
+    granularity fields that agree, constant scales and zero points that fit), of the tensor's dtype and shape, and
+    of the shape of each scale or zero-point tensor it names that the program holds. A named tensor the program
+    does not hold (no dispatch reads it) is allowed: the spec describes the codes, the ops take their scales as
+    inputs."""
+    specs = [*program.tensors.values(), *program.weight_specs, *program.input_specs, *program.output_specs]
+    shapes = {s.name: s.shape for s in specs}
+    for spec in specs:
+        quant = getattr(spec, "quant", None)
+        if quant is None:
+            continue
+        here = f"{where}: tensor {spec.name!r} quant"
+        if not isinstance(quant, QuantSpec):
+            raise _fail(here, f"expected a quantization spec, got {type(quant).__name__}")
+        try:
+            check_spec(quant, here)
+            check_fits(quant, spec.shape, spec.dtype, here, {n: shapes[n] for n in quant.names() if n in shapes})
+        except IRValidationError as e:
+            raise NpubinError(f"{e}; {_FIX}") from None
 
 
 def _check_buffer_recipes(program: CompiledProgram, where: str) -> None:

@@ -11,6 +11,10 @@ are strict: an ``int`` field refuses floats, strings and bools; a ``float`` fiel
 number type) but not a bool; an object with a key the dataclass has no field for is refused; a missing key
 is refused unless the field has a default.
 
+A class that defines its own JSON form (``to_dict()`` and a validating ``from_dict(data, where)`` classmethod, e.g.
+``torch_ir.quant.QuantSpec``) is written and read through them: its own rules are the check, and what it raises
+(a ``ValueError`` naming ``where``) becomes a :class:`SchemaError` naming the field path.
+
 Field metadata (``dataclasses.field(metadata=...)``) tunes two things:
 
 * ``{"json": False}``: the field is not part of the JSON form (e.g. constant bytes, stored in a blob);
@@ -52,6 +56,8 @@ def _json_fields(cls: type) -> list[dataclasses.Field[Any]]:
 
 def to_json(obj: Any) -> Any:
     """``obj`` as JSON values: dataclasses become objects (fields in declaration order), tuples lists."""
+    if _own_form(type(obj)):
+        return obj.to_dict()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: dict[str, Any] = {}
         for f in _json_fields(type(obj)):
@@ -122,6 +128,15 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         if not isinstance(data, dict):
             raise _fail(where, "object", data)
         return {_key(k, where): _decode(item, v, f"{where}[{k!r}]") for k, v in data.items()}
+    if _own_form(tp):
+        if not isinstance(data, dict):
+            raise _fail(where, f"object ({_name(tp)})", data)
+        try:
+            return tp.from_dict(data, where)
+        except (TypeError, ValueError) as err:  # its own validator's refusal (naming ``where``), or a value of a
+            message = (str(err).splitlines() or [""])[0][:500]  # type it did not expect (unhashable, say)
+            raise SchemaError(message if message.startswith(where) else f"{where}: not a valid {_name(tp)} "
+                              f"({message})") from None
     if dataclasses.is_dataclass(tp):
         return _decode_dataclass(tp, data, where)
     if tp is bool:
@@ -141,6 +156,12 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
             raise _fail(where, "string", data)
         return data
     raise SchemaError(f"{where}: the codec does not support the annotation {_name(tp)}")
+
+
+def _own_form(tp: Any) -> bool:
+    """Whether ``tp`` is a class with its own JSON form (``to_dict`` and ``from_dict``)."""
+    return isinstance(tp, type) and callable(getattr(tp, "to_dict", None)) and callable(
+        getattr(tp, "from_dict", None))
 
 
 def _key(key: Any, where: str) -> str:

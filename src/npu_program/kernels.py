@@ -23,8 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# the rows, NPU ops first: each module declares its records into KERNELS as it is imported
+# the rows, NPU ops first (the quantized ones after the others): each module declares its records into KERNELS
+# as it is imported
 from . import npu_kernels  # noqa: F401  # isort: skip
+from . import quant_kernels  # noqa: F401  # isort: skip
 from . import aten_kernels  # noqa: F401  # isort: skip
 from .cost_formulas import KernelCost, Spec, per_output
 from .kernel_record import (

@@ -46,7 +46,10 @@ MAGIC = b"NPUBIN\0\0"
 # "nan"). The meaning of a field changed, so the major goes up: a 1.x reader refuses a 2.0 file instead of
 # handing plain params to code that expects the IR's tags. This reader upgrades a 1.x file's params on read
 # (`_upgrade_params`); host dispatches keep their IR attributes in both.
-FORMAT_VERSION = (2, 0)
+# 2.1 added `TensorSpec.quant` (a quantized tensor's spec, `torch_ir.quant.QuantSpec`, checked on load by its own
+# rules), written only when set: a 2.0 reader reads a 2.1 program without quantized tensors, and refuses one with them
+# (an unknown field of a tensor spec) rather than running codes as if they were plain integers.
+FORMAT_VERSION = (2, 1)
 # Majors this reader understands; a new major means the layout changed in a way old readers must refuse.
 SUPPORTED_MAJORS = (1, 2)
 ALIGNMENT = 64

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_ir.dtypes import get_dtype, nbytes
+from torch_ir.quant.spec import QuantSpec, stored
 
 from .kernels import KERNEL_ALIASES
 
@@ -51,6 +52,15 @@ class TensorSpec:
     dtype: str
     # Target-specific storage layout (e.g. "NHWC"); None means the contiguous row-major default.
     layout: str | None = None
+    # A quantized tensor's spec (its IR tensor's ``TensorMeta.quant``): the codes' type, granularity, and where its
+    # scales and zero points are (weight slots or constants by name, or numbers). Format 2.1; written only when set.
+    quant: QuantSpec | None = field(default=None, metadata={"omit_default": True})
+
+    @property
+    def storage(self) -> tuple[str, list[int]]:
+        """The dtype and shape its bytes are held in: 4-bit codes as uint8, two per byte along the last dim
+        (``torch_ir.quant.spec.stored``); any other dtype as it is. What a backend views the bytes as."""
+        return stored(self.dtype, self.shape)
 
     @property
     def numel(self) -> int:

@@ -96,8 +96,9 @@ def new_tensor(device: Device, spec: TensorSpec, array: Any) -> Any:
 def check_array(array: np.ndarray, spec: TensorSpec, what: str) -> None:
     """Raise RuntimeInputError naming ``what`` unless ``array`` has the spec's shape and dtype."""
     dtype = numpy_dtype_name(array)
-    dtype_ok = dtype == spec.dtype or (spec.dtype == "bfloat16" and dtype == "float32")
-    if list(array.shape) != list(spec.shape) or not dtype_ok:
+    want_dtype, want_shape = spec.storage  # 4-bit codes travel packed, two per byte, as uint8
+    dtype_ok = dtype == want_dtype or (want_dtype == "bfloat16" and dtype == "float32")
+    if list(array.shape) != list(want_shape) or not dtype_ok:
         raise RuntimeInputError(
             f"{what} must be {_describe(spec)}, got {dtype}{list(array.shape)}; "
             "convert or reshape it first")

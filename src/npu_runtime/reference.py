@@ -57,8 +57,8 @@ def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, Tens
     program when its parameters give outputs other than its specs: a kernel would otherwise write past
     its slot in the arena (a CONV whose padding disagrees with its output spec, from a hostile file)."""
     where = f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {model!r}"
-    inputs = [torch.empty(specs[n].shape, dtype=dtype_from_name(specs[n].dtype), device="meta")
-              for n in dispatch.inputs]
+    inputs = [torch.empty(specs[n].storage[1], dtype=dtype_from_name(specs[n].storage[0]), device="meta")
+              for n in dispatch.inputs]  # as stored: 4-bit codes packed two per byte
     try:
         outputs = bind_reference(dispatch, specs, torch.device("meta"))(inputs, {})
     except TorchIRError:
@@ -69,7 +69,7 @@ def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, Tens
         raise RuntimeInputError(f"{where} has parameters its op refuses ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0] if str(e) else ''}); recompile the model") from None
     got = [list(t.shape) for t in outputs]
-    want = [list(specs[n].shape) for n in dispatch.outputs]
+    want = [list(specs[n].storage[1]) for n in dispatch.outputs]
     # a meta kernel may size an output nothing reads smaller than the CPU kernel makes it (embedding_bag's
     # max_indices: [0] on meta, one per bag on the CPU); such an output only has to fit its slot
     if len(got) != len(want) or any(g != w and not (name in unread and _numel(g) <= _numel(w))

@@ -143,10 +143,12 @@ def _mismatch(value: Any, spec: TensorSpec) -> str | None:
     if isinstance(value, torch.Tensor) and value.layout != torch.strided:
         return f"is a {str(value.layout).removeprefix('torch.')} tensor; store it dense (tensor.to_dense())"
     dtype = dtypes.name_of(value.dtype)
-    if list(value.shape) != list(spec.shape):
-        return f"shape {list(value.shape)}, the program expects {list(spec.shape)}"
-    if dtype != spec.dtype:
-        return f"dtype {dtype}, the program expects {spec.dtype}"
+    want_dtype, want_shape = spec.storage  # 4-bit codes are stored packed, two per byte, as uint8
+    packed = "" if want_dtype == spec.dtype else f" ({spec.dtype}{list(spec.shape)} packed two per byte)"
+    if list(value.shape) != list(want_shape):
+        return f"shape {list(value.shape)}, the program expects {list(want_shape)}{packed}"
+    if dtype != want_dtype:
+        return f"dtype {dtype}, the program expects {want_dtype}{packed}"
     return None
 
 

@@ -250,7 +250,7 @@ def _header(data: bytes) -> dict:
 def test_the_header_carries_host_only_on_host_dispatches_and_a_1_1_file_still_loads():
     ir, _, _ = build(CASES["histogram"])
     data = npubin.encode_npubin(npu_compiler.compile(ir, fallback="cpu"))
-    assert struct.unpack_from("<8sHH", data)[1:] == npubin.FORMAT_VERSION == (2, 0)
+    assert struct.unpack_from("<8sHH", data)[1:] == npubin.FORMAT_VERSION == (2, 1)
     dispatches = _header(data)["dispatches"]
     assert sorted(d["kernel"] for d in dispatches if "host" in d) == ["aten.histc.default", "aten.logcumsumexp.default"]
     assert all(d["host"] for d in dispatches if "host" in d)

@@ -93,7 +93,7 @@ def test_save_is_deterministic(tmp_path):
 def test_layout_magic_version_alignment_and_checksum(saved):
     data = saved.read_bytes()
     magic, major, minor, header_len = struct.unpack_from("<8sHHQ", data)
-    assert (magic, major, minor) == (b"NPUBIN\0\0", 2, 0)
+    assert (magic, major, minor) == (b"NPUBIN\0\0", 2, 1)
     header = json.loads(data[FIXED_SIZE:FIXED_SIZE + header_len])
     blob_start = -(-(FIXED_SIZE + header_len) // 64) * 64
     for entry in header["constants"].values():

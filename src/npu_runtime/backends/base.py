@@ -110,4 +110,4 @@ def host_tensor(backend: Backend, handle: Any, spec: TensorSpec) -> torch.Tensor
     """A device tensor as a logical-order CPU tensor of its spec's dtype (``download`` widens bfloat16 to float32;
     this narrows it back, exactly)."""
     array = backend.download(handle, spec)
-    return torch.from_numpy(np.ascontiguousarray(array)).to(dtype_from_name(spec.dtype))
+    return torch.from_numpy(np.ascontiguousarray(array)).to(dtype_from_name(spec.storage[0]))  # 4-bit: packed

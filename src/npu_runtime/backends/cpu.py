@@ -55,10 +55,11 @@ class CPUBackend:
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def view(self, storage: torch.Tensor, offset: int, spec: TensorSpec) -> torch.Tensor:
-        flat = storage[offset:offset + spec.nbytes].view(dtype_from_name(spec.dtype))
+        dtype, shape = spec.storage  # 4-bit codes: uint8, two per byte along the last dim
+        flat = storage[offset:offset + spec.nbytes].view(dtype_from_name(dtype))
         if spec.layout == "NHWC":
-            return _nhwc(flat, spec.shape)
-        return flat.view(spec.shape)
+            return _nhwc(flat, shape)
+        return flat.view(shape)
 
     def copy_in(self, dst: torch.Tensor, array: np.ndarray | torch.Tensor) -> None:
         if isinstance(array, torch.Tensor):
@@ -71,7 +72,7 @@ class CPUBackend:
 
     def from_bytes(self, data: bytes, spec: TensorSpec) -> torch.Tensor:
         storage = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else self.allocate(0)
-        return self.view(storage, 0, TensorSpec(spec.name, spec.shape, spec.dtype))
+        return self.view(storage, 0, TensorSpec(spec.name, spec.shape, spec.dtype, quant=spec.quant))
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)

@@ -1,0 +1,110 @@
+"""The kernel table's rows for the quantized NPU ops (``torch_ir.ops.npu_quant``): QUANTIZE, DEQUANTIZE, QCONV,
+QGEMM and DQGEMM, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after ``npu_kernels``.
+
+Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
+``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). Every backend runs
+the op's reference implementation (``torch_ir.quant.numerics``) for now: the CPU backend through REFERENCE; a
+target without the kernels (WebGPU) places them on the host with ``compile(fallback="cpu")``. The FLOPs are those
+of the integer convolution or matrix product (a multiply-add counts two, as every contraction of the table); the
+requantize epilogue is not counted, as a CONV's activation is not. The bytes come from each tensor's dtype, so a
+packed int4 weight counts half a byte per element (``torch_ir.dtypes.nbytes``).
+"""
+
+from __future__ import annotations
+
+from .array_mapping import conv_mapping, gemm_mapping
+from .cost_formulas import conv_flops, conv_traffic, gemm_flops
+from .kernel_record import ACTIVATIONS, FLOATS, REFERENCE, kernel, t
+from .params import Param, p
+
+#: The integer code types of the quantized ops (4-bit ones travel packed two per byte, as uint8 storage).
+INT_CODES = ("int8", "uint8", "int16", "uint16", "int4", "uint4")
+#: The float8 code types (no zero point).
+FP8_CODES = ("float8_e4m3fn", "float8_e5m2")
+#: The dtypes the quantized kernels read and write: float activations and scales, codes, int32 biases and
+#: accumulators. A target must run them too (``npu_compiler.library.Target.dtypes``).
+QUANT_DTYPES = FLOATS | frozenset(INT_CODES) | frozenset(FP8_CODES) | {"int32"}
+_WEIGHT_CODES = ("int8", "uint8", "int4", "uint4")
+_OUT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "float32")
+_FLOAT_NAMES = tuple(sorted(FLOATS))
+
+_GRAN = (p("axis", "int|null", None, "the dimension a per-channel or per-group scale runs along (null: one "
+                                     "scale for the tensor)"),
+         p("group_size", "int|null", None, "elements per scale along axis (null: per channel)"))
+
+
+def _epilogue() -> tuple[Param, ...]:
+    return (p("w_dtype", "str", "int8", "the weight codes' type", choices=_WEIGHT_CODES),
+            p("has_bias", "bool", False, "an int32 bias at scale x_scale·w_scale follows w_zero_point"),
+            p("out_dtype", "str", "int8", "y's type: a code type (requantized with y_scale and y_zero_point, the "
+                                          "last two inputs), int32 (the accumulators) or float32 (accumulators "
+                                          "times x_scale·w_scale)", choices=_OUT_DTYPES),
+            p("activation", "str|null", None, "null or relu (fused: codes below y's zero point are raised to it)",
+              choices=("relu",)))
+
+
+# a test record's inputs: uint8 activations, int8 weights (symmetric), per-channel float scales
+_QX, _W = "1,3,6,6:uint8:index:256", "4,3,3,3:int8"
+_SCALES = (":float32:positive", ":uint8:index:256", "4:float32:positive", "4:int8:index:1")
+_CONV = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
+
+kernel("QUANTIZE", "elementwise", "q = saturate(round_half_even(x / scale) + zero_point): floats to codes (4-bit ones "
+       "packed), per tensor, channel or group", dtypes=QUANT_DTYPES,
+       params=(p("dtype", "str", doc="the codes' type", choices=INT_CODES + FP8_CODES), *_GRAN,
+               p("method", "str", "divide", "divide (x / scale: ONNX) or multiply_inverse (x · (1/scale): "
+                                            "PyTorch)", choices=("divide", "multiply_inverse")),
+               p("qmin", "int|null", None, "smallest code (null: the type's)"),
+               p("qmax", "int|null", None, "largest code (null: the type's)")),
+       impls={"cpu": REFERENCE},
+       test=(t("2,3,8", ":positive", ":uint8:index:256", params={"dtype": "uint8"}, dtypes=_FLOAT_NAMES),
+             t("4,8", "4,2:positive", params={"dtype": "int4", "axis": 1, "group_size": 4}),
+             t("3,8", "3:positive", params={"dtype": "int8", "axis": 0, "method": "multiply_inverse",
+                                            "qmin": -127, "qmax": 127})))
+kernel("DEQUANTIZE", "elementwise", "x = (q - zero_point) · scale, in float32, cast to out_dtype",
+       dtypes=QUANT_DTYPES,
+       params=(p("dtype", "str", doc="the codes' type (as QUANTIZE's)", choices=INT_CODES + FP8_CODES), *_GRAN,
+               p("out_dtype", "str", "float32", "the float type of x", choices=_FLOAT_NAMES)),
+       impls={"cpu": REFERENCE},
+       test=(t("2,3,8:uint8:index:256", ":float32:positive", ":uint8:index:256", params={"dtype": "uint8"}),
+             t("4,4:uint8:index:256", "4,2:float32:positive", "4,2:uint8:index:16",
+               params={"dtype": "uint4", "axis": 1, "group_size": 4, "out_dtype": "bfloat16"})))
+kernel("QCONV", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): a convolution of integer codes with "
+       "int32 accumulation (ONNX QLinearConv, ConvInteger)", flops=conv_flops, traffic=conv_traffic,
+       array=conv_mapping, dtypes=QUANT_DTYPES, bias_index=6,
+       params=(p("stride", "ints", doc="per spatial dim"), p("padding", "ints", doc="per spatial dim (symmetric)"),
+               p("dilation", "ints", doc="per spatial dim"), p("groups", "int", 1, "channel groups"), *_epilogue()),
+       impls={"cpu": REFERENCE},
+       test=(t(_QX, _W, *_SCALES, ":float32:positive", ":uint8:index:256", weights=(1, 2, 3, 4, 5, 6, 7),
+               params={**_CONV, "w_dtype": "int8", "out_dtype": "uint8", "activation": "relu"}),
+             t(_QX, _W, *_SCALES, "4:int32", weights=(1, 2, 3, 4, 5, 6),
+               params={**_CONV, "has_bias": True, "out_dtype": "float32"})))
+kernel("QGEMM", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): a matrix product of integer codes "
+       "with int32 accumulation (ONNX QLinearMatMul, MatMulInteger, QGemm)", flops=gemm_flops, array=gemm_mapping,
+       dtypes=QUANT_DTYPES, bias_index=6,
+       params=(p("trans_b", "bool", True, "w is [N,K] (a linear layer) rather than [...,K,N] (a matmul)"),
+               *_epilogue()),
+       impls={"cpu": REFERENCE},
+       test=(t("2,5,16:int8", "8,16:int8", ":float32:positive", ":int8:index:1", "8:float32:positive",
+               "8:int8:index:1", "8:int32", ":float32:positive", ":int8:index:3", weights=(1, 2, 3, 4, 5, 6, 7, 8),
+               params={"has_bias": True, "out_dtype": "int8"}),
+             t("2,16:uint8:index:256", "16,8:uint8:index:256", ":float32:positive", ":uint8:index:256",
+               ":float32:positive", ":uint8:index:256", weights=(1, 2, 3, 4, 5),
+               params={"trans_b": False, "w_dtype": "uint8", "out_dtype": "int32"})))
+kernel("DQGEMM", "contraction", "y = act(x · dequantize(w)ᵀ + bias): a weight-only quantized linear layer (w8a16, "
+       "w4a16 in groups, ONNX MatMulNBits)", flops=gemm_flops, array=gemm_mapping, dtypes=QUANT_DTYPES,
+       bias_index=4,
+       params=(p("trans_b", "bool", True, "w is [N,K] (a linear layer) rather than [K,N]"),
+               p("w_dtype", "str", "int8", "the weight codes' type", choices=_WEIGHT_CODES + FP8_CODES),
+               p("axis", "int|null", 0, "the weight dim its scales run along (0: per output channel; 1 with "
+                                        "group_size: per group of K)"),
+               p("group_size", "int|null", None, "elements per scale along axis (null: per channel)"),
+               p("has_zero_point", "bool", False, "a weight zero point follows w_scale"),
+               p("has_bias", "bool", False, "a float bias comes last"),
+               p("activation", "str|null", None, f"null or one of {', '.join(ACTIVATIONS)}: applied to the result",
+                 choices=ACTIVATIONS)),
+       impls={"cpu": REFERENCE},
+       test=(t("2,5,16", "8,16:int8", "8:positive", "8", weights=(1, 2, 3), params={"has_bias": True},
+               dtypes=_FLOAT_NAMES),
+             t("3,16", "8,8:uint8:index:256", "8,2:positive", "8,2:uint8:index:16", weights=(1, 2, 3),
+               params={"w_dtype": "uint4", "axis": 1, "group_size": 8, "has_zero_point": True,
+                       "activation": "relu"})))
