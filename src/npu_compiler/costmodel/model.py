@@ -91,21 +91,29 @@ from npu_program.program import CompiledProgram, Dispatch, TensorSpec
 
 from .array import ArrayRun, gemm_on_array
 from .costs import CSV_COLUMNS, CostModelError, CostReport, DispatchCost, HostDispatch, LayerCost, plain_line
-from .dispatch import RATE_CLASS, _cost_dispatch
+from .dispatch import Bits, _cost_dispatch
 from .hardware import MAC_DTYPES, Hardware
 from .kvcache import _at_live_length, _check_context, _writes_state, kv_cache_length
+from .precision import PRECISIONS, RATE_CLASS, resolve_precision
 
 
 def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = None,
-                 context: int | None = None) -> CostReport:
-    """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32) or an IR
-    dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype.
+                 context: int | None = None, precision: str | None = None) -> CostReport:
+    """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32, ...) or an
+    IR dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype.
+    ``precision``: a float program costed as if quantized by role (``precision.PRECISIONS``: ``w8a8``, ``w4a16``,
+    ...); it replaces ``dtype``. Quantized dispatches (QGEMM, DQGEMM, ...) are costed as compiled whatever the two
+    say (the ``precision`` module).
 
     ``context``: for a program with a KV cache (an LLM phase from ``compile_lm``), the cache positions live in the
     run costed (its last token's position + 1). Attention reads only those; the program cannot say how many there
     are (``cache_position`` is a run-time input), so the cost is of one run at this context. None: the whole
     cache, the slowest run."""
-    override = resolve_dtype(dtype)
+    try:
+        how = resolve_precision(precision)
+    except ValueError as err:
+        raise CostModelError(str(err)) from None
+    override = None if how is not None else resolve_dtype(dtype)
     length = kv_cache_length(program)
     _check_context(program, context, length)
     caches = {d.outputs[0] for d in program.dispatches if _writes_state(d) and d.outputs}
@@ -116,7 +124,8 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         specs.setdefault(state.name, state.tensor_spec())
     weights = {s.name for s in program.weight_specs}
     keys = program.weight_keys
-    report = CostReport(hw, program.model_name, [], cache_length=length, context=context)
+    bits = Bits(override, how, frozenset(weights) | frozenset(program.constants))
+    report = CostReport(hw, program.model_name, [], cache_length=length, context=context, precision=precision)
     for index, d in enumerate(program.dispatches):
         if d.host is not None:
             report.host.append(HostDispatch(index, d.node, d.kernel, d.host))
@@ -125,7 +134,7 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         outs = [_spec(specs, n, d) for n in d.outputs]
         if context is not None:
             ins, outs = _at_live_length(d, ins, outs, caches, context)
-        row = _cost_dispatch(index, d, ins, outs, hw, override, weights, _layer(d, weights, keys))
+        row = _cost_dispatch(index, d, ins, outs, hw, bits, weights, _layer(d, weights, keys))
         (report.bind if d.at_bind else report.rows).append(row)
     return report
 
@@ -138,7 +147,8 @@ def resolve_dtype(dtype: str | None) -> str | None:
     if dtype in RATE_CLASS:
         return RATE_CLASS[dtype]
     raise CostModelError(f"dtype {dtype!r} cannot be costed; fix: give one of {', '.join(MAC_DTYPES)} "
-                         f"(or float32, float16, bfloat16, int8), or None for each dispatch's own dtype")
+                         f"(or float32, float16, bfloat16, int8, ...), or None for each dispatch's own dtype; a "
+                         f"quantized precision by role is precision= ({', '.join(PRECISIONS)})")
 
 
 def _spec(specs: dict[str, TensorSpec], name: str, d: Dispatch) -> TensorSpec:
@@ -163,5 +173,6 @@ def _layer(d: Dispatch, weights: set[str], keys: dict[str, str]) -> str:
     return d.node
 
 
-__all__ = ["CSV_COLUMNS", "RATE_CLASS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost", "HostDispatch",
-           "LayerCost", "cost_program", "gemm_on_array", "kv_cache_length", "plain_line", "resolve_dtype"]
+__all__ = ["CSV_COLUMNS", "PRECISIONS", "RATE_CLASS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost",
+           "HostDispatch", "LayerCost", "cost_program", "gemm_on_array", "kv_cache_length", "plain_line",
+           "resolve_dtype"]
