@@ -92,7 +92,8 @@ def _bits(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], bi
         if mapping is None:  # vector work: the activations' width
             return RATE_CLASS[p.activations], p.activations, Sizer(p.activations), False
         k = mapping.gemms[0][3] if mapping.gemms else None
-        return p.compute, p.operands, weight_sizer(p, ins, mapping.weight_inputs, k, weights), True
+        # a float precision (fp32, fp16, bf16) is float work: flagged, not refused, where the part lacks its rate
+        return p.compute, p.operands, weight_sizer(p, ins, mapping.weight_inputs, k, weights), p.weights is not None
     if bits.override is not None:
         return bits.override, CLASS_DTYPE[bits.override], Sizer(CLASS_DTYPE[bits.override]), False
     first = outs[0] if outs else (ins[0] if ins else None)

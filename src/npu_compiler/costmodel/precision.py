@@ -21,9 +21,10 @@ The width a dispatch computes in (``DispatchCost.dtype``, the rate of ``Hardware
 multiply their operands' integer codes, at the wider operand's rate (int8 x int8: int8; int16 activations x int8 or
 int4 weights: int16; int8 x int4: int8); DQGEMM dequantizes its weights inside and multiplies in its activations'
 float type (fp16 for float16 activations), reading the packed codes; a contraction under ``precision`` computes
-at the precision's width; any other dispatch at its first output's dtype (or ``dtype``'s). A quantized width the
-hardware has no rate for is refused (``CostModelError`` naming the hardware file and the width); a float one is
-costed at the slowest supported rate and flagged, as before.
+at the precision's width; any other dispatch at its first output's dtype (or ``dtype``'s). Quantized work (a
+quantized dispatch, a contraction under a quantized precision) at a width the hardware has no rate for is refused
+(``CostModelError`` naming the hardware file and the width); float work (``fp32``, ``fp16``, ``bf16``, ``dtype``,
+as compiled) is costed at the slowest supported rate and flagged, as before.
 """
 
 from __future__ import annotations
