@@ -134,6 +134,8 @@ def test_a_quantized_width_without_a_rate_is_refused_naming_the_file_and_width(g
         cost_program(gemm, no_int8, precision="w8a16_int")
     # float work the part cannot run is still costed at the slowest rate and flagged, as before
     assert cost_program(gemm, no_int8, dtype="int8").rows[0].flags
+    assert cost_program(gemm, load_hardware("edge_4tops"), precision="fp32").rows[0].flags == (
+        "fp32 is unsupported by edge NPU 4 TOPS: costed at the slowest supported rate",)
     with pytest.raises(CostModelError, match="precision 'w3a7' is not one .* w8a8, w4a8, w8a16, w4a16"):
         cost_program(gemm, no_int8, precision="w3a7")
 
@@ -261,3 +263,22 @@ def test_the_template_writes_the_widths_and_loads_back(tmp_path: Path):
     assert "int4" in hardware_to_dict(load_hardware("edge_4tops"))["macs_per_cycle"]
     assert "int4" not in hardware_to_dict(load_hardware("tpu_v1"))["macs_per_cycle"]
     assert "# int4 = 1" in hardware_template(load_hardware("tpu_v1"))  # left out: shown commented, with its rule
+
+
+def test_the_cli_costs_at_a_precision(gemm, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from npu_tools.cli import main
+
+    path = tmp_path / "linear.npubin"
+    gemm.save(path)
+    assert main(["cost", str(path), "--hw", "edge_4tops", "--precision", "w4a16", "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "costed at w4a16 (--precision): weight-only int4" in out
+    weight = N * K // 2 + N * (K // 128) * 2
+    assert f"DRAM by role: weights {weight:,} bytes" in out
+    rows = list(csv.DictReader((tmp_path / "out" / "cost.csv").open()))
+    assert [(r["dtype"], r["operands"], int(r["weight_bytes"])) for r in rows] == [("fp16", "float16 x int4 g128",
+                                                                                    weight)]
+    assert main(["cost", str(path), "--hw", "edge_4tops", "--precision", "w2a2"]) == 2
+    assert "--precision w2a2: not a precision the cost model knows; fix: give one of fp32" in capsys.readouterr().err
+    assert main(["cost", str(path), "--hw", "edge_4tops", "--precision", "w8a8", "--dtype", "int8"]) == 2
+    assert "both say what to cost at" in capsys.readouterr().err

@@ -7,10 +7,13 @@ mapping) and Arm Vela's performance estimate (per-layer cycles, DRAM traffic, bo
 Work and dtype
   * MACs are counted from the mapping below (exact multiply-accumulates of the contractions); FLOPs come from
     the kernel table's formula (``npu_program.kernels``), which also counts epilogues and softmax.
-  * The dtype of a dispatch is ``cost_program``'s ``dtype`` argument when given (every floating tensor is then
-    resized to it: ``dtype="int8"`` costs a float program as if quantized), else its first output's dtype.
-    float32/float16/bfloat16/int8/uint8 map to the rates fp32/fp16/bf16/int8. A dtype whose rate is 0 (or that
-    has none, e.g. int64) is costed at the slowest supported rate and the row is flagged.
+  * The bits of a dispatch (the bytes of each tensor, the operand width it computes in) are the ``precision``
+    module's: a quantized dispatch (QGEMM, DQGEMM, ...) as compiled, at the wider integer operand's rate (DQGEMM
+    at its activations' float rate); else ``precision`` (``w8a8``, ``w4a16``, ...: weights and activations sized
+    by role, scales counted); else the ``dtype`` argument (every floating tensor resized to it); else its first
+    output's dtype. Rates are per operand width (``Hardware.mac_rate``: int4, int8, int16, fp8, fp16, bf16,
+    fp32, a width the file leaves out derived by ``DERIVED_RATES``). Float work whose rate is 0 (or that has none,
+    e.g. int64) is costed at the slowest supported rate and the row is flagged; quantized work is refused.
 
 Contractions on the MAC array (rows R x cols C PEs, rate m MACs per PE per cycle)
   * Each kernel record names its mapping (``KernelDef.array``, ``npu_program.array_mapping``).
