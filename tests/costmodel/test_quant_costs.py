@@ -208,6 +208,7 @@ def test_the_reports_show_the_width_and_the_split(gemm_bias):
     text = report.summary()
     assert f"DRAM by role: weights {weight:,} bytes, activations {M * K * 2 + M * N * 2:,} bytes" in text
     assert "compute widths: fp16 1 (100.0% of cycles)" in text
+    assert text.splitlines()[1] == "costed at precision w4a16 (weights and activations by role)"
     page = report_html(report, hw, figure="")
     assert "compute width" in page and "DRAM by role" in page and "int4 1 (derived)" in page
 

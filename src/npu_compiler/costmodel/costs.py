@@ -222,7 +222,8 @@ class CostReport:
         lines = [
             f"{self.model_name} on {hw.name} ({hw.rows}x{hw.cols} {hw.dataflow}, {hw.clock_mhz:g} MHz, "
             f"{hw.dram_bandwidth_gbps:g} GB/s)",
-            *([self.dtype_note] if self.dtype_note else []),
+            *([self.dtype_note] if self.dtype_note else
+              [f"costed at precision {self.precision} (weights and activations by role)"] if self.precision else []),
             *([self.context_note] if self.cache_length else []),
             f"dispatches: {len(self.rows)} on the NPU, {len(self.host)} on the host, {len(self.bind)} at bind time",
             f"cycles: {self.total_cycles:,} ({self.latency_ms:.3f} ms, {self.fps:.1f} fps)  "
