@@ -89,8 +89,9 @@ def test_dtype_still_overrides_the_native_one(npubin: Path, tmp_path: Path,
     out = capsys.readouterr().out
     assert "costed at each dispatch's own dtype (--dtype compiled)" in out
     assert "fp32 is unsupported by Arm Ethos-U55-256: costed at the slowest supported rate" in out
-    assert main(["cost", str(npubin), "--hw", "edge_4tops", "--dtype", "int4"]) == 2
-    assert "--dtype int4: cannot be costed; fix: give int8, fp16, bf16, fp32" in capsys.readouterr().err
+    assert main(["cost", str(npubin), "--hw", "edge_4tops", "--dtype", "int64"]) == 2
+    assert "--dtype int64: cannot be costed; fix: give int4, int8, fp8, int16, fp16, bf16, fp32" in \
+        capsys.readouterr().err
 
 
 def test_the_native_dtype_is_the_fastest_rate_unless_declared() -> None:
@@ -103,8 +104,10 @@ def test_the_native_dtype_is_the_fastest_rate_unless_declared() -> None:
     assert hw({"int8": 2, "fp16": 1, "bf16": 0, "fp32": 0}, native_dtype="fp16").native_dtype == "fp16"
     with pytest.raises(HardwareError, match=r'field "native_dtype" = "fp32" has no MAC rate'):
         hw({"int8": 1, "fp16": 0, "bf16": 0, "fp32": 0}, native_dtype="fp32")
-    with pytest.raises(HardwareError, match=r'field "native_dtype" = "int4" must be one of int8, fp16, bf16, fp32'):
-        hw({"int8": 1, "fp16": 0, "bf16": 0, "fp32": 0}, native_dtype="int4")
+    with pytest.raises(HardwareError, match=r'field "native_dtype" = "int2" must be one of int4, int8, fp8, int16'):
+        hw({"int8": 1, "fp16": 0, "bf16": 0, "fp32": 0}, native_dtype="int2")
+    with pytest.raises(HardwareError, match=r'field "native_dtype" = "int4" names a width the file gives no rate'):
+        hw({"int8": 1, "fp16": 0, "bf16": 0, "fp32": 0}, native_dtype="int4")  # a derived rate is not declared
     assert all(load_hardware(p).native_dtype == "int8" for p in presets())
 
 

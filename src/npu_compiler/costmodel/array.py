@@ -12,7 +12,7 @@ from .hardware import Hardware
 
 def _rate(hw: Hardware, cls: str | None) -> tuple[float, str | None]:
     """(MACs per PE per cycle, a flag when the dtype is unsupported and the slowest supported rate is used)."""
-    rate = hw.macs_per_cycle.get(cls, 0.0) if cls else 0.0
+    rate = hw.mac_rate(cls) if cls else 0.0
     if rate > 0:
         return rate, None
     slowest = min(r for r in hw.macs_per_cycle.values() if r > 0)

@@ -15,8 +15,11 @@ from .hardware import Hardware
 
 #: Columns of ``CostReport.to_csv_rows`` (after Arm Vela's per-layer performance report): ``cost.csv`` and the
 #: per-dispatch table of ``report.html`` both show exactly these.
-CSV_COLUMNS = ("index", "name", "kernel", "layer", "dtype", "macs", "flops", "cycles", "network_pct", "util_pct",
-               "dram_bytes", "sram_bytes", "sram_reads", "sram_writes", "bound", "tiling", "mapping", "notes")
+#: ``dtype`` is the width the dispatch computes in (its MAC rate), ``operands`` the types it multiplies; the DRAM
+#: bytes split into those of weights and constants (scales, zero points included) and of activations.
+CSV_COLUMNS = ("index", "name", "kernel", "layer", "dtype", "operands", "macs", "flops", "cycles", "network_pct",
+               "util_pct", "dram_bytes", "weight_bytes", "activation_bytes", "sram_bytes", "sram_reads", "sram_writes",
+               "bound", "tiling", "mapping", "notes")
 
 
 class CostModelError(TorchIRError, ValueError):
@@ -32,7 +35,7 @@ class DispatchCost:
     kernel: str
     kind: str
     layer: str
-    dtype: str  # MAC rate class used: int8, fp16, bf16 or fp32
+    dtype: str  # the width it computes in, the MAC rate class used: int4, int8, int16, fp8, fp16, bf16 or fp32
     macs: int
     flops: int
     mapping: str  # e.g. "gemm 1x(M=8 N=8 K=16) output_stationary" or "vector elementwise"
@@ -54,10 +57,21 @@ class DispatchCost:
     #: Array-side SRAM accesses in elements (words): operand reads and output (partial-sum) writes.
     sram_reads: int = 0
     sram_writes: int = 0
+    #: The types it multiplies (``int8 x int4 g128``), or its dtype (vector work).
+    operands: str = ""
+    #: DRAM bytes read of weights and constants (a quantized weight's codes, scales and zero points), as tiled.
+    weight_bytes: int = 0
+    #: (name, bytes) of each weight or constant it reads, whole, at the size it is costed at.
+    weight_sizes: tuple[tuple[str, int], ...] = ()
 
     @property
     def dram_bytes(self) -> int:
         return self.dram_bytes_read + self.dram_bytes_written
+
+    @property
+    def activation_bytes(self) -> int:
+        """DRAM bytes of everything but weights and constants: activations read and written, KV cache."""
+        return self.dram_bytes - self.weight_bytes
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,8 @@ class CostReport:
     #: The positions of the program's KV cache (None without one) and the live ones costed (None: all of them).
     cache_length: int | None = None
     context: int | None = None
+    #: The ``precision`` costed at (``precision.PRECISIONS``), None without one.
+    precision: str | None = None
 
     @property
     def total_cycles(self) -> int:
@@ -138,6 +154,25 @@ class CostReport:
         return sum(r.dram_bytes for r in self.rows)
 
     @property
+    def weight_bytes(self) -> int:
+        """DRAM bytes read of weights and constants per inference (re-reads of tiling included)."""
+        return sum(r.weight_bytes for r in self.rows)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(r.activation_bytes for r in self.rows)
+
+    @property
+    def weights_stored(self) -> int:
+        """Bytes of the weights and constants the NPU dispatches read (bind-time ones too), each counted once at
+        the smallest size a dispatch reads it at (a tied embedding stored quantized for the head)."""
+        sizes: dict[str, int] = {}
+        for r in [*self.bind, *self.rows]:
+            for name, size in r.weight_sizes:
+                sizes[name] = min(size, sizes.get(name, size))
+        return sum(sizes.values())
+
+    @property
     def peak_sram_bytes(self) -> int:
         return max((r.sram_bytes for r in self.rows), default=0)
 
@@ -162,10 +197,22 @@ class CostReport:
         """One dict per NPU dispatch with the ``CSV_COLUMNS`` (for ``csv.DictWriter``)."""
         total = self.total_cycles or 1
         return [{"index": r.index, "name": r.name, "kernel": r.kernel, "layer": r.layer, "dtype": r.dtype,
-                 "macs": r.macs, "flops": r.flops, "cycles": r.cycles, "network_pct": round(100 * r.cycles / total, 2),
-                 "util_pct": round(100 * r.utilization, 2), "dram_bytes": r.dram_bytes, "sram_bytes": r.sram_bytes,
+                 "operands": r.operands, "macs": r.macs, "flops": r.flops, "cycles": r.cycles,
+                 "network_pct": round(100 * r.cycles / total, 2), "util_pct": round(100 * r.utilization, 2),
+                 "dram_bytes": r.dram_bytes, "weight_bytes": r.weight_bytes, "activation_bytes": r.activation_bytes,
+                 "sram_bytes": r.sram_bytes,
                  "sram_reads": r.sram_reads, "sram_writes": r.sram_writes, "bound": r.bound, "tiling": r.tiling,
                  "mapping": r.mapping, "notes": "; ".join(r.flags)} for r in self.rows]
+
+    def width_mix(self) -> str:
+        """The dispatches by the width they compute in, and their cycles: ``int8 52 (81.0% of cycles), ...``."""
+        total = self.total_cycles or 1
+        counts: dict[str, list[int]] = {}
+        for r in self.rows:
+            entry = counts.setdefault(r.dtype, [0, 0])
+            entry[0] += 1
+            entry[1] += r.cycles
+        return ", ".join(f"{w} {n} ({c / total:.1%} of cycles)" for w, (n, c) in counts.items()) or "none"
 
     def summary(self, top: int = 5) -> str:
         """A few readable lines: totals, the bound mix, the heaviest dispatches, host and bind-time work. Names
@@ -175,13 +222,17 @@ class CostReport:
         lines = [
             f"{self.model_name} on {hw.name} ({hw.rows}x{hw.cols} {hw.dataflow}, {hw.clock_mhz:g} MHz, "
             f"{hw.dram_bandwidth_gbps:g} GB/s)",
-            *([self.dtype_note] if self.dtype_note else []),
+            *([self.dtype_note] if self.dtype_note else
+              [f"costed at precision {self.precision} (weights and activations by role)"] if self.precision else []),
             *([self.context_note] if self.cache_length else []),
             f"dispatches: {len(self.rows)} on the NPU, {len(self.host)} on the host, {len(self.bind)} at bind time",
             f"cycles: {self.total_cycles:,} ({self.latency_ms:.3f} ms, {self.fps:.1f} fps)  "
             f"compute {self.compute_cycles:,}  memory {self.memory_cycles:,}",
             f"MACs: {self.macs:,}  utilization {self.utilization:.1%}  DRAM {self.dram_bytes:,} bytes  "
             f"peak SRAM {self.peak_sram_bytes:,} bytes",
+            f"DRAM by role: weights {self.weight_bytes:,} bytes, activations {self.activation_bytes:,} bytes; "
+            f"weights stored {self.weights_stored:,} bytes",
+            f"compute widths: {self.width_mix()}",
             f"bound: {sum(r.bound == 'compute' for r in self.rows)} compute, "
             f"{sum(r.bound == 'memory' for r in self.rows)} memory",
         ]

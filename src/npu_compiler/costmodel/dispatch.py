@@ -11,17 +11,21 @@ from npu_program.array_mapping import ArrayMapping, Gemm
 from npu_program.cost_formulas import whole
 from npu_program.kernels import KERNELS, KernelDef, get_kernel
 from npu_program.program import Dispatch, TensorSpec
-from torch_ir.dtypes import nbytes as dtype_nbytes
 
 from .array import _rate, _tile, _vector_cycles, gemm_on_array
-from .costs import DispatchCost
+from .costs import CostModelError, DispatchCost
 from .hardware import MAC_DTYPES, Hardware
+from .precision import (
+    AS_COMPILED,
+    CLASS_DTYPE,
+    QUANT_KERNELS,
+    RATE_CLASS,
+    Precision,
+    Sizer,
+    quantized_width,
+    weight_sizer,
+)
 
-#: IR dtype name -> MAC rate class of ``Hardware.macs_per_cycle``.
-RATE_CLASS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "int8"}
-#: MAC rate class -> the IR dtype whose size a ``dtype`` override gives floating tensors.
-CLASS_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
-FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 ACC_BYTES = 4  # int32 / fp32 accumulators
 
 #: Kernel kind -> vector op class (SOFTMAX is special-cased to "softmax").
@@ -36,20 +40,31 @@ def _numel(t: TensorSpec) -> int:
     return math.prod(int(d) for d in t.shape)
 
 
+@dataclass(frozen=True)
+class Bits:
+    """How a program is costed (``precision`` module): a ``precision``, else a ``dtype`` override (a rate class),
+    else as compiled; ``params``: the weight and constant tensors (the weight bytes of the reports)."""
+
+    override: str | None
+    precision: Precision | None
+    params: frozenset[str]
+
+
 def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], hw: Hardware,
-                   override: str | None, weights: set[str], layer: str) -> DispatchCost:
+                   bits: Bits, weights: set[str], layer: str) -> DispatchCost:
     record = KERNELS.get(d.kernel) or get_kernel(d.kernel)
-    first = outs[0] if outs else (ins[0] if ins else None)
-    cls = override or (RATE_CLASS.get(first.dtype) if first is not None else None)
-    size = _Sizer(CLASS_DTYPE[override] if override else None)
     flops = _flops(record, d, ins, outs)
     mapping = _mapping(record, d, ins, outs, weights)
+    on_array = mapping.gemms is not None or record.kind == "contraction"
+    cls, operands, size, strict = _bits(d, ins, outs, bits, mapping if on_array else None, weights)
     reads, writes = _traffic(record, d, ins, outs)
     written = sum(size(t, n) for t, n in zip(outs, writes))
-    if mapping.gemms is not None or record.kind == "contraction":
-        work = _on_array(hw, d, cls, flops, mapping, ins, reads, written, size)
+    if on_array:
+        work = _on_array(hw, d, _checked(hw, d, cls, strict), flops, mapping, ins, reads, written, size)
     else:
         work = _on_vector(hw, d, record.kind, cls, ins, reads, writes, written, size)
+    slots = [(i, t) for i, t in enumerate(ins) if t.name in bits.params]
+    work.weight_read = sum(size(t, reads[i]) * (_times(i, mapping, work) if on_array else 1) for i, t in slots)
     compute = work.array_cycles + work.vector_cycles
     dram = work.read + written
     memory = math.ceil(dram / hw.dram_bytes_per_cycle) + hw.dram_latency_cycles if dram else 0
@@ -61,17 +76,45 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
         utilization=work.util, tiling=work.tiling, weight_reads=work.w_reads, activation_reads=work.a_reads,
         dram_bytes_read=work.read, dram_bytes_written=written, sram_bytes=work.sram,
         bound="compute" if compute >= memory else "memory", flags=tuple(work.flags),
-        sram_reads=work.sram_reads, sram_writes=work.sram_writes)
+        sram_reads=work.sram_reads, sram_writes=work.sram_writes, operands=operands,
+        weight_bytes=work.weight_read, weight_sizes=tuple((t.name, size(t, _numel(t))) for _, t in slots))
 
 
-@dataclass(frozen=True)
-class _Sizer:
-    """Bytes of some elements of a tensor; floating tensors resized to the ``dtype`` override when one is given."""
+def _bits(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], bits: Bits,
+          mapping: ArrayMapping | _Unmapped | None, weights: set[str]) -> tuple[str | None, str, Sizer, bool]:
+    """(the rate class ``d`` computes in, its operands for the reports, the sizes of its tensors, whether a width
+    without a rate is refused rather than flagged): see the ``precision`` module."""
+    if d.kernel in QUANT_KERNELS:
+        cls, operands = quantized_width(d, ins, outs)
+        return cls, operands, AS_COMPILED, True
+    p = bits.precision
+    if p is not None:
+        if mapping is None:  # vector work: the activations' width
+            return RATE_CLASS[p.activations], p.activations, Sizer(p.activations), False
+        k = mapping.gemms[0][3] if mapping.gemms else None
+        # a float precision (fp32, fp16, bf16) is float work: flagged, not refused, where the part lacks its rate
+        return p.compute, p.operands, weight_sizer(p, ins, mapping.weight_inputs, k, weights), p.weights is not None
+    if bits.override is not None:
+        return bits.override, CLASS_DTYPE[bits.override], Sizer(CLASS_DTYPE[bits.override]), False
+    first = outs[0] if outs else (ins[0] if ins else None)
+    if first is None:
+        return None, "", AS_COMPILED, False
+    return RATE_CLASS.get(first.dtype), first.dtype, AS_COMPILED, False
 
-    dtype: str | None
 
-    def __call__(self, t: TensorSpec, elements: int) -> int:
-        return dtype_nbytes(elements, self.dtype if self.dtype is not None and t.dtype in FLOAT_DTYPES else t.dtype)
+def _checked(hw: Hardware, d: Dispatch, cls: str | None, strict: bool) -> str | None:
+    """``cls``, refused when ``strict`` (quantized work) and ``hw`` has no rate for it."""
+    if strict and not hw.mac_rate(cls or ""):
+        raise CostModelError(
+            f"{hw.described_in}: dispatch {d.node!r} ({d.kernel}) computes in {cls}, but {hw.rate_origin(cls or '?')}"
+            f" is 0 (unsupported); fix: give macs_per_cycle.{cls} a rate above 0 in the hardware file, or cost the "
+            "program at a precision the hardware runs")
+    return cls
+
+
+def _times(i: int, mapping: ArrayMapping | _Unmapped, work: _Work) -> int:
+    """How often a contraction reads its input ``i`` from DRAM under its tiling."""
+    return work.w_reads if i in mapping.weight_inputs else work.a_reads if i in mapping.activation_inputs else 1
 
 
 @dataclass
@@ -92,6 +135,7 @@ class _Work:
     util: float = 0.0
     sram_reads: int = 0
     sram_writes: int = 0
+    weight_read: int = 0
     flags: list[str] = field(default_factory=list)
 
 
@@ -104,7 +148,7 @@ def _flops(record: KernelDef, d: Dispatch, ins: Sequence[TensorSpec], outs: Sequ
 
 
 def _on_array(hw: Hardware, d: Dispatch, cls: str | None, flops: int, mapping: ArrayMapping | _Unmapped,
-              ins: Sequence[TensorSpec], reads: Sequence[int], written: int, size: _Sizer) -> _Work:
+              ins: Sequence[TensorSpec], reads: Sequence[int], written: int, size: Sizer) -> _Work:
     """A contraction on the MAC array: its GEMMs (or the peak rate without a mapping), the softmax its vector unit
     adds, and the DRAM reads of its tiling."""
     rate, flag = _rate(hw, cls)
@@ -142,7 +186,7 @@ def _gemms_on_array(hw: Hardware, cls: str | None, gemms: Sequence[Gemm], rate: 
 
 
 def _on_vector(hw: Hardware, d: Dispatch, kind: str, cls: str | None, ins: Sequence[TensorSpec],
-               reads: Sequence[int], writes: Sequence[int], written: int, size: _Sizer) -> _Work:
+               reads: Sequence[int], writes: Sequence[int], written: int, size: Sizer) -> _Work:
     """Any other kernel on the vector unit, streaming its tensors."""
     vclass = "softmax" if d.kernel == "SOFTMAX" else VECTOR_CLASS.get(kind, "elementwise")
     # the elements the unit processes: those it reads of its first input, or those it writes

@@ -17,11 +17,14 @@ with its unit and range, from ``hardware_template.hardware_template``)::
     rows = 32
     cols = 64
 
-    [macs_per_cycle]                   # MACs per PE per cycle by dtype (a multiplier of rows x cols);
-    int8 = 1.0                         # 0 = unsupported: such work is costed at the slowest supported
-    fp16 = 0.5                         # rate and flagged
+    [macs_per_cycle]                   # MACs per PE per cycle by operand width (a multiplier of rows x cols);
+    int8 = 1.0                         # 0 = unsupported: float work is costed at the slowest supported
+    fp16 = 0.5                         # rate and flagged, quantized work refused (``mac_rate``)
     bf16 = 0.5
     fp32 = 0
+    int4 = 2.0                         # optional, as int16 and fp8: a width left out takes the rate of
+    int16 = 0.5                        # the rule of ``DERIVED_RATES`` (int4: int8's, int16: half of
+                                       # int8's, fp8: fp16's)
 
     [vector]                           # the vector unit of non-contraction kernels
     lanes = 64
@@ -67,7 +70,14 @@ from .hardware_file import MAX_FILE_BYTES, HardwareError, LongNumber, quote, rea
 
 PRESET_DIR = Path(__file__).parent / "presets"
 DATAFLOWS = ("output_stationary", "weight_stationary", "input_stationary")
-MAC_DTYPES = ("int8", "fp16", "bf16", "fp32")
+#: Operand widths with a MAC rate, narrowest first (a tie of ``native_dtype`` goes to the narrower).
+MAC_DTYPES = ("int4", "int8", "fp8", "int16", "fp16", "bf16", "fp32")
+#: The widths every file gives (the rest may be left out: ``DERIVED_RATES``).
+REQUIRED_RATES = ("int8", "fp16", "bf16", "fp32")
+#: The rule that gives a width a file leaves out its rate: (the width it is derived from, the factor). int4 codes
+#: are unpacked onto the 8-bit multipliers (no faster than int8); a 16-bit integer operand takes two passes of an
+#: 8-bit multiplier (int16 x int8 at half the int8 rate, as TPU v1's 8 x 16 bits); fp8 is widened to fp16 in the PE.
+DERIVED_RATES: dict[str, tuple[str, float]] = {"int4": ("int8", 1.0), "int16": ("int8", 0.5), "fp8": ("fp16", 1.0)}
 VECTOR_CLASSES = ("elementwise", "normalization", "softmax", "reduction", "movement")
 SPLIT_SRAM = ("weights_kib", "activations_kib", "accumulators_kib")
 #: The longest hardware name: a label shown in reports, one line.
@@ -130,7 +140,8 @@ class Hardware:
     cols: int
     dataflow: str
     clock_mhz: float
-    #: MACs per PE per cycle by dtype class (int8, fp16, bf16, fp32); 0 = unsupported.
+    #: MACs per PE per cycle by operand width as the file gives them (int8, fp16, bf16, fp32, and any of int4,
+    #: int16, fp8 it gives); 0 = unsupported. ``mac_rate`` adds the derived widths.
     macs_per_cycle: dict[str, float] = field(hash=False)
     vector_lanes: int
     #: Element operations per lane per cycle by op class (elementwise, normalization, softmax, reduction, movement).
@@ -172,7 +183,25 @@ class Hardware:
 
     def peak_tops(self, dtype: str = "int8") -> float:
         """Peak tera-operations per second (a MAC is two) at ``dtype``'s rate."""
-        return 2 * self.pes * self.macs_per_cycle.get(dtype, 0) * self.clock_mhz * 1e6 / 1e12
+        return 2 * self.pes * self.mac_rate(dtype) * self.clock_mhz * 1e6 / 1e12
+
+    def mac_rate(self, width: str) -> float:
+        """MACs per PE per cycle at operand width ``width`` (``MAC_DTYPES``): the file's, or for a width it leaves
+        out, the rate ``DERIVED_RATES`` derives from another; 0 when unsupported (or unknown)."""
+        if width in self.macs_per_cycle:
+            return self.macs_per_cycle[width]
+        if width in DERIVED_RATES:
+            source, factor = DERIVED_RATES[width]
+            return self.macs_per_cycle.get(source, 0.0) * factor
+        return 0.0
+
+    def rate_origin(self, width: str) -> str:
+        """Where ``mac_rate(width)`` comes from, for messages: ``macs_per_cycle.int16 of <file>``, or the rule."""
+        if width in self.macs_per_cycle or width not in DERIVED_RATES:
+            return f"macs_per_cycle.{width} of {self.described_in}"
+        source, factor = DERIVED_RATES[width]
+        return (f"macs_per_cycle.{width}, which {self.described_in} leaves out: derived as {factor:g} x "
+                f"macs_per_cycle.{source}")
 
     @property
     def native_dtype(self) -> str:
@@ -181,7 +210,8 @@ class Hardware:
         one a deployment would quantize to; ``MAC_DTYPES`` order)."""
         if self.declared_native_dtype is not None:
             return self.declared_native_dtype
-        return max(MAC_DTYPES, key=lambda d: (self.macs_per_cycle.get(d, 0.0), -MAC_DTYPES.index(d)))
+        declared = [d for d in MAC_DTYPES if d in self.macs_per_cycle]  # a derived rate is no design point
+        return max(declared, key=lambda d: (self.macs_per_cycle[d], -MAC_DTYPES.index(d)))
 
     @property
     def described_in(self) -> str:
@@ -241,8 +271,8 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
     if not isinstance(overlap, bool):
         v.fail("dma_overlaps_compute", f"= {_show(overlap)} must be true or false", "write true or false")
     array = v.table(top["array"], "array", {"rows", "cols"})
-    macs = v.table(top["macs_per_cycle"], "macs_per_cycle", set(MAC_DTYPES))
-    rates = {d: v.number(macs[d], f"macs_per_cycle.{d}") for d in MAC_DTYPES}
+    macs = v.table(top["macs_per_cycle"], "macs_per_cycle", set(MAC_DTYPES), optional=set(DERIVED_RATES))
+    rates = {d: v.number(macs[d], f"macs_per_cycle.{d}") for d in MAC_DTYPES if d in macs}
     if not any(rates.values()):
         v.fail("macs_per_cycle", "has no dtype with a rate above 0", "set int8 = 1.0 (say)")
     vector = v.table(top["vector"], "vector", {"lanes", "ops_per_cycle"})
@@ -272,6 +302,9 @@ def _native_dtype(v: _Validator, dtype: Any, rates: dict[str, float]) -> str | N
     if not isinstance(dtype, str) or dtype not in MAC_DTYPES:
         v.fail("native_dtype", f"= {_show(dtype)} must be one of {', '.join(MAC_DTYPES)}",
                'write native_dtype = "int8" (say), or leave it out to take the dtype of the highest MAC rate')
+    if dtype not in rates:
+        v.fail("native_dtype", f"= {_show(dtype)} names a width the file gives no rate for",
+               f"give macs_per_cycle.{dtype} a rate, or name a width the file rates")
     if not rates[dtype]:
         v.fail("native_dtype", f"= {_show(dtype)} has no MAC rate (macs_per_cycle.{dtype} = 0)",
                f"give macs_per_cycle.{dtype} a rate, or name a dtype the array runs")
@@ -413,5 +446,5 @@ def _show(value: Any) -> str:
 
 
 
-__all__ = ["DATAFLOWS", "KERNEL_KINDS", "MAC_DTYPES", "MAX_FILE_BYTES", "RANGES", "VECTOR_CLASSES", "Hardware",
-           "HardwareError", "Range", "hardware_from_dict", "load_hardware", "presets"]
+__all__ = ["DATAFLOWS", "DERIVED_RATES", "KERNEL_KINDS", "MAC_DTYPES", "MAX_FILE_BYTES", "RANGES", "REQUIRED_RATES",
+           "VECTOR_CLASSES", "Hardware", "HardwareError", "Range", "hardware_from_dict", "load_hardware", "presets"]

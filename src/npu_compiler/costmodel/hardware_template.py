@@ -10,6 +10,7 @@ from typing import Any
 
 from .hardware import (
     DATAFLOWS,
+    DERIVED_RATES,
     KERNEL_KINDS,
     MAC_DTYPES,
     MAX_NAME_CHARS,
@@ -38,7 +39,7 @@ _MEANING = {
 }
 _TABLE_NOTES = {
     "array": "the MAC array: rows x cols processing elements (PEs)",
-    "macs_per_cycle": "MACs per PE per cycle by dtype (one at least above 0)",
+    "macs_per_cycle": "MACs per PE per cycle by operand width (one at least above 0)",
     "vector": "the vector unit: every kernel that is not a contraction",
     "vector.ops_per_cycle": "element operations per lane per cycle, by op class",
     "sram": "on-chip SRAM: three buffers, or one shared_kib",
@@ -62,7 +63,7 @@ def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
         data["native_dtype"] = hw.declared_native_dtype
     data.update({
         "array": {"rows": hw.rows, "cols": hw.cols},
-        "macs_per_cycle": {d: _number(hw.macs_per_cycle[d]) for d in MAC_DTYPES},
+        "macs_per_cycle": {d: _number(hw.macs_per_cycle[d]) for d in MAC_DTYPES if d in hw.macs_per_cycle},
         "vector": {"lanes": hw.vector_lanes,
                    "ops_per_cycle": {c: _number(hw.vector_ops_per_cycle[c]) for c in VECTOR_CLASSES}},
         "sram": sram,
@@ -114,6 +115,11 @@ def _table_lines(table: str, values: dict[str, Any], hw: Hardware) -> list[str]:
             lines += [_number_line(f"{table}.{key}.{k}", v) for k, v in value.items()]
         else:
             lines.append(_number_line(f"{table}.{key}", value))
+    if table == "macs_per_cycle":  # the optional widths the description leaves out, with the rule they follow
+        for width, (source, factor) in DERIVED_RATES.items():
+            if width not in values:
+                lines.append(_line(width, _number(hw.mac_rate(width)), f"optional; left out: {factor:g} x {source}'s "
+                                   f"rate. {_field_note(f'macs_per_cycle.{width}')}", commented=True))
     if table == "sram":  # the other form, to switch to
         other = (["weights_kib", "activations_kib", "accumulators_kib"] if hw.sram_shared else ["shared_kib"])
         example = _number(hw.sram_total_bytes / 1024)

@@ -53,14 +53,16 @@ def tokens_per_run(program: CompiledProgram) -> int:
 
 
 def cost_lm(prefill: CompiledProgram, decode: CompiledProgram, hw: Hardware, dtype: str | None = None,
-            context: int | None = None) -> LMCost:
+            context: int | None = None, precision: str | None = None) -> LMCost:
     """Both phases of an LLM on ``hw``; the decode program must take one token a run. ``context``: the live KV-cache
-    positions to cost both phases at (see the module docstring); None: the whole cache."""
+    positions to cost both phases at (see the module docstring); None: the whole cache. ``dtype`` and
+    ``precision``: as ``cost_program``'s."""
     if tokens_per_run(decode) != 1:
         raise CostModelError(f"program {decode.model_name!r} takes {tokens_per_run(decode)} tokens a run: the decode "
                              "program takes one (give compile_lm's decode program)")
-    decode_cost = cost_program(decode, hw, dtype, context=context)
-    return LMCost(cost_program(prefill, hw, dtype, context=context), decode_cost, tokens_per_run(prefill),
+    decode_cost = cost_program(decode, hw, dtype, context=context, precision=precision)
+    prefill_cost = cost_program(prefill, hw, dtype, context=context, precision=precision)
+    return LMCost(prefill_cost, decode_cost, tokens_per_run(prefill),
                   context if context is not None else decode_cost.cache_length)
 
 

@@ -7,10 +7,13 @@ mapping) and Arm Vela's performance estimate (per-layer cycles, DRAM traffic, bo
 Work and dtype
   * MACs are counted from the mapping below (exact multiply-accumulates of the contractions); FLOPs come from
     the kernel table's formula (``npu_program.kernels``), which also counts epilogues and softmax.
-  * The dtype of a dispatch is ``cost_program``'s ``dtype`` argument when given (every floating tensor is then
-    resized to it: ``dtype="int8"`` costs a float program as if quantized), else its first output's dtype.
-    float32/float16/bfloat16/int8/uint8 map to the rates fp32/fp16/bf16/int8. A dtype whose rate is 0 (or that
-    has none, e.g. int64) is costed at the slowest supported rate and the row is flagged.
+  * The bits of a dispatch (the bytes of each tensor, the operand width it computes in) are the ``precision``
+    module's: a quantized dispatch (QGEMM, DQGEMM, ...) as compiled, at the wider integer operand's rate (DQGEMM
+    at its activations' float rate); else ``precision`` (``w8a8``, ``w4a16``, ...: weights and activations sized
+    by role, scales counted); else the ``dtype`` argument (every floating tensor resized to it); else its first
+    output's dtype. Rates are per operand width (``Hardware.mac_rate``: int4, int8, int16, fp8, fp16, bf16,
+    fp32, a width the file leaves out derived by ``DERIVED_RATES``). Float work whose rate is 0 (or that has none,
+    e.g. int64) is costed at the slowest supported rate and the row is flagged; quantized work is refused.
 
 Contractions on the MAC array (rows R x cols C PEs, rate m MACs per PE per cycle)
   * Each kernel record names its mapping (``KernelDef.array``, ``npu_program.array_mapping``).
@@ -91,21 +94,29 @@ from npu_program.program import CompiledProgram, Dispatch, TensorSpec
 
 from .array import ArrayRun, gemm_on_array
 from .costs import CSV_COLUMNS, CostModelError, CostReport, DispatchCost, HostDispatch, LayerCost, plain_line
-from .dispatch import RATE_CLASS, _cost_dispatch
+from .dispatch import Bits, _cost_dispatch
 from .hardware import MAC_DTYPES, Hardware
 from .kvcache import _at_live_length, _check_context, _writes_state, kv_cache_length
+from .precision import PRECISIONS, RATE_CLASS, resolve_precision
 
 
 def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = None,
-                 context: int | None = None) -> CostReport:
-    """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32) or an IR
-    dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype.
+                 context: int | None = None, precision: str | None = None) -> CostReport:
+    """Cost every dispatch of ``program`` on ``hw``. ``dtype``: a rate class (int8, fp16, bf16, fp32, ...) or an
+    IR dtype name (int8, float16, ...) to cost every floating tensor as; None: each dispatch's own dtype.
+    ``precision``: a float program costed as if quantized by role (``precision.PRECISIONS``: ``w8a8``, ``w4a16``,
+    ...); it replaces ``dtype``. Quantized dispatches (QGEMM, DQGEMM, ...) are costed as compiled whatever the two
+    say (the ``precision`` module).
 
     ``context``: for a program with a KV cache (an LLM phase from ``compile_lm``), the cache positions live in the
     run costed (its last token's position + 1). Attention reads only those; the program cannot say how many there
     are (``cache_position`` is a run-time input), so the cost is of one run at this context. None: the whole
     cache, the slowest run."""
-    override = resolve_dtype(dtype)
+    try:
+        how = resolve_precision(precision)
+    except ValueError as err:
+        raise CostModelError(str(err)) from None
+    override = None if how is not None else resolve_dtype(dtype)
     length = kv_cache_length(program)
     _check_context(program, context, length)
     caches = {d.outputs[0] for d in program.dispatches if _writes_state(d) and d.outputs}
@@ -116,7 +127,8 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         specs.setdefault(state.name, state.tensor_spec())
     weights = {s.name for s in program.weight_specs}
     keys = program.weight_keys
-    report = CostReport(hw, program.model_name, [], cache_length=length, context=context)
+    bits = Bits(override, how, frozenset(weights) | frozenset(program.constants))
+    report = CostReport(hw, program.model_name, [], cache_length=length, context=context, precision=precision)
     for index, d in enumerate(program.dispatches):
         if d.host is not None:
             report.host.append(HostDispatch(index, d.node, d.kernel, d.host))
@@ -125,7 +137,7 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         outs = [_spec(specs, n, d) for n in d.outputs]
         if context is not None:
             ins, outs = _at_live_length(d, ins, outs, caches, context)
-        row = _cost_dispatch(index, d, ins, outs, hw, override, weights, _layer(d, weights, keys))
+        row = _cost_dispatch(index, d, ins, outs, hw, bits, weights, _layer(d, weights, keys))
         (report.bind if d.at_bind else report.rows).append(row)
     return report
 
@@ -138,7 +150,8 @@ def resolve_dtype(dtype: str | None) -> str | None:
     if dtype in RATE_CLASS:
         return RATE_CLASS[dtype]
     raise CostModelError(f"dtype {dtype!r} cannot be costed; fix: give one of {', '.join(MAC_DTYPES)} "
-                         f"(or float32, float16, bfloat16, int8), or None for each dispatch's own dtype")
+                         f"(or float32, float16, bfloat16, int8, ...), or None for each dispatch's own dtype; a "
+                         f"quantized precision by role is precision= ({', '.join(PRECISIONS)})")
 
 
 def _spec(specs: dict[str, TensorSpec], name: str, d: Dispatch) -> TensorSpec:
@@ -163,5 +176,6 @@ def _layer(d: Dispatch, weights: set[str], keys: dict[str, str]) -> str:
     return d.node
 
 
-__all__ = ["CSV_COLUMNS", "RATE_CLASS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost", "HostDispatch",
-           "LayerCost", "cost_program", "gemm_on_array", "kv_cache_length", "plain_line", "resolve_dtype"]
+__all__ = ["CSV_COLUMNS", "PRECISIONS", "RATE_CLASS", "ArrayRun", "CostModelError", "CostReport", "DispatchCost",
+           "HostDispatch", "LayerCost", "cost_program", "gemm_on_array", "kv_cache_length", "plain_line",
+           "resolve_dtype"]

@@ -35,7 +35,7 @@ from torch_ir.fileio import atomic_write, check_output_path, check_writable_dir
 from torch_ir.report.cells import csv_cell
 
 from .costs import CSV_COLUMNS, CostReport, LayerCost, plain_line
-from .hardware import Hardware
+from .hardware import MAC_DTYPES, Hardware
 from .roofline import have_matplotlib, html_text, png_and_spots, png_figure, png_img, roofline_svg
 
 REPORT_FILES = ("cost.csv", "roofline.png", "report.html")
@@ -139,7 +139,8 @@ document.querySelectorAll("table.sortable th").forEach(function (th) {
 
 #: Headers of the per-dispatch table by ``CSV_COLUMNS`` key (a key without one is shown as it is).
 COLUMN_LABELS = {"index": "#", "macs": "MACs", "flops": "FLOPs", "network_pct": "% of network", "util_pct": "util %",
-                 "dram_bytes": "DRAM bytes", "sram_bytes": "SRAM bytes", "sram_reads": "SRAM reads (words)",
+                 "dram_bytes": "DRAM bytes", "weight_bytes": "weight bytes", "activation_bytes": "activation bytes",
+                 "dtype": "compute width", "sram_bytes": "SRAM bytes", "sram_reads": "SRAM reads (words)",
                  "sram_writes": "SRAM writes (words)"}
 #: Columns of the per-layer table (the subtotal rows sum them; the SRAM column is the peak, not a sum).
 LAYER_COLUMNS = ("layer", "dispatches", "MACs", "cycles", "% of network", "DRAM bytes", "peak SRAM bytes")
@@ -234,7 +235,8 @@ def layer_table(report: CostReport) -> str:
 
 
 def _hardware_rows(hw: Hardware) -> list[tuple[str, str]]:
-    rates = ", ".join(f"{k} {v:g}" for k, v in hw.macs_per_cycle.items())
+    rates = ", ".join(f"{k} {hw.mac_rate(k):g}" + ("" if k in hw.macs_per_cycle else " (derived)")
+                      for k in MAC_DTYPES)
     vector = ", ".join(f"{k} {v:g}" for k, v in hw.vector_ops_per_cycle.items())
     if hw.sram_shared:
         sram = f"{hw.sram_weights_bytes:,} bytes shared"
@@ -260,6 +262,9 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
                ("memory cycles", f"{report.memory_cycles:,}"), ("MACs", f"{report.macs:,}"),
                ("FLOPs", f"{report.flops:,}"), ("array utilization", f"{report.utilization:.1%}"),
                ("DRAM traffic", f"{report.dram_bytes:,} bytes"),
+               ("DRAM by role", f"weights {report.weight_bytes:,} bytes, activations {report.activation_bytes:,} "
+                                "bytes"),
+               ("weights stored", f"{report.weights_stored:,} bytes"), ("compute widths", report.width_mix()),
                ("peak SRAM", f"{report.peak_sram_bytes:,} bytes"),
                ("dispatches", f"{len(report.rows)} on the NPU, {len(report.host)} on the host, "
                               f"{len(report.bind)} at bind time")]

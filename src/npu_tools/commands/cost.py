@@ -47,6 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cost every floating tensor as this dtype (int8, fp16, bf16, fp32 or float16, ...), or "
                         f"'{AS_COMPILED}' for each dispatch's own dtype; default: the hardware's native dtype "
                         "(its native_dtype field, else the dtype of its fastest MAC rate)")
+    p.add_argument("--precision", default=None, metavar="P",
+                   help="cost a float program as if quantized, by role: w8a8, w4a8, w8a16, w4a16 (int4 weights in "
+                        "groups of 128), w8a16_int, fp32, fp16, bf16 (npu_compiler.costmodel.precision); replaces "
+                        "--dtype. Quantized dispatches are costed as compiled whatever it says")
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="for an LLM: the live KV-cache positions to cost at (the decode step attending over N "
                         "positions; attention reads only those); default: the whole cache, the slowest step")
@@ -96,17 +100,23 @@ def cmd_cost(args: argparse.Namespace) -> int:
         raise CostModelError(f"--top {args.top}: must be 0 or more; fix: give a count of dispatches to list")
     hw = load_hardware(args.hw)  # a bad hardware file is refused before anything is made on disk
     dtype, note = costing_dtype(args.dtype, hw)  # a bad --dtype is refused before compiling
+    precision = _precision(args.precision, args.dtype)
+    if precision is not None:
+        from npu_compiler.costmodel.model import PRECISIONS
+
+        note = f"costed at {precision} (--precision): {PRECISIONS[precision].doc}"
     png = bool(args.output) and have_matplotlib()
     if args.output:  # made, or refused when it cannot be written, before costing, not after
         _prepare_output(Path(args.output), png)
     programs = _programs(args.source)
     if "decode" in programs:
-        lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=dtype, context=args.context)
+        lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=dtype, context=args.context,
+                     precision=precision)
         reports = {"prefill": lm.prefill, "decode": lm.decode}
         _note(reports, note)
         print(lm.summary(top=args.top))
     else:
-        reports = {"": cost_program(programs[""], hw, dtype=dtype, context=args.context)}
+        reports = {"": cost_program(programs[""], hw, dtype=dtype, context=args.context, precision=precision)}
         _note(reports, note)
         print(reports[""].summary(top=args.top))
     if hw.kernels is not None:
@@ -133,6 +143,20 @@ def costing_dtype(requested: str | None, hw: Hardware) -> tuple[str | None, str]
         raise CostModelError(f"--dtype {requested}: cannot be costed; fix: give {', '.join(MAC_DTYPES)} (or float32, "
                              f"float16, bfloat16), or {AS_COMPILED} for each dispatch's own dtype")
     return requested, f"costed at {resolve_dtype(requested)} (--dtype {requested})"
+
+
+def _precision(precision: str | None, dtype: str | None) -> str | None:
+    """``--precision``, checked before compiling; it and ``--dtype`` are one choice, not two."""
+    from npu_compiler.costmodel.model import PRECISIONS, CostModelError
+
+    if precision is None:
+        return None
+    if precision not in PRECISIONS:
+        raise CostModelError(f"--precision {precision}: not a precision the cost model knows; fix: give one of "
+                             f"{', '.join(PRECISIONS)}")
+    if dtype is not None:
+        raise CostModelError(f"--precision {precision} and --dtype {dtype} both say what to cost at; fix: give one")
+    return precision
 
 
 def _note(reports: dict[str, CostReport], note: str) -> None:
