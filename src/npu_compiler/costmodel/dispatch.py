@@ -80,13 +80,18 @@ def _cost_dispatch(index: int, d: Dispatch, ins: Sequence[TensorSpec], outs: Seq
         weight_bytes=work.weight_read, weight_sizes=tuple((t.name, size(t, _numel(t))) for _, t in slots))
 
 
+_FLOAT_CLASSES = frozenset({"fp32", "fp16", "bf16"})
+
+
 def _bits(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], bits: Bits,
           mapping: ArrayMapping | _Unmapped | None, weights: set[str]) -> tuple[str | None, str, Sizer, bool]:
     """(the rate class ``d`` computes in, its operands for the reports, the sizes of its tensors, whether a width
     without a rate is refused rather than flagged): see the ``precision`` module."""
     if d.kernel in QUANT_KERNELS:
         cls, operands = quantized_width(d, ins, outs)
-        return cls, operands, AS_COMPILED, True
+        # integer (and fp8) work is refused where the part lacks its rate; a DQGEMM's float compute is float work,
+        # flagged and costed at the slowest rate the part has, as every float dispatch is
+        return cls, operands, AS_COMPILED, cls not in _FLOAT_CLASSES
     p = bits.precision
     if p is not None:
         if mapping is None:  # vector work: the activations' width
