@@ -47,9 +47,10 @@ MODELS = {"cnn": (CNN, (2, 3, 12, 12)), "mlp": (_mlp, (4, 24))}
 
 
 def _quantizer(name: str):
-    if name == "xnnpack":
+    if name.startswith("xnnpack"):
         from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
-        return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=name == "xnnpack_dynamic")
+        return XNNPACKQuantizer().set_global(config)
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer,
         get_default_x86_inductor_quantization_config,
@@ -80,7 +81,8 @@ def quantized(model: str, quantizer: str) -> tuple[torch.fx.GraphModule, torch.e
     return converted, ep, args
 
 
-CASES = [(m, q) for m in MODELS for q in ("xnnpack", "x86")]
+STATIC_CASES = [(m, q) for m in MODELS for q in ("xnnpack", "x86")]
+CASES = [*STATIC_CASES, ("mlp", "xnnpack_dynamic")]
 
 
 def _weight_free_ir(model: str, quantizer: str) -> NPU_IR:
@@ -107,7 +109,7 @@ def test_extracted_ir_computes_exactly_what_the_program_computes(model, quantize
         assert torch.equal(got, reference(x))
 
 
-@pytest.mark.parametrize(("model", "quantizer"), CASES)
+@pytest.mark.parametrize(("model", "quantizer"), STATIC_CASES)
 def test_quantized_tensors_carry_the_programs_parameters(model, quantizer):
     _, ep, _ = quantized(model, quantizer)
     ir = from_exported_program(ep, model)
@@ -224,3 +226,25 @@ def test_an_ir_file_may_not_name_quantized_decomposed_ops():
                 nodes=[OpNode("n0", "quantized_decomposed.quantize_per_tensor.default", [x], [y], attrs)])
     with pytest.raises(UnsafeInputError, match="namespace 'quantized_decomposed'"):
         IRExecutor(ir, {})
+
+
+def test_dynamic_quantization_computes_its_parameters_with_aten_ops():
+    _, ep, _ = quantized("mlp", "xnnpack_dynamic")
+    assert "quantized_decomposed.choose_qparams.tensor" in {str(n.target) for n in ep.graph.nodes}
+    ir = from_exported_program(ep, "mlp")
+    quantize = [n for n in ir.nodes if n.op_type == "QUANTIZE"]
+    assert quantize and all(isinstance(n.outputs[0].quant.scale, str) for n in quantize)
+    assert "aten.aminmax.default" in ir.op_histogram()
+
+
+def test_an_unmapped_quantized_decomposed_op_is_refused_at_extraction():
+    import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+    class PerToken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s, z = torch.ops.quantized_decomposed.choose_qparams_per_token_asymmetric(x, torch.int8)
+            return torch.ops.quantized_decomposed.quantize_per_token(x, s, z, -128, 127, torch.int8)
+
+    ep = torch.export.export(PerToken(), (torch.randn(3, 8),))
+    with pytest.raises(ExtractionError, match=r"choose_qparams_per_token_asymmetric.*Fix: quantize per tensor"):
+        from_exported_program(ep, "per_token")

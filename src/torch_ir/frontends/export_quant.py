@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.export import ExportedProgram
 from torch.fx import Node
 
 from ..errors import ExtractionError, IRValidationError
@@ -42,16 +43,47 @@ DEQUANTIZE_OPS = frozenset({"quantized_decomposed.dequantize_per_tensor.default"
                             "quantized_decomposed.dequantize_per_channel.default"})
 
 
+_CHOOSE_QPARAMS = "quantized_decomposed.choose_qparams.tensor"
+
+
 def is_quant_target(target: Any) -> bool:
-    """Whether extraction maps ``target`` to QUANTIZE/DEQUANTIZE."""
-    return isinstance(target, torch._ops.OpOverload) and op_type(target) in QUANTIZE_OPS | DEQUANTIZE_OPS
+    """Whether ``target`` is a ``quantized_decomposed`` op, which :func:`quant_node` maps (or refuses)."""
+    return isinstance(target, torch._ops.OpOverload) and op_type(target).startswith("quantized_decomposed.")
+
+
+def decompose_dynamic_qparams(ep: ExportedProgram) -> ExportedProgram:
+    """``ep`` with ``choose_qparams.tensor`` (dynamic quantization: a per-tensor scale and zero point computed
+    from the activation at run time) replaced by the ATen ops torch computes it with, so that the IR runs it."""
+    targets = {n.target for n in ep.graph.nodes
+               if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and op_type(n.target) == _CHOOSE_QPARAMS}
+    return ep.run_decompositions(dict.fromkeys(targets, _choose_qparams)) if targets else ep
+
+
+def _choose_qparams(x: torch.Tensor, qmin: int, qmax: int, eps: float,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ao.quantization.utils.determine_qparams`` for a per-tensor affine scheme, op for op, without its
+    data-dependent checks (which cannot be traced; an empty input is the only case they change)."""
+    min_val, max_val = torch.aminmax(x)
+    min_neg = torch.min(min_val, torch.zeros_like(min_val))
+    max_pos = torch.max(max_val, torch.zeros_like(max_val))
+    scale = (max_pos - min_neg) / float(qmax - qmin)
+    scale = torch.max(scale, torch.full([1], eps, dtype=torch.float32, device=x.device))  # torch.Tensor([eps])
+    zero_point = torch.clamp(qmin - torch.round(min_neg / scale).to(torch.int), qmin, qmax)
+    return scale.to(torch.double), zero_point.to(torch.int64)
 
 
 def quant_node(conv: ProgramConverter, node: Node, target: torch._ops.OpOverload) -> OpNode:
     """The QUANTIZE or DEQUANTIZE node of one ``quantized_decomposed`` call, with the quantized tensor's spec."""
+    where = f"node {node.name!r} ({op_type(target)})"
+    if op_type(target) not in QUANTIZE_OPS | DEQUANTIZE_OPS:
+        raise ExtractionError(
+            f"{where}: extraction maps quantize_per_tensor, quantize_per_channel, their dequantize ops and "
+            f"choose_qparams.tensor, not this one; an IR may not name quantized_decomposed ops (they are not "
+            "reviewed to run from a file). Fix: quantize per tensor or per channel (static, or dynamic with "
+            "choose_qparams.tensor)")
     args = bind_args(target, node)
     quantize = op_type(target) in QUANTIZE_OPS
-    where = f"node {node.name!r} ({op_type(target)})"
     dtype = _qdtype(args["dtype"], where)
     x = conv.metas[conv._resolve(args["input"])]
     inputs = [x]
