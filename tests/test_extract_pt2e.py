@@ -248,3 +248,24 @@ def test_an_unmapped_quantized_decomposed_op_is_refused_at_extraction():
     ep = torch.export.export(PerToken(), (torch.randn(3, 8),))
     with pytest.raises(ExtractionError, match=r"choose_qparams_per_token_asymmetric.*Fix: quantize per tensor"):
         from_exported_program(ep, "per_token")
+
+
+def test_torchao_int8_weight_only_extracts_as_plain_aten_ops():
+    """quantize_(Int8WeightOnlyConfig) with its tensor subclass unwrapped exports to ATen ops on plain int8 and
+    float32 parameters (the codes cast to float, a matmul, a per-output-channel scale); nothing to map."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    from torchao.utils import unwrap_tensor_subclass
+
+    torch.manual_seed(4)
+    m, x = _mlp().eval(), torch.randn(4, 24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_(m, Int8WeightOnlyConfig())
+        eager = m(x)
+        ep = torch.export.export(unwrap_tensor_subclass(m), (x,))
+    ir = from_exported_program(ep, "mlp_w8")
+    int8 = {tuple(w.shape) for w in ir.weights if w.dtype == "int8"}
+    assert {(48, 24), (32, 48), (5, 32)} <= int8  # the codes (beside them: unused [N, 1] zero points)
+    assert all(op.startswith("aten.") for op in ir.op_histogram())
+    (got,) = IRExecutor(ir, ep).run([x])
+    assert torch.equal(got, eager)
