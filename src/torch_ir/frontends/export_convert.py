@@ -29,6 +29,7 @@ from .export_nodes import (
     op_type,
     shapes_on_cpu,
 )
+from .export_quant import is_quant_target, quant_node
 from .export_symbols import symbol_ranges, user_symbol_names
 from .export_values import KnownValues
 from .meta_model import named_state
@@ -172,6 +173,9 @@ class ProgramConverter:
             return  # a SymInt-valued ATen op (aten.sym_size.int, aten.item on a shape)
         if target in IDENTITY_TARGETS and not bind_args(target, node).get("train", False):
             self.alias[node] = self._resolve(node.args[0])  # (dropout only when not training)
+            return
+        if is_quant_target(target):  # PT2E's quantize/dequantize: the NPU ops, with the tensors' specs
+            self.ir.nodes.append(quant_node(self, node, target))
             return
         self.ir.nodes.append(self._op_node(node, target, val))
 

@@ -28,6 +28,7 @@ from .constants import ConstantRecorder, build_on_meta, known_value
 from .export_convert import ProgramConverter
 from .export_errors import explain_export_failure
 from .export_nodes import DROPPED_TARGETS
+from .export_quant import decompose_dynamic_qparams
 from .export_values import attribute
 from .hf import without_dynamic_cache
 from .meta_model import attributes_kept, named_state, on_cpu, refuse_leaked_trace_tensors, strays_on_meta
@@ -194,7 +195,11 @@ def from_exported_program(
     needs it. That step decomposes nothing from the decomposition table, but it does lower
     CompositeImplicit ops: ``reshape`` becomes ``view``, ``contiguous`` becomes ``clone``, ``to``
     becomes ``_to_copy``.
+
+    A PT2E-quantized program's ``quantized_decomposed`` ops become ``QUANTIZE``/``DEQUANTIZE``, and dynamic
+    quantization's ``choose_qparams.tensor`` the ATen ops it computes with (``export_quant``).
     """
+    ep = decompose_dynamic_qparams(ep)
     if _needs_functionalization(ep):
         ep = ep.run_decompositions({})
     ir = ProgramConverter(ep, model_name, model).convert()

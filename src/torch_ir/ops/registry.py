@@ -128,6 +128,10 @@ DENIED_NAMESPACES = frozenset({
     "inductor", "inductor_prims", "profiler", "_test", "quantization", "debugprims", "rngprims", "_native",
     "debug_mode_ops", "export", "_dtensor", "higher_order", "fbgemm", "_inductor_test", "cuda", "xpu", "mps",
     "prim", "prims_internal",  # TorchScript's interpreter prims (device, dtype, ...): not tensor ops
+    # Loaded on import of torch.ao.quantization / torchao, so absent from a fresh torch's list: PT2E's
+    # (de)quantize ops (extraction maps them to QUANTIZE/DEQUANTIZE, whose arguments are checked) and torchao's
+    # ops, prepacked CPU/CUDA kernels among them that trust their inputs.
+    "quantized_decomposed", "torchao",
 })
 
 
