@@ -22,8 +22,9 @@ INT_CODES = ("int8", "uint8", "int16", "uint16", "int4", "uint4")
 #: The float8 code types (no zero point).
 FP8_CODES = ("float8_e4m3fn", "float8_e5m2")
 #: The dtypes the quantized kernels read and write: float activations and scales, codes, int32 biases and
-#: accumulators. A target must run them too (``npu_compiler.library.Target.dtypes``).
-QUANT_DTYPES = FLOATS | frozenset(INT_CODES) | frozenset(FP8_CODES) | {"int32"}
+#: accumulators; PyTorch's float64 scales and int64 zero points (PT2E) as they are. A target must run them too
+#: (``npu_compiler.library.Target.dtypes``).
+QUANT_DTYPES = FLOATS | frozenset(INT_CODES) | frozenset(FP8_CODES) | {"int32", "float64", "int64"}
 _WEIGHT_CODES = ("int8", "uint8", "int4", "uint4")
 _OUT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "float32")
 _FLOAT_NAMES = tuple(sorted(FLOATS))
