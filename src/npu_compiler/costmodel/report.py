@@ -20,6 +20,9 @@ the text summary.
 Each file is written with ``torch_ir.fileio.atomic_write`` (whole or not at all), after every target path has
 been checked, so a failed run leaves no half-written report; a symbolic link planted in the output directory
 under a report's name is replaced by the report, never written through.
+
+The page's pieces (``STYLE``, ``SORT_SCRIPT``, ``Row``, ``html_table``, ``sortable_table``, ``csv_value``,
+``write_file``) are public: the quantization report (``npu_compiler.quantize.report``) builds its page from them.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def write_reports(report: CostReport, hw: Hardware, out_dir: str | Path, png: bo
         plot = figure = roofline_svg(report, hw)
     payloads = [cost_csv(report), plot, report_html(report, hw, figure)]
     for path, data in zip(paths, payloads):
-        _write(path, data)
+        write_file(path, data)
     return paths
 
 
@@ -76,7 +79,7 @@ def check_report_paths(out_dir: str | Path, png: bool | None = None) -> list[Pat
     return paths
 
 
-def _write(path: Path, data: str | bytes) -> None:
+def write_file(path: Path, data: str | bytes) -> None:
     """``atomic_write``, replacing a link planted at ``path`` rather than writing through it (a link to a FIFO
     or a device would otherwise lead the report wherever the link's author chose)."""
     atomic_write(path, data, what=f"cost report {path.name}", replace_links=True)
@@ -88,11 +91,11 @@ def cost_csv(report: CostReport) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
     writer.writeheader()
-    writer.writerows({key: _csv_value(value) for key, value in row.items()} for row in report.to_csv_rows())
+    writer.writerows({key: csv_value(value) for key, value in row.items()} for row in report.to_csv_rows())
     return buffer.getvalue()
 
 
-def _csv_value(value: object) -> object:
+def csv_value(value: object) -> object:
     """A cell: a string as one plain line (no control characters: ``cat cost.csv`` must not drive the terminal),
     then neutralized for spreadsheets; a number as it is."""
     return csv_cell(plain_line(value)) if isinstance(value, str) else value
@@ -100,7 +103,7 @@ def _csv_value(value: object) -> object:
 
 # -- HTML -----------------------------------------------------------------------------------------------------------
 
-_STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
+STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 th,td{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f0f0f0}td.n{text-align:right}
 table.sortable th{cursor:pointer}table.sortable th[data-dir=asc]::after{content:" \\25B2"}
 table.sortable th[data-dir=desc]::after{content:" \\25BC"}tr.subtotal td{font-weight:bold;background:#f4f4f4}
@@ -147,7 +150,7 @@ LAYER_COLUMNS = ("layer", "dispatches", "MACs", "cycles", "% of network", "DRAM 
 
 
 @dataclass(frozen=True)
-class _Row:
+class Row:
     """One row of a table: its cells (an int or float is a number, anything else text), a class and an id."""
 
     cells: Sequence[object]
@@ -165,18 +168,18 @@ def _cell(value: object) -> str:
     return f"<td>{html_text(value)}</td>"
 
 
-def _tr(row: _Row) -> str:
+def _tr(row: Row) -> str:
     attrs = (f' class="{html_text(row.css)}"' if row.css else "") + (f' id="{html_text(row.id)}"' if row.id else "")
     return f"<tr{attrs}>" + "".join(_cell(v) for v in row.cells) + "</tr>"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+def html_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain two-column style table (summary, hardware, host dispatches)."""
     head = "".join(f"<th>{html_text(h)}</th>" for h in headers)
-    return f"<table><tr>{head}</tr>\n" + "\n".join(_tr(_Row(r)) for r in rows) + "</table>"
+    return f"<table><tr>{head}</tr>\n" + "\n".join(_tr(Row(r)) for r in rows) + "</table>"
 
 
-def _sortable_table(columns: Sequence[tuple[str, str]], groups: Sequence[Sequence[_Row]]) -> str:
+def sortable_table(columns: Sequence[tuple[str, str]], groups: Sequence[Sequence[Row]]) -> str:
     """A table ``SORT_SCRIPT`` sorts: ``columns`` are (key, header) pairs, the key in ``data-col``; each group is
     one ``<tbody>``."""
     head = "".join(f'<th data-col="{html_text(key)}" title="sort">{html_text(label)}</th>' for key, label in columns)
@@ -188,9 +191,9 @@ def dispatch_table(report: CostReport) -> str:
     """The per-dispatch table: the rows and columns of ``cost.csv`` (``to_csv_rows``, ``CSV_COLUMNS``), each row
     with the id the roofline's points link to."""
     columns = [(key, COLUMN_LABELS.get(key, key)) for key in CSV_COLUMNS]
-    rows = [_Row([row[key] for key in CSV_COLUMNS], id=f"dispatch-{r.index}")
+    rows = [Row([row[key] for key in CSV_COLUMNS], id=f"dispatch-{r.index}")
             for r, row in zip(report.rows, report.to_csv_rows())]
-    return _sortable_table(columns, [rows])
+    return sortable_table(columns, [rows])
 
 
 def block_of(layer: str) -> str | None:
@@ -219,9 +222,9 @@ def layer_table(report: CostReport) -> str:
     summed, SRAM the peak), a layer outside any block on its own."""
     total = report.total_cycles or 1
 
-    def row(name: str, layers: Sequence[LayerCost], css: str = "") -> _Row:
+    def row(name: str, layers: Sequence[LayerCost], css: str = "") -> Row:
         cycles = sum(lc.cycles for lc in layers)
-        return _Row([name, sum(lc.dispatches for lc in layers), sum(lc.macs for lc in layers), cycles,
+        return Row([name, sum(lc.dispatches for lc in layers), sum(lc.macs for lc in layers), cycles,
                      round(100 * cycles / total, 2), sum(lc.dram_bytes for lc in layers),
                      max(lc.sram_bytes for lc in layers)], css)
 
@@ -231,7 +234,7 @@ def layer_table(report: CostReport) -> str:
         if block is not None and len(layers) > 1:
             rows.append(row(f"{block} (block subtotal, {len(layers)} layers)", layers, "subtotal"))
         groups.append(rows)
-    return _sortable_table([(label, label) for label in LAYER_COLUMNS], groups)
+    return sortable_table([(label, label) for label in LAYER_COLUMNS], groups)
 
 
 def _hardware_rows(hw: Hardware) -> list[tuple[str, str]]:
@@ -270,9 +273,9 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
                               f"{len(report.bind)} at bind time")]
     title = f"Cost of {report.model_name} on {hw.name}"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html_text(title)}</title><style>{_STYLE}</style></head><body>",
-             f"<h1>{html_text(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
-             "<h2>Hardware</h2>", _table(("field", "value"), _hardware_rows(hw)),
+             f"<title>{html_text(title)}</title><style>{STYLE}</style></head><body>",
+             f"<h1>{html_text(title)}</h1>", "<h2>Summary</h2>", html_table(("metric", "value"), summary),
+             "<h2>Hardware</h2>", html_table(("field", "value"), _hardware_rows(hw)),
              "<h2>Roofline</h2>", figure,
              "<h2>Per layer</h2>", "<p>Click a header to sort; a block's subtotal stays under its layers.</p>",
              layer_table(report),
@@ -280,11 +283,11 @@ def report_html(report: CostReport, hw: Hardware, figure: str | None = None) -> 
              dispatch_table(report)]
     if report.host:
         parts += ["<h2>Host dispatches (not costed)</h2>",
-                  _table(("#", "name", "kernel", "reason"), [(h.index, h.name, h.kernel, h.reason)
+                  html_table(("#", "name", "kernel", "reason"), [(h.index, h.name, h.kernel, h.reason)
                                                                for h in report.host])]
     if report.bind:
         parts += ["<h2>Bind-time dispatches (once per weight binding, not in the totals)</h2>",
-                  _table(("#", "name", "kernel", "cycles", "DRAM bytes"),
+                  html_table(("#", "name", "kernel", "cycles", "DRAM bytes"),
                          [(r.index, r.name, r.kernel, r.cycles, r.dram_bytes) for r in report.bind])]
     parts += ["<h2>Text summary</h2>", f"<pre>{escape(report.summary())}</pre>", SORT_SCRIPT, "</body></html>"]
     return "\n".join(parts) + "\n"

@@ -20,7 +20,7 @@ from html import escape
 from pathlib import Path
 
 from npu_compiler.costmodel.costs import plain_line
-from npu_compiler.costmodel.report import _STYLE, SORT_SCRIPT, _csv_value, _Row, _sortable_table, _table, _write
+from npu_compiler.costmodel.report import SORT_SCRIPT, STYLE, Row, csv_value, html_table, sortable_table, write_file
 from npu_compiler.costmodel.roofline import have_matplotlib, html_text
 from torch_ir.fileio import check_output_path, check_writable_dir
 
@@ -54,7 +54,7 @@ def write_report(report: AccuracyReport, out_dir: str | Path, png: bool | None =
     else:
         plot = figure = figure_svg(report)
     for path, data in zip(paths, [accuracy_csv(report), pareto_csv(report), plot, report_html(report, figure)]):
-        _write(path, data)
+        write_file(path, data)
     return paths
 
 
@@ -76,7 +76,7 @@ def _csv(columns: tuple[str, ...], rows: list[dict[str, object]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
-    writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in rows)
+    writer.writerows({k: csv_value(v) for k, v in row.items()} for row in rows)
     return buffer.getvalue()
 
 
@@ -112,19 +112,19 @@ def report_html(report: AccuracyReport, figure: str) -> str:
                     ("99% KLD", f"{t.p99_kld:.6f}"), ("max KLD", f"{t.max_kld:.6f}"),
                     ("same top-1 token", f"{t.top1_pct:.2f}%")]
     title = f"Quantization accuracy of {report.model_name}"
-    layers = [_Row(_cells(layer_row(la, jump)), "jump" if la is jump else "", f"layer-{la.index}")
+    layers = [Row(_cells(layer_row(la, jump)), "jump" if la is jump else "", f"layer-{la.index}")
               for la in report.layers]
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html_text(title)}</title><style>{_STYLE}{_MORE_STYLE}</style></head><body>",
-             f"<h1>{html_text(title)}</h1>", "<h2>Summary</h2>", _table(("metric", "value"), summary),
+             f"<title>{html_text(title)}</title><style>{STYLE}{_MORE_STYLE}</style></head><body>",
+             f"<h1>{html_text(title)}</h1>", "<h2>Summary</h2>", html_table(("metric", "value"), summary),
              "<h2>Figure</h2>", figure, "<h2>Per layer</h2>",
              "<p>The columns of accuracy.csv, in graph order. Click a header to sort.</p>",
-             _sortable_table([(c, c) for c in ACCURACY_COLUMNS], [layers])]
+             sortable_table([(c, c) for c in ACCURACY_COLUMNS], [layers])]
     if report.assignments:
-        rows = [_Row(_cells(a.row()), "target" if a.meets_target else "") for a in report.assignments]
+        rows = [Row(_cells(a.row()), "target" if a.meets_target else "") for a in report.assignments]
         parts += [f"<h2>Mixed precision{html_text(f' on {report.hardware}') if report.hardware else ''}</h2>",
                   "<p>The columns of pareto.csv: every assignment tried; pareto = on the accuracy/latency front.</p>",
-                  _sortable_table([(c, c) for c in PARETO_COLUMNS], [rows])]
+                  sortable_table([(c, c) for c in PARETO_COLUMNS], [rows])]
     parts += ["<h2>Text summary</h2>", f"<pre>{escape(_plain_lines(report.summary()))}</pre>", SORT_SCRIPT,
               "</body></html>"]
     return "\n".join(parts) + "\n"
