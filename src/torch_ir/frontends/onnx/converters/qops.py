@@ -192,7 +192,7 @@ def _packed_weight(ctx: Ctx, B: Value, N: int, K: int, where: str) -> TensorMeta
     """B's bytes as the packed [N, K] uint4 weight (a view: no copy, no unpacking)."""
     if isinstance(B, np.ndarray):
         name = ctx.graph._initializer_of.get(id(B), f"{ctx.name}_weight")
-        packed = torch.from_numpy(np.ascontiguousarray(B, dtype=np.uint8).reshape(N, K // 2))
+        packed = torch.from_numpy(np.array(B, dtype=np.uint8).reshape(N, K // 2))
     elif B.role == "weight" and B.name in ctx.graph.weights and B.dtype == "uint8":
         name, packed = B.name, ctx.graph.weights[B.name].reshape(N, K // 2)
         if sum(n.input.count(name) for n in ctx.graph.loaded.model.graph.node) == 1:  # only this node reads it:
