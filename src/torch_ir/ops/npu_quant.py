@@ -104,7 +104,11 @@ def qconv(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point:
 
 
 def _qgemm_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
-    return _gemm_shape(inputs, {"trans_b": attrs.get("trans_b", True)})
+    if attrs.get("trans_b", True):
+        return _gemm_shape(inputs, {"trans_b": True})
+    # a matmul [..., M, K] x [..., K, N] (batched, either side): N is w's last dim, the batch the longer side's
+    x, w = inputs[0].shape, inputs[1].shape
+    return [[*(x[:-2] if len(x) >= len(w) else w[:-2]), x[-2], w[-1]]]
 
 
 @npu_op("QGEMM", inputs="x w x_scale x_zero_point w_scale w_zero_point bias? y_scale? y_zero_point?", outputs="y",
