@@ -19,6 +19,7 @@ from torch_ir import IRExecutor
 from torch_ir.errors import UnsupportedOpError
 from torch_ir.frontends.onnx import backend, import_onnx
 from torch_ir.frontends.onnx.dtypes import to_torch
+from torch_ir.ops.npu import NPU_OPS
 from torch_ir.quant import QuantSpec
 from torch_ir.quant.numerics import unpack4
 
@@ -64,6 +65,8 @@ def test_backend_case_becomes_npu_ops(case: backend.Case) -> None:
     assert backend.compare(actual, expected) is None
     ir, _ = import_onnx(model, reference_fallback=False)
     assert QUANT_OPS[case.op] in {n.op_type for n in ir.nodes}
+    for node in (n for n in ir.nodes if n.op_type in NPU_OPS):  # the IR's shapes are the ops' own rules'
+        assert NPU_OPS[node.op_type].shape(node.inputs, node.attrs) == [node.outputs[0].shape], node
 
 
 def test_qdq_weight_spec_names_its_scale_and_zero_point() -> None:
