@@ -185,14 +185,16 @@ def _nbits_model(n: int, k: int, block: int, zero_points: bool, rng: np.random.G
 
 
 @pytest.mark.parametrize("zero_points", [False, True])
-def test_matmulnbits_becomes_dqgemm_and_matches_onnxruntime(zero_points: bool) -> None:
+@pytest.mark.parametrize(("n", "k"), [(24, 128), (264, 512)])  # B of 67584 bytes: a weight of the file, retyped
+def test_matmulnbits_becomes_dqgemm_and_matches_onnxruntime(zero_points: bool, n: int, k: int) -> None:
     rng = np.random.default_rng(4)
-    model = _nbits_model(24, 128, 32, zero_points, rng)
-    a = rng.standard_normal((2, 3, 128)).astype(np.float32)
+    model = _nbits_model(n, k, 32, zero_points, rng)
+    a = rng.standard_normal((2, 3, k)).astype(np.float32)
     (y,), ir, weights = _ours(model, {"A": a})
     dq = next(n for n in ir.nodes if n.op_type == "DQGEMM")
     assert dq.inputs[1].dtype == "uint4" and dq.inputs[1].quant.group_size == 32
-    assert list(weights[dq.inputs[1].name].shape) == [24, 64]
+    assert list(weights[dq.inputs[1].name].shape) == [n, k // 2]
+    assert not any(w.dtype == "uint8" and len(w.shape) == 3 for w in ir.weights)  # B is not kept twice
     # float32 sums of 128 products of O(1) terms, in another order than MLAS: a few ulps of the sum
     torch.testing.assert_close(y, torch.from_numpy(_ort(model, {"A": a})[0]), rtol=1e-5, atol=1e-5)
 

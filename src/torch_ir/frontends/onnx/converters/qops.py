@@ -195,7 +195,7 @@ def _packed_weight(ctx: Ctx, B: Value, N: int, K: int, where: str) -> TensorMeta
         packed = torch.from_numpy(np.array(B, dtype=np.uint8).reshape(N, K // 2))
     elif B.role == "weight" and B.name in ctx.graph.weights and B.dtype == "uint8":
         name, packed = B.name, ctx.graph.weights[B.name].reshape(N, K // 2)
-        if sum(n.input.count(name) for n in ctx.graph.loaded.model.graph.node) == 1:  # only this node reads it:
+        if sum(list(n.input).count(name) for n in ctx.graph.loaded.model.graph.node) == 1:  # only this node reads it:
             B.dtype, B.shape = "uint4", [N, K]  # the weight becomes the packed uint4 one, same bytes
             ctx.graph.weights[name] = packed
             return B
