@@ -236,3 +236,31 @@ def test_qdq_ir_saves_and_loads_with_its_specs(resnet18: Case, tmp_path: Path) -
     (before,) = IRExecutor(ir, weights).run(x)
     (after,) = IRExecutor(loaded, load_file(tmp_path / "w.safetensors")).run(x)
     assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_int4_weights_qdq_matches_onnxruntime(tmp_path: Path, level: str) -> None:
+    """quantize_static with int4 weights (per channel): the weights import packed, and the MLP's output (a float
+    after DQ) is onnxruntime's exactly (one DQ -> MatMul -> Q chain per layer, no step lost on this input)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).eval()
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 32, generator=g).numpy() for _ in range(4)]
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.from_numpy(xs[0]),), buffer, input_names=["x"], dynamo=False,
+                          opset_version=21)
+    (tmp_path / "float.onnx").write_bytes(buffer.getvalue())
+    path = tmp_path / "int4.onnx"
+    quantization.quantize_static(tmp_path / "float.onnx", path, _Reader([{"x": x} for x in xs[:3]]),
+                                 quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                 weight_type=quantization.QuantType.QInt4,
+                                 activation_type=quantization.QuantType.QUInt8)
+    ir, weights = import_onnx(path)
+    packed = [t for t in ir.weights if t.dtype == "int4"]
+    assert len(packed) == 2 and all(t.quant.axis == 0 and weights[t.name].shape[-1] * 2 == t.shape[-1]
+                                    for t in packed)
+    (y,) = IRExecutor(ir, weights).run([torch.from_numpy(xs[3])])
+    (expected,) = _ort(path, {"x": xs[3]}, level).values()
+    assert torch.equal(y, torch.from_numpy(expected))

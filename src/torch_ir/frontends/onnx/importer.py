@@ -61,6 +61,7 @@ class Importer:
         self._unhints: dict[int, str] = {}
         self._initializer_of: dict[int, str] = {}  # id(array) -> initializer name, to keep ONNX names
         self._materialized: dict[str, TensorMeta] = {}  # initializer / constant name -> IR tensor
+        self.wide_constants: dict[str, tuple] = {}  # 4-bit initializer -> (IR tensor, array) one code per byte
         self.held_as: dict[str, str] = {}  # tensor -> its ONNX 4-bit type, where it is held unpacked (dtypes.WIDE)
         self.unsupported: list[str] = []
         self._poisoned: set[str] = set()  # outputs of unconvertible nodes (their users are not reported)

@@ -100,7 +100,7 @@ def zero_point_of(ctx: Ctx, zero_point: Value, qtype: str, where: str) -> Value:
                                   f"got {known.reshape(-1)[:4].astype(np.float32).tolist()}; drop it")
         return None  # a run-time one is 0 by ONNX's rule: the ops take none
     if known is not None and ctx.dtype(known) in WIDE:
-        return known.astype(WIDE[ctx.dtype(known)])
+        return _wide_constant(ctx, known)
     if isinstance(zero_point, TensorMeta) and zero_point.dtype in WIDE:
         raise UnsupportedNode(f"{where}: a packed {zero_point.dtype} zero point computed at run time; the ops read "
                               "zero points one per byte (make it an initializer)")
@@ -112,6 +112,19 @@ def onnx_type(ctx: Ctx, value: Value) -> str:
     if isinstance(value, TensorMeta):
         return ctx.graph.held_as.get(value.name, value.dtype)
     return ctx.dtype(value)
+
+
+def _wide_constant(ctx: Ctx, value: np.ndarray) -> TensorMeta:
+    """4-bit codes one per byte, as a constant named after the initializer they come from (made once)."""
+    graph = ctx.graph
+    source = graph._initializer_of.get(id(value))
+    if source is None:
+        return graph.add_constant(value.astype(WIDE[ctx.dtype(value)]), f"{ctx.name}_zero_point")
+    if source not in graph.wide_constants:
+        wide = value.astype(WIDE[ctx.dtype(value)])
+        graph._initializer_of[id(wide)] = source  # keeps the initializer's name (the array is kept alive below)
+        graph.wide_constants[source] = (graph.add_constant(wide, source), wide)
+    return graph.wide_constants[source][0]
 
 
 def zeros_of(dtype: str) -> np.ndarray:
