@@ -100,8 +100,9 @@ def test_onnx_importer_maps_come_from_the_table() -> None:
     pytest.importorskip("onnx")
     from torch_ir.frontends.onnx.dtypes import IR_TO_ONNX, ONNX_TO_IR
 
-    assert set(ONNX_TO_IR.values()) == {d.name for d in ROWS if d.onnx is not None and d.torch_name}
-    assert "int4" not in IR_TO_ONNX  # packed: the IR (torch) cannot hold it
+    # the types torch holds, and the 4-bit quantized ones, which the importer holds packed (quant.spec.stored)
+    assert set(ONNX_TO_IR.values()) == {d.name for d in ROWS if d.onnx is not None and d.torch_name} | {"int4", "uint4"}
+    assert "int2" not in IR_TO_ONNX and "float4_e2m1fn" not in IR_TO_ONNX  # packed: the IR cannot hold these
 
 
 @pytest.mark.parametrize(("numel", "dtype", "expected"), [

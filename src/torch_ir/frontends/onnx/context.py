@@ -55,6 +55,7 @@ class Ctx:
     def __init__(self, graph: Any, node_name: str, opset: int, n_outputs: int = 1):
         self.graph, self.name, self.opset, self.n_outputs = graph, node_name, opset, n_outputs
         self.emitted: list[OpNode] = []
+        self.names_before_bind: dict[int, str] = {}  # id(output) -> its name before the importer gave it ONNX's
 
     # -- values ---------------------------------------------------------------------------------
     @staticmethod

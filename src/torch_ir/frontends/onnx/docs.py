@@ -56,6 +56,10 @@ ir, weights = import_onnx("model.onnx", input_shapes={"input": [1, 3, 224, 224]}
    each output's shape and dtype come from running the ATen op on the meta device and are checked
    against ONNX's inferred type (a mismatched static size is a converter bug, reported as such;
    a different dtype is cast to the ONNX type).
+   Quantized models keep their quantization: QuantizeLinear/DequantizeLinear become the NPU ops
+   `QUANTIZE`/`DEQUANTIZE` (the quantized tensor carries its `QuantSpec`), QLinearConv/ConvInteger
+   `QCONV`, QLinearMatMul/MatMulInteger `QGEMM`, MatMulNBits `DQGEMM`; see
+   [quantization.md](quantization.md#onnx-qdq-and-qoperator-models).
 5. **Keep** (`custom_ops.py`). A node with no ATen converter, or whose converter declines
    (an attribute value it does not handle, a shape argument only known at run time), becomes
    `onnx.<Op>.default` (`onnx_ml.` for `ai.onnx.ml`) with its ONNX attributes and the opset whose

@@ -13,11 +13,26 @@ from ...ops.values import dtype_from_name
 
 TP = onnx.TensorProto
 
-#: ONNX element type -> IR dtype name, for the types the IR can hold (those with a torch dtype); strings and
-#: packed sub-byte types (INT4, FLOAT4E2M1, ...) are absent. Derived from ``torch_ir.dtypes.DTYPES``.
+#: ONNX element type -> IR dtype name, for the types the IR can hold: those with a torch dtype, and the 4-bit
+#: quantized ones (INT4, UINT4: held packed two per byte, ``torch_ir.quant.spec.stored``). Strings and the other
+#: sub-byte types (INT2, FLOAT4E2M1, ...) are absent. Derived from ``torch_ir.dtypes.DTYPES``.
 ONNX_TO_IR: dict[int, str] = {d.onnx: d.name for d in dtypes.DTYPES.values()
-                              if d.onnx is not None and d.torch_name is not None}
+                              if d.onnx is not None and (d.torch_name is not None or d.name in ("int4", "uint4"))}
 IR_TO_ONNX = {v: k for k, v in ONNX_TO_IR.items()}
+#: A 4-bit tensor that cannot be packed two per byte along its last dim (odd, symbolic, or a scalar) is held one
+#: code per byte in the wider type: the same codes, exactly.
+WIDE = {"int4": "int8", "uint4": "uint8"}
+
+
+def packable(shape: list) -> bool:
+    """Whether a 4-bit tensor of ``shape`` packs two per byte along its last dim (an even, static one)."""
+    return bool(shape) and isinstance(shape[-1], int) and shape[-1] % 2 == 0
+
+
+def held_dtype(dtype: str, shape: list) -> str:
+    """The IR dtype a tensor of ONNX type ``dtype`` and ``shape`` has: ``dtype``, or the wider type (``WIDE``)
+    for a 4-bit one that cannot be packed."""
+    return WIDE[dtype] if dtype in WIDE and not packable(list(shape)) else dtype
 
 
 def ir_dtype(elem_type: int, where: str) -> str:
@@ -41,6 +56,12 @@ def ir_dtype(elem_type: int, where: str) -> str:
 def to_torch(array: np.ndarray, dtype: str) -> torch.Tensor:
     """A numpy array (as onnx.numpy_helper gives it) as a CPU tensor of the IR dtype ``dtype``."""
     array = np.asarray(array)
+    if dtype in WIDE:  # 4-bit codes (one per byte in numpy, as ml_dtypes holds them) packed two per byte
+        from ...quant.numerics import pack4
+
+        return pack4(torch.from_numpy(array.astype(np.int8 if dtype == "int4" else np.uint8)))
+    if dtypes.name_of(array.dtype) in WIDE:  # 4-bit codes held one per byte (WIDE)
+        array = array.astype(np.int8 if dtypes.name_of(array.dtype) == "int4" else np.uint8)
     if dtypes.get_dtype(dtype).ml_dtypes:
         # numpy holds these as ml_dtypes (or raw uint16/uint8); go through their bit pattern
         bits = {1: torch.uint8, 2: torch.uint16}[array.dtype.itemsize]

@@ -13,6 +13,7 @@ as a ``TorchIRError`` that names the file and the node.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,8 @@ from . import fold
 from .context import Ctx, FoldLimitExceeded, UnsupportedNode, Value, np_dtype_name
 from .converters import lookup
 from .converters.reference import reference_node
-from .dtypes import ir_dtype, to_torch
-from .loader import InvalidModelError, LoadedModel, initializer_value, tensor_value
+from .dtypes import WIDE, held_dtype, ir_dtype, to_torch
+from .loader import InvalidModelError, LoadedModel, initializer_value, packed_value, tensor_value
 from .symbolic import all_ints, fold_symbolic, is_symbolic
 
 #: Initializers up to this many elements are read at import time, so that shape-like ones
@@ -60,6 +61,8 @@ class Importer:
         self._unhints: dict[int, str] = {}
         self._initializer_of: dict[int, str] = {}  # id(array) -> initializer name, to keep ONNX names
         self._materialized: dict[str, TensorMeta] = {}  # initializer / constant name -> IR tensor
+        self.wide_constants: dict[str, tuple] = {}  # 4-bit initializer -> (IR tensor, array) one code per byte
+        self.held_as: dict[str, str] = {}  # tensor -> its ONNX 4-bit type, where it is held unpacked (dtypes.WIDE)
         self.unsupported: list[str] = []
         self._poisoned: set[str] = set()  # outputs of unconvertible nodes (their users are not reported)
         self._where = "the graph"  # what the walk is at, for errors
@@ -133,11 +136,13 @@ class Importer:
             self._initializer_of[id(value)] = t.name
             self.env[t.name] = value
         else:  # a weight: described now, read now (one tensor at a time)
-            meta = TensorMeta(t.name, list(t.dims), ir_dtype(t.data_type, f"{self.loaded.source}: initializer "
-                                                                          f"{t.name!r}"), role="weight")
-            value = initializer_value(t, self.loaded.base_dir, self.loaded.source)
+            dtype = ir_dtype(t.data_type, f"{self.loaded.source}: initializer {t.name!r}")
+            meta = TensorMeta(t.name, list(t.dims), held_dtype(dtype, list(t.dims)), role="weight")
+            packed = packed_value(t, self.loaded.base_dir, self.loaded.source) if meta.dtype in WIDE else None
+            # 4-bit codes stay as ONNX packs them (no unpacking); everything else is read as numpy
+            value = packed if packed is not None else initializer_value(t, self.loaded.base_dir, self.loaded.source)
             self.ir.weights.append(meta)
-            self.weights[t.name] = to_torch(value, meta.dtype)
+            self.weights[t.name] = torch.from_numpy(value) if packed is not None else to_torch(value, meta.dtype)
             self.env[t.name] = meta
 
     def _node(self, index: int, node: onnx.NodeProto) -> None:
@@ -151,7 +156,10 @@ class Importer:
             return
         inputs = [self.env[i] if i else None for i in node.input]
         attrs = self._attributes(node, name)
-        folded = self._fold(node, inputs, attrs)
+        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+            folded = None  # a quantized constant stays quantized: its DEQUANTIZE is kept, not folded to floats
+        else:
+            folded = self._fold(node, inputs, attrs)
         if folded is not None:
             for out, value in zip(node.output, folded):
                 if out:
@@ -174,6 +182,7 @@ class Importer:
         self.ir.nodes.extend(ctx.emitted)
         for out, value in zip([o for o in node.output if o], outputs):
             self.env[out] = value
+        _rename_in_specs(ctx.emitted, ctx.names_before_bind)
 
     def _attributes(self, node: onnx.NodeProto, name: str) -> dict[str, Any]:
         """The node's attributes as Python values; a tensor attribute is read like an initializer (checked)."""
@@ -275,10 +284,13 @@ class Importer:
         tt = declared.type.tensor_type if declared is not None else None
         if tt is not None and tt.elem_type:
             want = ir_dtype(tt.elem_type, f"tensor {out!r}")
-            if want != value.dtype:  # ONNX fixes the output type; ATen may promote differently
+            if WIDE.get(want) == value.dtype:  # a 4-bit output held unpacked (WIDE) is that type already
+                self.held_as[out] = want
+            elif want != value.dtype:  # ONNX fixes the output type; ATen may promote differently
                 value = ctx.cast(value, want)
             if tt.HasField("shape"):  # (shape inference may know the type but not the rank)
                 value.shape = _merge_shape(value.shape, [self._dim(d) for d in tt.shape.dim], out)
+        ctx.names_before_bind.setdefault(id(value), value.name)
         value.name = out
         return value
 
@@ -311,6 +323,10 @@ class Importer:
         if source is not None and source in self._materialized:
             return self._materialized[source]
         dtype = np_dtype_name(value)
+        onnx_dtype = dtype
+        if dtype in WIDE and held_dtype(dtype, list(value.shape)) != dtype:  # 4-bit codes that cannot be packed
+            dtype = WIDE[dtype]
+            value = value.astype(dtype)
         if source is not None and not _inline_scalar(value, dtype):
             meta = TensorMeta(source, list(value.shape), dtype, role="weight")
             self.ir.weights.append(meta)
@@ -322,6 +338,8 @@ class Importer:
         self.ir.constants.append(meta)
         if source is not None:
             self._materialized[source] = meta
+        if onnx_dtype != dtype:
+            self.held_as[meta.name] = onnx_dtype
         if value.size <= _INLINE_LIMIT and _inlinable(value, dtype):
             self.ir.constant_values[meta.name] = value.tolist()
         else:
@@ -333,7 +351,18 @@ class Importer:
         if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             raise UnsupportedNode(f"tensor {vi.name!r} is not a tensor of known rank (a sequence, map or optional)")
         shape = [self._dim(d) for d in tt.shape.dim]
-        return TensorMeta(vi.name, shape, ir_dtype(tt.elem_type, f"tensor {vi.name!r}"), role=role)
+        dtype = ir_dtype(tt.elem_type, f"tensor {vi.name!r}")
+        if held_dtype(dtype, shape) != dtype:
+            self.held_as[vi.name] = dtype
+        return TensorMeta(vi.name, shape, held_dtype(dtype, shape), role=role)
+
+    def add_weight(self, name: str, value: torch.Tensor, dtype: str, shape: list[int]) -> TensorMeta:
+        """A weight of IR ``dtype`` and ``shape`` held as ``value`` (4-bit codes: packed uint8), under a fresh name
+        derived from ``name`` (the ONNX initializer it was made from)."""
+        meta = TensorMeta(_unique(name, self.used_tensors, self._suffixes), list(shape), dtype, role="weight")
+        self.ir.weights.append(meta)
+        self.weights[meta.name] = value
+        return meta
 
     def _dim(self, dim: onnx.TensorShapeProto.Dimension) -> int | str:
         if dim.HasField("dim_value"):
@@ -377,6 +406,17 @@ class Importer:
         return "\n".join(lines)
 
 
+
+
+def _rename_in_specs(emitted: list, names: dict[int, str]) -> None:
+    """A quantization spec made by a converter names the tensors it read its scale and zero point from; binding
+    may have renamed those (a node's outputs take the ONNX names): follow the renames."""
+    renames = {old: t.name for n in emitted for t in n.outputs if (old := names.get(id(t))) and old != t.name}
+    for t in (t for n in emitted for t in n.outputs if t.quant is not None and renames):
+        q = t.quant
+        t.quant = replace(q, scale=renames.get(q.scale, q.scale) if isinstance(q.scale, str) else q.scale,
+                          zero_point=renames.get(q.zero_point, q.zero_point) if isinstance(q.zero_point, str)
+                          else q.zero_point)
 
 
 def _unique(base: str, used: set[str], suffixes: dict[tuple[int, str], int] | None = None) -> str:

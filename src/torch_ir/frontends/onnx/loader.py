@@ -142,6 +142,27 @@ def tensor_value(tensor: onnx.TensorProto, base_dir: str, source: str, what: str
                                 f"{_one_line(e)[:200]})") from None
 
 
+def packed_value(tensor: onnx.TensorProto, base_dir: str, source: str) -> np.ndarray | None:
+    """An INT4/UINT4 initializer's bytes as ONNX packs them (two codes per byte, low nibble first), shaped
+    ``[..., last/2]`` uint8: ``torch_ir.quant.spec.stored``'s layout when the last dim is even, read without unpacking.
+    None when the tensor has no raw bytes (codes in ``int32_data``) or its last dim is odd."""
+    dims = list(tensor.dims)
+    if tensor.data_type not in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) or not dims or dims[-1] % 2:
+        return None
+    where = f"{source}: initializer {tensor.name!r}"
+    nbytes = _declared_bytes(tensor, where)
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        data = _read_external(tensor, base_dir, nbytes, where)
+    elif tensor.HasField("raw_data"):
+        data = tensor.raw_data
+        if len(data) != nbytes:
+            raise InvalidModelError(f"{where} declares shape {dims} of {_type_name(tensor.data_type)} ({nbytes} "
+                                    f"bytes), but its raw_data holds {len(data)} bytes")
+    else:
+        return None
+    return np.frombuffer(data, dtype=np.uint8).reshape([*dims[:-1], dims[-1] // 2]).copy()
+
+
 def _type_name(data_type: int) -> str:
     values = onnx.TensorProto.DataType.values()
     return onnx.TensorProto.DataType.Name(data_type) if data_type in values else f"element type {data_type}"

@@ -60,7 +60,7 @@ def lookup(domain: str, op_type: str, opset: int) -> Entry | None:
 
 def _load() -> None:
     # importing the modules fills TABLE
-    from . import attention, elementwise, indexing, nn, quant, reduce, reference, resize, rnn, shape  # noqa: F401
+    from . import attention, elementwise, indexing, nn, qops, quant, reduce, reference, resize, rnn, shape  # noqa: F401
 
 
 _load()

@@ -303,15 +303,3 @@ def MeanVarianceNormalization(ctx: Ctx, x, *, axes=(0, 2, 3)):
 @converter("Det", since=11)
 def Det(ctx: Ctx, x):
     return ctx.aten("linalg_det", x)
-
-
-@converter("MatMulInteger", since=10)
-def MatMulInteger(ctx: Ctx, a, b, a_zero_point=None, b_zero_point=None):
-    # exact in int64 (ATen has no int8 matmul); ONNX's result is int32
-    a, b = ctx.cast(a, "int64"), ctx.cast(b, "int64")
-    if a_zero_point is not None:
-        zp = ctx.cast(a_zero_point, "int64")
-        a = ctx.aten("sub.Tensor", a, ctx.aten("unsqueeze", zp, -1) if ctx.rank(zp) == 1 else zp)
-    if b_zero_point is not None:
-        b = ctx.aten("sub.Tensor", b, ctx.cast(b_zero_point, "int64"))
-    return ctx.cast(ctx.aten("matmul", a, b), "int32")

@@ -39,7 +39,7 @@ def _sizes(ctx: Ctx, dims: list) -> list:
 @converter("Flatten")
 def Flatten(ctx: Ctx, x, *, axis=1):
     shape = ctx.shape(x)
-    axis = _axis(axis, len(shape))
+    axis = len(shape) if axis == len(shape) else _axis(axis, len(shape))  # ONNX allows axis = rank: [N, 1]
     outer, inner = shape[:axis], shape[axis:]
     static = lambda dims: all(isinstance(d, int) for d in dims)  # noqa: E731
     if not (static(outer) or static(inner)):
