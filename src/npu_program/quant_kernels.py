@@ -63,7 +63,8 @@ kernel("QUANTIZE", "elementwise", "q = saturate(round_half_even(x / scale) + zer
                                             "qmin": -127, "qmax": 127})))
 kernel("DEQUANTIZE", "elementwise", "x = (q - zero_point) · scale, in float32, cast to out_dtype",
        dtypes=QUANT_DTYPES,
-       params=(p("dtype", "str", doc="the codes' type (as QUANTIZE's)", choices=INT_CODES + FP8_CODES), *_GRAN,
+       params=(p("dtype", "str", doc="the codes' type (as QUANTIZE's, or int32: a bias)",
+                 choices=(*INT_CODES, "int32", *FP8_CODES)), *_GRAN,
                p("out_dtype", "str", "float32", "the float type of x", choices=_FLOAT_NAMES)),
        impls={"cpu": REFERENCE},
        test=(t("2,3,8:uint8:index:256", ":float32:positive", ":uint8:index:256", params={"dtype": "uint8"}),

@@ -33,6 +33,9 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from npu_compiler import compile as npu_compile  # noqa: E402
+from npu_compiler.passes import normalize  # noqa: E402
+from npu_runtime import Device, Executor, NPUBuffer, load_weights  # noqa: E402
 from torch_ir import IRExecutor  # noqa: E402
 from torch_ir.frontends.onnx import import_onnx  # noqa: E402
 from torch_ir.ir import load_ir, save_ir  # noqa: E402
@@ -170,20 +173,23 @@ def _output_scale(model: onnx.ModelProto, name: str) -> float | None:
     return float(onnx.numpy_helper.to_array(init).reshape(-1)[0])
 
 
-def compare(case: Case, level: str) -> dict[str, float]:
+def compare(case: Case, level: str, normalized: bool = False) -> dict[str, float]:
     """Max differences between the IR and onnxruntime: per quantized tensor given the same inputs (in steps), and
-    at the outputs (steps of the output's scale, or absolute for a float output), teacher-forced and free."""
+    at the outputs (steps of the output's scale, or absolute for a float output), teacher-forced and free. With
+    ``normalized`` the IR is normalized first (QDQ fused into QCONV/QGEMM, whose outputs keep the QUANTIZE's name)."""
     model = onnx.load(str(case.path))
     ir, weights = import_onnx(case.path)
     assert not ir.metadata["onnx_ops_kept"], ir.metadata["onnx_ops_kept"]
     quantized = {n.outputs[0].name for n in ir.nodes if n.op_type == "QUANTIZE"}
+    if normalized:
+        ir = normalize(ir)
     exposed = [o for n in model.graph.node if n.op_type in QOPS for o in n.output[:1] if o in quantized]
     ref = _ort(case.path, case.feeds, level, exposed)
     steps: list[int] = []
 
     def force(node, outs) -> None:  # the IR goes on from onnxruntime's codes: each layer is compared alone
         name = node.outputs[0].name
-        if node.op_type == "QUANTIZE" and name in ref:
+        if name in quantized and name in ref:
             want = torch.from_numpy(ref[name])
             steps.append(int((outs[0].to(torch.int32) - want.to(torch.int32)).abs().max()))
             outs[0].copy_(want)
@@ -195,7 +201,8 @@ def compare(case: Case, level: str) -> dict[str, float]:
     plain = _ort(case.path, case.feeds, level)[out]  # free-running: the model as it is (nothing exposed)
     scale = _output_scale(model, out) or 1.0
     return {"tensors": len(steps), "steps": max(steps), "forced": _diff(forced[0], ref[out]) / scale,
-            "free": _diff(free[0], plain) / scale, "quantized_output": _output_scale(model, out) is not None}
+            "free": _diff(free[0], plain) / scale, "quantized_output": _output_scale(model, out) is not None,
+            "ir": ir, "weights": weights, "inputs": inputs, "free_out": free[0]}
 
 
 def _diff(a: torch.Tensor, b: np.ndarray) -> float:
@@ -264,3 +271,28 @@ def test_int4_weights_qdq_matches_onnxruntime(tmp_path: Path, level: str) -> Non
     (y,) = IRExecutor(ir, weights).run([torch.from_numpy(xs[3])])
     (expected,) = _ort(path, {"x": xs[3]}, level).values()
     assert torch.equal(y, torch.from_numpy(expected))
+
+
+def _run_compiled(ir, weights: dict, inputs: list[torch.Tensor]) -> torch.Tensor:
+    program = npu_compile(ir, target="cpu", fallback="cpu")  # BERT's id wrap (aten.remainder) runs on the host
+    device = Device()
+    bound = load_weights({k: v.contiguous() for k, v in weights.items()}, program, device)
+    feeds = {spec.name: NPUBuffer.from_numpy(x.numpy(), device, spec=spec) for spec, x in zip(program.input_specs,
+                                                                                               inputs)}
+    out = Executor(program, device).run(feeds, weights=bound)
+    return torch.from_numpy(out[program.output_specs[0].name].to_numpy())
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert_static", "bert_dynamic"])
+def test_normalized_into_integer_ops_it_matches_onnxruntimes_fused_kernels_and_compiles(
+        name: str, resnet18: Case, bert: tuple) -> None:
+    """normalize fuses the QDQ patterns into QCONV/QGEMM, the integer arithmetic onnxruntime's optimized session
+    runs (QLinearConv, QLinearMatMul): each quantized tensor given the same inputs within one step (measured: equal
+    on most), and the compiled CPU program equals the normalized IR exactly."""
+    case = resnet18 if name == "resnet18" else _bert_case(bert, name.split("_")[1])
+    result = compare(case, "default", normalized=True)
+    ops = result["ir"].op_histogram()
+    assert ops.get("QCONV", 0) + ops.get("QGEMM", 0) >= (16 if name == "resnet18" else 4), ops
+    _check(result, free_steps=4)
+    got = _run_compiled(result["ir"], result["weights"], result["inputs"])
+    assert torch.equal(got, result["free_out"])
