@@ -304,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands.bisect import add_parser as add_bisect_parser
 
     add_bisect_parser(sub)
+    from .commands.quantize import add_parser as add_quantize_parser
+
+    add_quantize_parser(sub)
     from .commands.import_tinygrad import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)
