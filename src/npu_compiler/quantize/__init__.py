@@ -60,12 +60,20 @@ def quantize(ir: NPU_IR, weights: WeightsSource, qconfig: QuantConfig | str = "w
     builder.rewrite(sites)
     qir, qstate = builder.result({"preset": config.name,
                                   "overrides": [[p, _name(v)] for p, v in config.overrides]})
+    if filled:  # the IR says how to rebuild them (zeros), so its weights file need not hold them
+        from dataclasses import replace
+
+        from torch_ir.weights import buffer_recipe
+
+        recipes = {k: buffer_recipe(qstate[k]) for k in filled if k in qstate}
+        qir = replace(qir, non_persistent_buffers={**qir.non_persistent_buffers, **recipes})
     return qir, {k: v for k, v in qstate.items() if k not in filled}
 
 
 def _with_empty_caches(ir: NPU_IR, weights: WeightsSource) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """The weights as a state dict, with zeros for the buffers the graph writes (an LLM's KV cache) that the source
-    lacks: a checkpoint never holds them, and a cache starts empty. They are left out of the result again."""
+    """The weights as a state dict, with zeros for the non-persistent buffers the graph writes (an LLM's KV cache)
+    that the source lacks: a checkpoint never holds them, and a cache starts empty. The result does not store them
+    but records their recipe (zeros) in the IR."""
     from torch_ir.ops.values import dtype_from_name
     from torch_ir.weights import load_state_dict
 
@@ -73,7 +81,7 @@ def _with_empty_caches(ir: NPU_IR, weights: WeightsSource) -> tuple[dict[str, to
     filled = set()
     for meta in ir.weights:
         key = ir.weight_name_mapping.get(meta.name, meta.name)
-        if meta.name in ir.mutations and key not in state and meta.is_static:
+        if meta.name in ir.mutations and key not in state and key in ir.non_persistent_buffers and meta.is_static:
             state[key] = torch.zeros([int(d) for d in meta.shape], dtype=dtype_from_name(meta.dtype))
             filled.add(key)
     return state, filled
