@@ -178,8 +178,11 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
     np.savez(tmp_path / "a.npz", y=np.zeros(list(args[0].shape), np.float32))
     with pytest.raises(QuantizeError, match=r"a\.npz: the IR takes inputs \['x'\]; missing \['x'\]"):
         quantize(ir, state, "w8a8", calibration=str(tmp_path))
-    with pytest.raises(QuantizeError, match="holds no .npz file"):
+    with pytest.raises(QuantizeError, match="missing' does not exist or is not a directory; give a directory"):
         quantize(ir, state, "w8a8", calibration=str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(QuantizeError, match=r"holds no \.npz file; write one per sample, each with the arrays \['x'\]"):
+        quantize(ir, state, "w8a8", calibration=str(tmp_path / "empty"))
 
 
 @pytest.fixture(scope="module")
