@@ -94,17 +94,22 @@ def test_w8a8_weights_are_the_folded_weights_rounded_to_their_scale():
     assert "bn_eps" not in qir.nodes[[n.op_type for n in qir.nodes].index("CONV")].attrs
 
 
-@pytest.mark.parametrize("preset", ["w4a16_g8", "w4a8", "16a4w"])
-def test_int4_weights_are_packed_and_round_trip_through_safetensors(tmp_path, preset):
+@pytest.mark.parametrize("preset", ["w4a16_g8", "w4a8", "16a4w", "fp8"])
+def test_quantized_weights_are_stored_as_computed_and_round_trip_through_safetensors(tmp_path, preset):
+    """4-bit codes are packed (uint8, two a byte: half the bytes of int8 codes); fp8 ones are float8_e4m3fn. Saved
+    and loaded (IR JSON, safetensors), the model computes bit for bit the same."""
     meta, real = build_pair("mlp")
     args, _ = get_model("mlp").example_inputs()
     ir = torch_ir.extract_ir(meta, args, model_name="mlp")
     calib = [tuple(torch.randn(a.shape) for a in args) for _ in range(4)]
     qir, qw = quantize(ir, module_state(real), preset, calibration=calib)
-    packed = [w for w in qir.weights if w.quant is not None]
-    assert packed and all(w.dtype in ("int4", "uint4") for w in packed)
-    for w in packed:
+    quantized = [w for w in qir.weights if w.quant is not None]
+    assert quantized and all(w.dtype == get_preset(preset).weight_dtype for w in quantized)
+    for w in quantized:
         stored = qw[qir.weight_name_mapping.get(w.name, w.name)]
+        if preset == "fp8":
+            assert stored.dtype == torch.float8_e4m3fn and list(stored.shape) == w.shape
+            continue
         assert stored.dtype == torch.uint8
         assert stored.numel() * 2 == int(np.prod(w.shape))  # two codes a byte: half the bytes of int8 codes
     qir.save(tmp_path / "q.json")
@@ -143,6 +148,18 @@ def test_overrides_keep_layers_float_or_at_8_bits():
     assert qw["head.weight"].dtype == torch.float32
     gemm = next(n for n in qir.nodes if n.op_type == "GEMM")
     assert gemm.inputs[0].name == "flatten" and gemm.inputs[1].name == "p_head_weight"  # float in, float weight
+
+
+@pytest.mark.parametrize("observer", ["percentile", "mse"])
+def test_other_observers_calibrate_a_model_as_well(model, observer):
+    _, ir, real, calib, held_out = model
+    config = replace(get_preset("w8a8"), act_observer=observer)
+    qir, qw = quantize(ir, module_state(real), config, calibration=calib)
+    ranges = [a for layer in qir.metadata["quantize"]["layers"].values() for a in layer["activations"].values()]
+    assert ranges and all(a["observer"] == observer for a in ranges)
+    with torch.no_grad():
+        want = real(*held_out[0])
+    assert rel_err(IRExecutor(qir, qw).run(list(held_out[0]))[0], want) < BOUNDS["w8a8"]
 
 
 def test_observers_clip_an_outlier():

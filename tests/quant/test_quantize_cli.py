@@ -48,6 +48,8 @@ def test_unknown_preset_and_bad_override_are_one_line_errors(tmp_path, capsys):
     assert main(["quantize", "mlp", "--preset", "int3", "-o", str(tmp_path / "q")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown quantization preset 'int3'" in err and "w4a16" in err
+    assert main(["quantize", "mlp", "--preset", "w8a8", "-o", str(tmp_path / "q")]) == 2
+    assert "--preset w8a8 quantizes activations: give --calibration DIR" in capsys.readouterr().err
     assert main(["quantize", "mlp", "--override", "head", "-o", str(tmp_path / "q")]) == 2
     assert "--override 'head': expected PATTERN=PRESET" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()

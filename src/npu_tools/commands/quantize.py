@@ -66,6 +66,13 @@ def _config(args: argparse.Namespace) -> Any:
     return config.with_overrides(overrides) if overrides else config
 
 
+def _needs_calibration(config: Any) -> bool:
+    from npu_compiler.quantize import get_preset
+
+    layers = [config] + [get_preset(v) if isinstance(v, str) else v for _, v in config.overrides if v is not None]
+    return bool(config.kv_bits) or any(c.act_dtype is not None for c in layers)
+
+
 def _progress():
     from tqdm import tqdm
 
@@ -129,6 +136,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from torch_ir.weights import save_weights
 
     config = _config(args)  # a bad preset or override is refused before the model is loaded
+    if _needs_calibration(config) and not (args.calibration or args.calibration_text):
+        what = "activations (or the KV cache)" if config.kv_bits else "activations"
+        raise TorchIRError(f"--preset {args.preset} quantizes {what}: give --calibration DIR (.npz samples) or "
+                           "--calibration-text FILE (an LLM), or a weight-only preset (w8a16, w4a16)")
     target = Path(args.output or "quantized")
     # refuse an unwritable output before the work; the directory itself is made only once there is a result
     check_writable_dir(target if target.is_dir() else target.parent, "output directory", target=target)
