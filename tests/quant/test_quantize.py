@@ -87,8 +87,9 @@ def test_w8a8_weights_are_the_folded_weights_rounded_to_their_scale():
     assert codes.dtype == torch.int8 and scale.shape == (8,)
     deq = codes.to(torch.float32) * scale[:, None, None, None]
     inside = folded.abs() <= 127 * scale[:, None, None, None]
-    assert torch.all((deq - folded).abs()[inside] <= scale.expand_as(folded.permute(1, 2, 3, 0)).permute(
-        3, 0, 1, 2)[inside] / 2 * (1 + 1e-6))
+    half_step = (scale / 2).reshape(-1, 1, 1, 1).expand_as(folded)
+    assert inside.float().mean() > 0.9  # the clipping search clips a few outliers at most
+    assert torch.all((deq - folded).abs()[inside] <= half_step[inside] * (1 + 1e-6))
     bias = qw["features.0.0.weight_folded_bias"]
     torch.testing.assert_close(bias, (bn.bias - bn.running_mean * k).detach())
     assert "bn_eps" not in qir.nodes[[n.op_type for n in qir.nodes].index("CONV")].attrs
@@ -225,9 +226,9 @@ def _lm_inputs(seed: int, length: int = 12) -> dict[str, torch.Tensor]:
 
 
 def test_w4a16_g128_llm_runs_with_packed_grouped_weights(tiny_qwen2):
-    """w4a16 g128 needs no calibration (activations stay float). Bound: uint4 groups of 128 with zero points give
-    ~5 % RMS error per projection (Gaussian weights, clipping search); through two layers and the head the last
-    position's logits stay within 20 % RMS of the float model's."""
+    """w4a16 g128 needs no calibration (activations stay float). Bound: this model's logits move ~1.2 % (RMS) with
+    int8 weights; 4 bits fewer make each step 16 times coarser, ~19 %: 25 %. (Random Gaussian weights have no
+    outliers, so groups gain little over channels here; on real checkpoints they do.)"""
     real, ir = tiny_qwen2
     qir, qw = quantize(ir, module_state(real), "w4a16")
     specs = {w.name: w.quant for w in qir.weights if w.quant is not None}
@@ -240,7 +241,7 @@ def test_w4a16_g128_llm_runs_with_packed_grouped_weights(tiny_qwen2):
     with torch.no_grad():
         want = real(inputs["input_ids"]).logits[:, -1:]
     got = IRExecutor(qir, qw, check_shapes=True).run(inputs)[0]
-    assert rel_err(got, want) < 0.2
+    assert rel_err(got, want) < 0.25
 
 
 def test_kv_cache_is_fake_quantized_at_kv_bits(tiny_qwen2):
@@ -259,7 +260,7 @@ def test_kv_cache_is_fake_quantized_at_kv_bits(tiny_qwen2):
     inputs = _lm_inputs(3)
     with torch.no_grad():
         want = real(inputs["input_ids"]).logits[:, -1:]
-    assert rel_err(IRExecutor(qir, qw).run(inputs)[0], want) < 0.2
+    assert rel_err(IRExecutor(qir, qw).run(inputs)[0], want) < 0.25  # int8 cache entries add ~0.1 % to w4a16's
 
 
 def _images(g: torch.Generator, n: int, size: int = 64) -> torch.Tensor:
