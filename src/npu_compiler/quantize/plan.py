@@ -68,7 +68,7 @@ def plan(ir: NPU_IR, config: QuantConfig) -> list[Site]:
             if meta.name in weights and meta.rank >= 2 and meta.dtype.startswith(("float", "bfloat")):
                 if layer.weight_dtype is not None:
                     ch, k = _axes(node, meta.rank)
-                    _check_group(node, meta.shape, ch, k, layer)
+                    _check_group(node, meta.name, meta.shape, k, layer)
                     site.weights.append((pos, ch, k))
             elif layer.act_dtype is not None and meta.name not in weights:
                 site.acts.append(pos)  # a matmul of two activations
@@ -79,14 +79,14 @@ def plan(ir: NPU_IR, config: QuantConfig) -> list[Site]:
     return sites
 
 
-def _check_group(node: OpNode, shape: list, ch: int, k: int, config: QuantConfig) -> None:
+def _check_group(node: OpNode, weight: str, shape: list, k: int, config: QuantConfig) -> None:
     if config.weight_granularity != "group" or not config.strict_groups:
         return
     k_size = _k_size(node, shape, k)
     if k_size % int(config.group_size):
         raise QuantizeError(
             f"node {node.name!r} ({node.op_type}): group_size {config.group_size} does not divide its weight's K "
-            f"({k_size}, weight {node.inputs[1].name!r} {list(shape)}); choose a group size that divides K, or "
+            f"({k_size}, weight {weight!r} {list(shape)}); choose a group size that divides K, or "
             "let such layers fall back to per channel (strict_groups=False)")
 
 
