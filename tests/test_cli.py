@@ -10,7 +10,8 @@ import sys
 from npu_tools.cli import main
 
 SUBCOMMANDS = {"demo", "extract", "inspect", "verify", "zoo", "ops", "normalize", "compile", "partition", "generate",
-               "run", "profile", "cost", "bisect", "import-tinygrad", "tinygrad-docs", "import-onnx", "verify-onnx"}
+               "run", "profile", "cost", "bisect", "import-tinygrad", "tinygrad-docs", "import-onnx", "verify-onnx",
+               "quantize"}
 
 
 def test_help_lists_every_subcommand():

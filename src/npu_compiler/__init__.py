@@ -14,6 +14,7 @@ from .compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
 from .compiler import COMPILER_VERSION, CompileError, CompileOptions, UnsupportedOpsError, compile
 from .library import TARGETS, Target, get_target, is_op_supported, register_target, unsupported_reason
 from .partition import Partition, PartitionPlan, Placement, partition
+from .quantize import quantize as quantize  # QuantConfig, presets and the rest: npu_compiler.quantize
 
 __all__ = [
     "COMPILER_VERSION", "TARGETS", "CompileError", "CompileOptions", "CompiledProgram", "Dispatch", "MemoryPlan",

@@ -9,6 +9,7 @@
     torch-ir zoo --category attention -o reports/   the report runner over the model zoo
     torch-ir ops --markdown             the operator table (docs/operators.md)
     torch-ir normalize bert --markdown r.md   fuse into the NPU op set, with the report
+    torch-ir quantize convnet --preset w8a8 --calibration cal/ -o q/   int weights and calibrated QDQ activations
     torch-ir compile ir.json -o m.npubin      compile to a program of kernel dispatches (--bind batch=1)
     torch-ir partition ir.json --hw npu.toml  placement summary: NPU and CPU parts, and why
     torch-ir generate ./Qwen2.5-0.5B --prompt "Hi"    an LLM: prefill and decode with a KV cache
@@ -304,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands.bisect import add_parser as add_bisect_parser
 
     add_bisect_parser(sub)
+    from .commands.quantize import add_parser as add_quantize_parser
+
+    add_quantize_parser(sub)
     from .commands.import_tinygrad import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)
