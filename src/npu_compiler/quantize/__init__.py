@@ -46,6 +46,7 @@ def quantize(ir: NPU_IR, weights: WeightsSource, qconfig: QuantConfig | str = "w
     state, filled = _with_empty_caches(ir, weights)
     sites = plan(ir, config)
     wanted = {ir.nodes[s.node].inputs[pos].name: s.config for s in sites for pos in s.acts}
+    wanted.update({ir.nodes[s.node].outputs[0].name: s.config for s in sites if s.output})
     ranges: dict[str, tuple[float, float]] = {}
     if wanted:
         if calibration is None:

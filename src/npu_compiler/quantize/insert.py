@@ -40,6 +40,8 @@ class Builder:
         self.constant_values: dict[str, Any] = {}
         self.mapping: dict[str, str] = {}
         self.act_cache: dict[tuple[str, str], TensorMeta] = {}
+        self.renamed: dict[str, TensorMeta] = {}  # a quantized result -> its DEQUANTIZE, which later nodes read
+        self.quantized: dict[str, dict[str, Any]] = {}  # a quantized activation -> how (the report's entry)
         self.report: dict[str, Any] = {}
         self.uses: dict[str, int] = {}
         for node in ir.nodes:
@@ -137,6 +139,10 @@ class Builder:
         cached = self.act_cache.get((meta.name, dtype))
         if cached is not None:
             return cached
+        source = next((name for (name, d), dq in self.act_cache.items() if d == dtype and dq.name == meta.name), None)
+        if source is not None:  # already the dequantized codes of this type (a quantized result): not twice
+            self.report.setdefault(node.name, {}).setdefault("activations", {})[source] = self.quantized[source]
+            return meta
         lo, hi = self.ranges[meta.name]
         scale, zp = qparams(lo, hi, dtype, config.act_symmetric)
         scale = float(torch.tensor(scale, dtype=torch.float32))  # the value the float32 constant holds
@@ -149,8 +155,9 @@ class Builder:
         dq = TensorMeta(self.unique(f"{meta.name}_dq"), list(meta.shape), meta.dtype)
         self._node("DEQUANTIZE", [q, *params], [dq], {"dtype": dtype, "out_dtype": meta.dtype}, node)
         self.act_cache[(meta.name, dtype)] = dq
-        self.report.setdefault(node.name, {}).setdefault("activations", {})[meta.name] = {
-            "dtype": dtype, "scale": scale, "zero_point": zp, "range": [lo, hi], "observer": config.act_observer}
+        self.quantized[meta.name] = {"dtype": dtype, "scale": scale, "zero_point": zp, "range": [lo, hi],
+                                     "observer": config.act_observer}
+        self.report.setdefault(node.name, {}).setdefault("activations", {})[meta.name] = self.quantized[meta.name]
         return dq
 
     def _constant(self, name: str, dtype: str, value: float | int) -> TensorMeta:
@@ -164,6 +171,8 @@ class Builder:
         by_node = {s.node: s for s in sites}
         for i, node in enumerate(self.ir.nodes):
             site = by_node.get(i)
+            if self.renamed:
+                node = replace(node, inputs=[self.renamed.get(t.name, t) for t in node.inputs])
             if site is None:
                 self.nodes.append(node)
                 continue
@@ -175,6 +184,9 @@ class Builder:
             for pos in site.acts:
                 inputs[pos] = self.activation(node, inputs[pos], site.config)
             self.nodes.append(replace(node, inputs=inputs))
+            if site.output:  # the float result keeps its name (the report matches by it); readers get the codes'
+                out = node.outputs[0]
+                self.renamed[out.name] = self.activation(node, out, site.config)
 
     def result(self, metadata: dict[str, Any]) -> tuple[NPU_IR, dict[str, torch.Tensor]]:
         """The new IR (weights no node reads any more dropped) and its weights by state-dict key."""

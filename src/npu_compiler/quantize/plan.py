@@ -24,6 +24,7 @@ class Site:
     config: QuantConfig
     weights: list[tuple[int, int, int]] = field(default_factory=list)
     acts: list[int] = field(default_factory=list)
+    output: bool = False  # its result quantized too (QuantConfig.outputs)
 
 
 def layer_names(node: OpNode) -> list[str]:
@@ -51,6 +52,7 @@ def _axes(node: OpNode, rank: int) -> tuple[int, int]:
 def plan(ir: NPU_IR, config: QuantConfig) -> list[Site]:
     """The sites ``config`` (with its overrides) quantizes, in node order."""
     weights = {w.name for w in ir.weights}
+    graph_outputs = {t.name for t in ir.graph_outputs} | set(ir.mutations.values())
     sites = []
     for i, node in enumerate(ir.nodes):
         if node.op_type == "KV_UPDATE" and config.kv_bits:
@@ -74,6 +76,8 @@ def plan(ir: NPU_IR, config: QuantConfig) -> list[Site]:
                 site.acts.append(pos)  # a matmul of two activations
         if layer.act_dtype is not None and node.inputs[0].dtype.startswith(("float", "bfloat")):
             site.acts.insert(0, 0)
+            site.output = (layer.outputs and node.op_type in ("CONV", "GEMM") and len(node.outputs) == 1
+                           and node.outputs[0].name not in graph_outputs)
         if site.weights or site.acts:
             sites.append(site)
     return sites

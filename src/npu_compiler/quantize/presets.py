@@ -34,8 +34,10 @@ class QuantConfig:
     it does not divide falls back to per channel, unless ``strict_groups``). ``weight_symmetric`` False gives
     affine weights (a zero point per channel/group). ``clip_ratios``: the candidates of the weight clipping
     search (the least-MSE one is kept per channel/group). ``kv_bits`` fake-quantizes what an LLM writes into its
-    KV cache. ``overrides``: (fnmatch pattern on node names and module paths, a config or a preset name or None
-    for float), the first match wins.
+    KV cache. ``outputs``: with integer activations, a CONV's or GEMM's result is quantized too (as ONNX Runtime's
+    and PT2E's quantizers do), so that normalize makes it one integer op (QCONV, QGEMM) that requantizes its own
+    output; a graph output stays float. ``overrides``: (fnmatch pattern on node names and module paths, a config
+    or a preset name or None for float), the first match wins.
     """
 
     weight_dtype: str | None = "int8"
@@ -49,6 +51,7 @@ class QuantConfig:
     kv_bits: int | None = None
     clip_ratios: tuple[float, ...] = tuple(1.0 - 0.05 * i for i in range(10))
     strict_groups: bool = False
+    outputs: bool = True
     name: str = "custom"
     overrides: tuple[tuple[str, Any], ...] = field(default=())
 
