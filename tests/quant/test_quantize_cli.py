@@ -80,3 +80,27 @@ def test_llm_checkpoint_calibrated_on_a_text(tmp_path, capsys):
     assert logits.shape == (1, 1, 320) and torch.isfinite(logits).all()
     assert main(["quantize", "mlp", "--calibration-text", str(text), "-o", str(tmp_path / "q2")]) == 2
     assert "--calibration-text needs a Hugging Face checkpoint directory" in capsys.readouterr().err
+
+
+def test_report_compares_with_float_and_proposes_mixed_precision(tmp_path, capsys):
+    calib = _npz_dir(tmp_path / "cal", (2, 3, 16, 16))
+    out, report = tmp_path / "q", tmp_path / "report"
+    assert main(["quantize", "convnet", "--preset", "w4a8", "--calibration", str(calib), "--samples", "3", "-o",
+                 str(out), "--report", str(report), "--target-sqnr", "45", "--hw", "edge_4tops"]) == 0
+    printed = capsys.readouterr().out
+    assert "SQNR" in printed and "report.html" in printed
+    rows = (report / "accuracy.csv").read_text().splitlines()
+    assert rows[0].startswith("index") or "sqnr" in rows[0].lower()
+    assert any("conv" in r for r in rows[1:]), rows
+    pareto = (report / "pareto.csv").read_text().splitlines()
+    assert len(pareto) >= 3 and "cycles" in pareto[0], pareto  # the base and the assignments tried, costed
+    assert "<html" in (report / "report.html").read_text().lower()
+
+
+def test_report_flags_without_what_they_need_are_refused_before_any_work(tmp_path, capsys):
+    assert main(["quantize", "mlp", "--preset", "w8a16", "--target-sqnr", "30", "-o", str(tmp_path / "q")]) == 2
+    assert "--report DIR" in capsys.readouterr().err
+    assert main(["quantize", "mlp", "--preset", "w8a16", "--report", str(tmp_path / "r"), "-o",
+                 str(tmp_path / "q")]) == 2
+    assert "--eval DIR" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists() and not (tmp_path / "r").exists()

@@ -24,6 +24,11 @@ from .presets import QuantConfig
 from .weights import fold_batch_norm, group_fits, quantize_weight
 
 ORIGIN = "npu_compiler.quantize"
+#: Ops that only move or select values: their result is quantized with their input's scale and zero point (as ONNX
+#: Runtime's quantizer does), so codes pass through exactly instead of being rounded to a second scale.
+PASS_THROUGH = frozenset({"aten.max_pool2d.default", "aten.max_pool1d.default", "aten.reshape.default",
+                          "aten.view.default", "aten.flatten.using_ints", "aten.permute.default",
+                          "aten.transpose.int", "aten.squeeze.dim", "aten.unsqueeze.default"})
 _WIDER = {"int4": "int8", "uint4": "uint8"}
 
 
@@ -48,6 +53,7 @@ class Builder:
             for t in node.inputs:
                 self.uses[t.name] = self.uses.get(t.name, 0) + 1
         self.aliased = set(ir.weight_aliases) | {k for ks in ir.weight_aliases.values() for k in ks}
+        self.producer = {t.name: n for n in ir.nodes for t in n.outputs}
 
     def unique(self, name: str) -> str:
         base, n = name, 1
@@ -143,7 +149,7 @@ class Builder:
         if source is not None:  # already the dequantized codes of this type (a quantized result): not twice
             self.report.setdefault(node.name, {}).setdefault("activations", {})[source] = self.quantized[source]
             return meta
-        lo, hi = self.ranges[meta.name]
+        lo, hi = self.ranges[self._range_of(meta.name, dtype)]
         scale, zp = qparams(lo, hi, dtype, config.act_symmetric)
         scale = float(torch.tensor(scale, dtype=torch.float32))  # the value the float32 constant holds
         s_meta = self._constant(f"{meta.name}_q_scale", "float32", scale)
@@ -159,6 +165,17 @@ class Builder:
                                      "observer": config.act_observer}
         self.report.setdefault(node.name, {}).setdefault("activations", {})[meta.name] = self.quantized[meta.name]
         return dq
+
+    def _range_of(self, name: str, dtype: str) -> str:
+        """The tensor whose calibrated range quantizes ``name``: its own, or through pass-through ops the quantized
+        result they move (its codes then pass through unchanged)."""
+        node = self.producer.get(name)
+        while node is not None and node.op_type in PASS_THROUGH and node.inputs:
+            source = node.inputs[0].name
+            if (source, dtype) in self.act_cache and source in self.ranges:
+                return source
+            node = self.producer.get(source)
+        return name
 
     def _constant(self, name: str, dtype: str, value: float | int) -> TensorMeta:
         meta = TensorMeta(self.unique(name), [], dtype, role="constant")

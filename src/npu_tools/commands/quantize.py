@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from npu_tools import cli_options as options
+from npu_tools.commands.quantize_report import (
+    accuracy_report,
+    add_report_options,
+    check_report_options,
+    write_accuracy_report,
+)
 from npu_tools.commands.run import at_least
 from torch_ir.errors import TorchIRError
 
@@ -44,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-cache-len", type=at_least(2), default=256, metavar="N",
                    help="a checkpoint directory: the KV cache length of the extracted LLM (default 256)")
     options.output(p, "a directory for <name>.quant.json and <name>.quant.safetensors")
+    add_report_options(p)
     p.set_defaults(func=cmd_quantize)
 
 
@@ -140,12 +147,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         what = "activations (or the KV cache)" if config.kv_bits else "activations"
         raise TorchIRError(f"--preset {args.preset} quantizes {what}: give --calibration DIR (.npz samples) or "
                            "--calibration-text FILE (an LLM), or a weight-only preset (w8a16, w4a16)")
+    check_report_options(args)
     target = Path(args.output or "quantized")
     # refuse an unwritable output before the work; the directory itself is made only once there is a result
     check_writable_dir(target if target.is_dir() else target.parent, "output directory", target=target)
     ir, weights, tokenizer = _model(args)
     calibration = _calibration(args, ir, tokenizer)
     qir, qweights = quantize(ir, weights, config, calibration, samples=args.samples, progress=_progress())
+    report = accuracy_report(args, ir, weights, qir, qweights, config, calibration) if args.report else None
     out_dir = make_output_dir(target, "output directory")
     name = qir.model_name.replace("/", "_") or "model"
     ir_path, w_path = out_dir / f"{name}.quant.json", out_dir / f"{name}.quant.safetensors"
@@ -157,4 +166,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
           f"ops {dict(list(qir.op_histogram().items())[:6])}")
     print(f"wrote {ir_path}")
     print(f"wrote {w_path}")
+    if report is not None:
+        print(report.summary())
+        for path in write_accuracy_report(args, report):
+            print(f"wrote {path}")
     return 0
