@@ -120,7 +120,13 @@ def cost_on(hardware: Any) -> CostFn:
 def with_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
     """``config`` with ``overrides`` added to its per-layer overrides: a dict's ``"overrides"`` key, a dataclass's
     ``overrides`` field, or an object's ``with_overrides`` method. The new patterns come first and win (a quantizer
-    that takes the first matching pattern uses them)."""
+    that takes the first matching pattern uses them). A preset name is the toolkit's ``QuantConfig`` of it."""
+    from ..presets import QuantConfig, get_preset
+
+    if isinstance(config, str):
+        config = get_preset(config)
+    if isinstance(config, QuantConfig):  # first match wins there: the widened layers' exact names go first
+        return dataclasses.replace(config, overrides=tuple(dict(overrides).items()) + tuple(config.overrides))
     if hasattr(config, "with_overrides"):
         return config.with_overrides(dict(overrides))
     if isinstance(config, Mapping):
@@ -206,7 +212,11 @@ def _label(precision: Any) -> str:
 
 
 def dequantized_readers(q_ir: NPU_IR) -> set[str]:
-    """The nodes that read a DEQUANTIZE's output: the quantized layers."""
+    """The quantized layers: those the toolkit's quantizer records (``metadata["quantize"]["layers"]``), else the
+    nodes that read a DEQUANTIZE's output (a pooling between two quantized layers is not a layer to widen)."""
+    recorded = q_ir.metadata.get("quantize", {}).get("layers") if isinstance(q_ir.metadata, dict) else None
+    if recorded:
+        return set(recorded)
     made = {t.name for n in q_ir.nodes if n.op_type == "DEQUANTIZE" for t in n.outputs}
     return {n.name for n in q_ir.nodes if n.op_type != "DEQUANTIZE" and any(t.name in made for t in n.inputs)}
 
