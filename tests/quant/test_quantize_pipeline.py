@@ -1,5 +1,6 @@
-"""The toolkit's own quantizer through the pipeline: w8a8 normalizes into the integer ops (QCONV, QGEMM), which
-compute within one output step of the QDQ form they came from, and compile into a CPU program equal to the IR."""
+"""The toolkit's own quantizer through the pipeline: w8a8 and 16a8w (int16 activations, int64 accumulators)
+normalize into the integer ops (QCONV, QGEMM), which compute within one output step of the QDQ form they came from,
+and compile into a CPU program equal to the IR."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ from torch_ir.executor import IRExecutor
 from torch_ir.weights import module_state
 
 
-@pytest.mark.parametrize("name, fused", [("convnet", "QCONV"), ("mlp", "QGEMM")])
-def test_w8a8_becomes_integer_ops_and_compiles(name: str, fused: str) -> None:
+@pytest.mark.parametrize("name, preset, fused", [("convnet", "w8a8", "QCONV"), ("mlp", "w8a8", "QGEMM"),
+                                                 ("convnet", "16a8w", "QCONV")])
+def test_integer_activations_become_integer_ops_and_compile(name: str, preset: str, fused: str) -> None:
     entry = get_model(name)
     meta, real = build_pair(entry)
     args, _ = entry.example_inputs()
     g = torch.Generator().manual_seed(1)
     calib = [tuple(torch.randn(a.shape, generator=g) for a in args) for _ in range(8)]
-    qir, qw = quantize(torch_ir.extract_ir(meta, args, model_name=name), module_state(real), "w8a8",
+    qir, qw = quantize(torch_ir.extract_ir(meta, args, model_name=name), module_state(real), preset,
                        calibration=calib)
     fused_ir = normalize(qir)
     assert fused_ir.op_histogram().get(fused, 0) >= 1, fused_ir.op_histogram()

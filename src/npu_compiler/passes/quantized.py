@@ -33,8 +33,8 @@ from .fusion import _activation
 _DQ, _Q = "DEQUANTIZE", "QUANTIZE"
 _MATMULS = ("aten.matmul.default", "aten.bmm.default", "aten.mm.default")
 #: Code types the integer ops take for activations, and for the output a QUANTIZE makes.
-_ACT_TYPES = ("int8", "uint8")
-_OUT_TYPES = ("int8", "uint8", "int16")
+_ACT_TYPES = ("int8", "uint8", "int16", "uint16")
+_OUT_TYPES = ("int8", "uint8", "int16", "uint16")
 _W_TYPES = ("int8", "uint8", "int4", "uint4")
 
 

@@ -75,14 +75,21 @@ def int_bias(bias: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -
     return q.to(torch.int64)
 
 
+def _wide(x: torch.Tensor) -> bool:
+    return x.dtype in (torch.int16, torch.uint16)
+
+
 def _finish(acc: torch.Tensor, bias: torch.Tensor | None, channel_dim: int, x_scale: torch.Tensor,
-            w_scale: torch.Tensor, y: tuple | None, out_dtype: str, activation: str | None) -> torch.Tensor:
-    """Add the bias (``int_bias``) along ``channel_dim``, then requantize, scale to float or keep the accumulators."""
+            w_scale: torch.Tensor, y: tuple | None, out_dtype: str, activation: str | None,
+            wide: bool = False) -> torch.Tensor:
+    """Add the bias (``int_bias``) along ``channel_dim``, then requantize, scale to float or keep the accumulators.
+    8-bit activations accumulate in int32 (an overflow is an error, as the hardware's would be); 16-bit ones
+    (``wide``) in int64, as TFLite's 16x8 kernels and NPUs' wide accumulators do."""
     view = [1] * acc.dim()
     view[channel_dim] = -1
     if bias is not None:
         acc = acc + int_bias(bias, x_scale, w_scale).reshape(view)
-    if acc.numel() and (acc.max() > 2 ** 31 - 1 or acc.min() < -(2 ** 31)):
+    if (not wide or out_dtype == "int32") and acc.numel() and (acc.max() > 2 ** 31 - 1 or acc.min() < -(2 ** 31)):
         raise ValueError("an int32 accumulator overflowed (the sum of products and bias is outside int32)")
     if activation not in (None, "relu"):
         raise ValueError(f"a quantized op fuses only relu, got activation={activation!r}")
@@ -112,7 +119,7 @@ def qconv(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point:
     wc = qn.centered(w, w_zero_point, w_dtype, axis=0)
     fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
     acc = qn.exact_int(fn(xc, wc, None, stride, padding, dilation, groups), wc[0].numel(), "QCONV")
-    return _finish(acc, bias, 1, x_scale, w_scale, y, out_dtype, activation)
+    return _finish(acc, bias, 1, x_scale, w_scale, y, out_dtype, activation, _wide(x))
 
 
 def _qgemm_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
@@ -141,7 +148,7 @@ def qgemm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, x_zero_point:
     xc = qn.centered(x, x_zero_point, qn.dtype_name(x))
     wc = qn.centered(w, w_zero_point, w_dtype, axis=0 if trans_b else -1)
     acc = qn.exact_int(xc @ (wc.transpose(-1, -2) if trans_b else wc), xc.shape[-1], "QGEMM")
-    return _finish(acc, bias, -1, x_scale, w_scale, y, out_dtype, activation)
+    return _finish(acc, bias, -1, x_scale, w_scale, y, out_dtype, activation, _wide(x))
 
 
 @npu_op("DQGEMM", inputs="x w w_scale w_zero_point? bias?", outputs="y", shape=_qgemm_shape,

@@ -136,9 +136,9 @@ def exact_int(acc: torch.Tensor, reduction: int, what: str) -> torch.Tensor:
 
 def requantize(acc: torch.Tensor, multiplier: torch.Tensor, zero_point: torch.Tensor | None, dtype: str, *,
                relu: bool = False) -> torch.Tensor:
-    """int32 accumulators to codes of ``dtype``: ``round_half_even(float32(acc) * multiplier) + zero_point``,
+    """Integer accumulators to codes of ``dtype``: ``round_half_even(float32(acc) * multiplier) + zero_point``,
     saturated; with ``relu`` the codes below the zero point are raised to it (a ReLU before quantizing)."""
-    y = torch.round(acc.to(torch.int32).to(torch.float32) * multiplier.to(torch.float32))
+    y = torch.round(acc.to(torch.float32) * multiplier.to(torch.float32))  # int32 or int64 (16-bit activations)
     lo, hi, _ = QTYPES[dtype]
     if zero_point is not None:
         y = y + zero_point.to(torch.float32)
