@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: the kernel's source, package data of ``npu_runtime.backends``
 SOURCE_NAME = "gemv.c"
+#: the weight-only quantized (GGUF Q8_0 / Q4_0 blocks) GEMV kernel's source, loaded by :func:`load_q`
+Q_SOURCE_NAME = "gemv_q.c"
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
 
@@ -43,13 +45,14 @@ class Library:
 
     lib: ctypes.CDLL
     path: Path
-    isa: int  # 1: AVX2/FMA/F16C, 0: the portable C kernel
+    isa: int  # 1: AVX2/FMA/F16C, 0: the portable C kernel (gemv_q.c: 2 for AVX-512 F/BW)
     openmp: bool
 
 
-def kernel_source() -> str:
-    """The C source of the GEMV kernel, read from the installed package (a wheel ships it as package data)."""
-    return resources.files(__package__).joinpath(SOURCE_NAME).read_text(encoding="utf-8")
+def kernel_source(name: str = SOURCE_NAME) -> str:
+    """The C source of a kernel (the GEMV's by default), read from the installed package (a wheel ships it
+    as package data)."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def cache_dir() -> Path:
@@ -152,5 +155,21 @@ def load() -> Library:
     return Library(lib, path, int(lib.gemv_isa()), bool(lib.gemv_openmp()))
 
 
-__all__ = ["FLAGS", "OPENMP_FLAGS", "SOURCE_NAME", "BuildError", "Library", "build", "cache_dir",
-           "find_compiler", "kernel_source", "load", "open_library", "private"]
+def load_q() -> Library:
+    """The quantized GEMV kernel (:data:`Q_SOURCE_NAME`, ``npu_runtime.backends.cpu_qgemv``) built and loaded
+    like :func:`load`; its ``isa`` is 2 for AVX-512 F/BW, 1 for AVX2/FMA/F16C, 0 for portable C."""
+    try:
+        source = kernel_source(Q_SOURCE_NAME)
+    except OSError as exc:
+        raise BuildError(f"cannot read {Q_SOURCE_NAME}: {exc}") from exc
+    lib, path = open_library(source, "gemv_q")
+    lib.qgemv_packed.argtypes = [ctypes.c_char_p]
+    lib.qgemv_packed.restype = ctypes.c_int
+    lib.qgemv_isa.restype = ctypes.c_int
+    lib.qgemv_openmp.restype = ctypes.c_int
+    log.debug("quantized GEMV kernel: %s", path)
+    return Library(lib, path, int(lib.qgemv_isa()), bool(lib.qgemv_openmp()))
+
+
+__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "SOURCE_NAME", "BuildError", "Library", "build", "cache_dir",
+           "find_compiler", "kernel_source", "load", "load_q", "open_library", "private"]

@@ -1,0 +1,264 @@
+"""Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0 or Q4_0.
+
+A decode step reads every weight once, so its time is the weights' bytes over the memory bandwidth: Q8_0
+(34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x.
+This module multiplies with the packed blocks as a GGUF file holds them (``W``: a ``uint8`` tensor
+``[N, K / 32 · block bytes]``, row ``n`` being the ``K / 32`` blocks of output ``n``), never widening W in
+memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first use:
+
+* layouts as GGML defines them (``gguf.quants`` is the reference the tests use): Q8_0 = fp16 ``d`` then
+  32 int8 codes, value ``d·q``; Q4_0 = fp16 ``d`` then 16 bytes, element ``j`` in the low nibble of byte
+  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``;
+* ``x`` stays fp32 (this is not llama.cpp's x-quantized-to-int8 dot product): per block the codes, exact
+  small integers, are multiplied with ``x`` in fp32 lanes, and the lanes' sum is scaled by ``d`` into an
+  fp32 accumulator. ``d·q`` is exact in fp32, so the result is an fp32 dot product of the exactly
+  dequantized weights with ``x``: within fp32 accumulation error of a float64 reference;
+* AVX-512 F/BW, AVX2/FMA/F16C or portable C, chosen at run time (``__builtin_cpu_supports``); the rows
+  read as 8 (one row of ``x``) far-apart sequential streams with a software prefetch, up to 8 rows of
+  ``x`` per pass over a chunk of weights, chunks handed to torch's OpenMP threads, one thread or all
+  chosen per call by :class:`cpu_gemv._ThreadPolicy <npu_runtime.backends.cpu_gemv._ThreadPolicy>`
+  (the same design and reasons as :mod:`.cpu_gemv`).
+
+``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
+other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
+failed build, ``TORCH_IR_NATIVE_GEMV=0``, :func:`set_native_enabled(False) <set_native_enabled>`), calls
+run :func:`torch_qgemv` (W dequantized with torch, then ``torch.mm``), and one warning says why.
+
+Memory safety: the C code trusts its pointers and sizes, so every tensor's device, dtype, contiguity,
+shape and bytes inside its storage are checked first; ``K`` must be a multiple of 32, W must hold
+exactly ``N · K / 32 · block bytes`` bytes, and ``out`` may not overlap an input.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from . import cpu_gemv, cpu_gemv_build
+from .cpu_gemv_build import Library
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class QType:
+    """A GGUF block layout: GGML's type id (the kernel's code too), weights and bytes per block."""
+
+    name: str
+    code: int
+    block: int
+    nbytes: int
+
+
+#: the layouts the kernel reads, by the names of ``torch_ir.quant.spec.BLOCKS``
+QTYPES: dict[str, QType] = {"q8_0": QType("q8_0", 8, 32, 34), "q4_0": QType("q4_0", 2, 32, 18)}
+#: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
+ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
+
+#: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa
+_ARGS = struct.Struct("<10q")
+
+_lock = threading.Lock()
+_library: Library | None = None
+_load_failed: str | None = None
+_warned = False
+_native_enabled = os.environ.get("TORCH_IR_NATIVE_GEMV", "1").strip().lower() not in ("0", "false", "no", "off")
+_policy = cpu_gemv._ThreadPolicy()
+
+
+def qtype_of(qtype: str | int | QType) -> QType:
+    """A layout from its name (``"q8_0"``, case-insensitive), GGML's type id (``gguf.GGMLQuantizationType``
+    is an ``int``) or a :class:`QType`; ``ValueError`` for any other."""
+    if isinstance(qtype, QType):
+        return qtype
+    for q in QTYPES.values():
+        if (isinstance(qtype, str) and qtype.lower() == q.name) or (isinstance(qtype, int) and qtype == q.code):
+            return q
+    raise ValueError(f"qgemv: weight type {qtype!r} is not one of {', '.join(QTYPES)} (GGML ids 8, 2)")
+
+
+def set_native_enabled(enabled: bool) -> bool:
+    """Use the compiled kernel (True, the default) or always the torch path. Returns the previous setting."""
+    global _native_enabled
+    previous, _native_enabled = _native_enabled, bool(enabled)
+    return previous
+
+
+def _isa_cap() -> int:
+    """``TORCH_IR_QGEMV_ISA`` as a code (the best there is when unset); a value it cannot be is an error."""
+    value = os.environ.get("TORCH_IR_QGEMV_ISA", "").strip().lower()
+    if not value:
+        return max(ISAS.values())
+    if value not in ISAS:
+        raise ValueError(f"TORCH_IR_QGEMV_ISA={value!r} is not one of {', '.join(ISAS)}")
+    return ISAS[value]
+
+
+def native_status() -> str:
+    """One line: which implementation :func:`qgemv` runs here, and why."""
+    if not _native_enabled:
+        return "torch (native GEMV disabled by TORCH_IR_NATIVE_GEMV=0 or set_native_enabled(False))"
+    library = _load()
+    if library is None:
+        return f"torch (native quantized GEMV unavailable: {_load_failed})"
+    isa = {v: k for k, v in ISAS.items()}[min(library.isa, _isa_cap())]
+    threads = "OpenMP" if library.openmp else "one thread (built without OpenMP)"
+    return f"native {isa}, {threads}: {library.path}"
+
+
+def native_available() -> bool:
+    """Whether calls run the compiled kernel (building it now if it is not built yet)."""
+    return _native_enabled and _load() is not None
+
+
+def _load() -> Library | None:
+    global _library, _load_failed
+    if _library is not None or _load_failed is not None:
+        return _library
+    with _lock:
+        if _library is None and _load_failed is None:
+            try:
+                _library = cpu_gemv_build.load_q()
+            except cpu_gemv_build.BuildError as exc:
+                _load_failed = str(exc)
+        return _library
+
+
+def _warn_fallback() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"torch_ir quantized GEMV: {native_status()}; W is dequantized for every call",
+                      RuntimeWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------------------------------- checks
+
+
+def _arg(t: Tensor, what: str, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(address, bytes)`` of a tensor the kernel touches, after checking what its pointer arithmetic relies
+    on: a CPU tensor of ``dtype`` and ``shape``, contiguous, its bytes inside its storage."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"qgemv: {what} must be a tensor, not {type(t).__name__}")
+    if t.dtype != dtype or not t.is_cpu:
+        raise TypeError(f"qgemv: {what} must be a CPU {dtype} tensor, got {t.dtype} on {t.device}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"qgemv: {what} has shape {tuple(t.shape)}, expected {shape}")
+    if not t.is_contiguous():
+        raise ValueError(f"qgemv: {what} must be contiguous (call .contiguous())")
+    size = t.nbytes
+    if size and t.storage_offset() * t.element_size() + size > t.untyped_storage().nbytes():
+        raise ValueError(f"qgemv: {what} claims {size} bytes beyond what its storage holds")
+    return t.data_ptr(), size
+
+
+def _overlap(a: int, a_size: int, b: int, b_size: int) -> bool:
+    return a < b + b_size and b < a + a_size
+
+
+# -------------------------------------------------------------------------------------------- torch
+
+
+def dequantize(weight: Tensor, qtype: str | int | QType) -> Tensor:
+    """``weight`` (``uint8 [N, K / 32 · bytes]``) as fp32 ``[N, K]`` with torch: the fallback's weights."""
+    q = qtype_of(qtype)
+    n = weight.shape[0]
+    blocks = weight.reshape(n, -1, q.nbytes)
+    d = blocks[..., :2].contiguous().view(torch.float16).to(torch.float32)  # [N, K/32, 1]
+    codes = blocks[..., 2:]
+    if q.code == QTYPES["q8_0"].code:
+        values = codes.contiguous().view(torch.int8).to(torch.float32)
+    else:  # the low nibbles are elements 0..15 of a block, the high ones 16..31
+        values = torch.cat([codes & 15, codes >> 4], dim=-1).to(torch.float32) - 8.0
+    return (values * d).reshape(n, -1)
+
+
+def torch_qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None,
+                out: Tensor | None = None) -> Tensor:
+    """``x · dequant(weight)ᵀ + bias`` with PyTorch (fp32): the fallback, and a comparison of the bench."""
+    y = torch.mm(x, dequantize(weight, qtype).t())
+    if bias is not None:
+        y += bias
+    return y if out is None else out.copy_(y)
+
+
+# ------------------------------------------------------------------------------------------- qgemv
+
+
+class QGemv:
+    """``y = x · dequant(W)ᵀ (+ bias)`` for a packed weight checked once (decode: the same weight every token),
+    then each call checks ``x`` and ``out``. ``weight``: ``uint8 [N, K / 32 · block bytes]``, contiguous;
+    ``bias``: fp32 ``[N]``. Both are kept (referenced, not copied); resizing their storage afterwards is not
+    supported."""
+
+    def __init__(self, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None) -> None:
+        self.qtype = qtype_of(qtype)
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            raise ValueError("qgemv: weight must be a 2-D uint8 tensor [N, K / 32 * block bytes]")
+        n, row = int(weight.shape[0]), int(weight.shape[1])
+        if n < 1 or row < 1 or row % self.qtype.nbytes:
+            raise ValueError(f"qgemv: a {self.qtype.name} weight row is whole blocks of {self.qtype.nbytes} bytes; "
+                             f"got {row} bytes per row ({n} rows)")
+        self.n, self.k = n, row // self.qtype.nbytes * self.qtype.block
+        self.weight, self.bias = weight, bias
+        self._w = _arg(weight, "weight", torch.uint8, (n, row))
+        self._b = _arg(bias, "bias", torch.float32, (n,)) if bias is not None else (0, 0)
+
+    def __call__(self, x: Tensor, out: Tensor | None = None, threads: int | None = None,
+                 isa: str | None = None) -> Tensor:
+        """``x`` fp32 ``[M, K]`` -> ``out`` fp32 ``[M, N]`` (new when None). ``threads``: one or all, whichever ran
+        faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
+        ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has."""
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError("qgemv: x must be a 2-D float32 tensor [M, K]")
+        m = int(x.shape[0])
+        if x.shape[1] % self.qtype.block:
+            raise ValueError(f"qgemv: K = {x.shape[1]} is not a multiple of {self.qtype.name}'s block of "
+                             f"{self.qtype.block}")
+        if x.shape[1] != self.k:
+            raise ValueError(f"qgemv: x has K = {x.shape[1]}, the {self.qtype.name} weight holds K = {self.k} "
+                             f"({self.k // self.qtype.block} blocks of {self.qtype.block} per row)")
+        xp, xn = _arg(x, "x", torch.float32, (m, self.k))
+        if out is None:
+            out = torch.empty(m, self.n, dtype=torch.float32)
+        yp, yn = _arg(out, "out", torch.float32, (m, self.n))
+        for (p, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xn), "x")):
+            if _overlap(yp, yn, p, size):
+                raise ValueError(f"qgemv: out overlaps {what}")
+        cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
+        if cap < 0:
+            raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
+        library = _load() if _native_enabled else None
+        if library is None:
+            if _native_enabled:
+                _warn_fallback()
+            return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
+        policy = None
+        if threads is None:
+            policy = _policy if self._w[1] >= cpu_gemv.SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
+            threads = policy.pick(self._w[1], torch.get_num_threads()) if policy is not None else 1
+        args = _ARGS.pack(m, self.n, self.k, xp, self._w[0], self.qtype.code, self._b[0], yp, max(1, threads),
+                          min(library.isa, cap))
+        start = time.perf_counter_ns()
+        status = library.lib.qgemv_packed(args)
+        if policy is not None:
+            policy.record(self._w[1], threads, time.perf_counter_ns() - start)
+        if status != 0:
+            raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
+        return out
+
+
+def qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None,
+          out: Tensor | None = None) -> Tensor:
+    """``x [M, K] · dequant(weight)ᵀ (+ bias [N])`` into ``out`` (see :class:`QGemv`)."""
+    return QGemv(weight, qtype, bias)(x, out=out)
+
+
+__all__ = ["ISAS", "QTYPES", "QGemv", "QType", "dequantize", "native_available", "native_status", "qgemv",
+           "qtype_of", "set_native_enabled", "torch_qgemv"]

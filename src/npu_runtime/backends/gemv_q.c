@@ -1,0 +1,300 @@
+/* Weight-only quantized decode GEMV: y[M,N] = x[M,K] . dequant(w)[N,K]^T (+ bias[N]), x/bias/y fp32, w GGUF blocks.
+
+   Compiled on first use by npu_runtime/backends/cpu_gemv_build.py (load_q: the same compiler, flags and
+   cache as gemv.c) and called through ctypes by cpu_qgemv.py, whose docstring explains the design. The
+   Python side checks every pointer and size before a call: this code trusts them. Keep in step with
+   cpu_qgemv.py: the type codes (GGML's ids, QTYPES) and qgemv_packed's argument block (_ARGS).
+
+   Block layouts (GGML's ggml-common.h; gguf-py's quants.py is the reference the tests use), one row of W
+   is K / 32 blocks, little-endian:
+     Q8_0 (type 8): 34 bytes = fp16 d, int8 q[32];          value j = d * q[j]
+     Q4_0 (type 2): 18 bytes = fp16 d, uint8 qs[16];        value j = d * ((qs[j] & 15) - 8),
+                                                            value j + 16 = d * ((qs[j] >> 4) - 8), j < 16
+   The blocks are read as they lie (W is never widened in memory). x stays fp32: per block and row of x the
+   codes (small integers, exact in fp32) are multiplied with x and summed in fp32 lanes, then that sum is
+   scaled by d and added to the row's fp32 accumulator (one FMA): d * q is exact in fp32 (11 x 8 bits), so
+   the only roundings are those of an fp32 dot product, as with a float weight. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define QG_X86 1
+#endif
+
+enum { QT_Q4_0 = 2, QT_Q8_0 = 8 };
+enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+#define QK 32
+
+typedef struct {
+    int64_t M, N, K, nb, row_bytes;  /* nb = K / 32 blocks of (row_bytes / nb) bytes per row */
+    const float *x;                  /* [M, K] */
+    const uint8_t *w;                /* [N, row_bytes] */
+    const float *bias;               /* [N] or NULL */
+    float *y;                        /* [M, N] */
+} QJob;
+
+static inline int block_bytes(const int qt) { return qt == QT_Q8_0 ? 34 : 18; }
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (e == 0x1fu) u = sign | 0x7f800000u | (man << 13);
+    else if (e != 0) u = sign | ((e + 112u) << 23) | (man << 13);
+    else { float f = (float)man * (1.0f / 16777216.0f); memcpy(&u, &f, 4); u |= sign; }  /* subnormal, 0 */
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static inline void store(const QJob *j, int64_t m, int64_t n, float v) {
+    if (j->bias) v += j->bias[n];
+    j->y[m * j->N + n] = v;
+}
+
+/* ------------------------------------------------------------------------------------------ portable C */
+
+/* M rows of x times R rows of w (n0 + r * stride): per block the codes as floats, 8 lanes of 4 products,
+   scaled by d into 8 lane accumulators per (m, r): gcc vectorizes the lanes without -ffast-math. */
+#define GL 8
+static inline __attribute__((always_inline))
+void qblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
+    const int bs = block_bytes(qt);
+    float acc[8][4][GL];
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) for (int l = 0; l < GL; l++) acc[m][r][l] = 0.0f;
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * bs;
+            const float d = f16_to_f32(load_u16(blk));
+            float q[QK];
+            if (qt == QT_Q8_0) for (int i = 0; i < QK; i++) q[i] = (float)(int8_t)blk[2 + i];
+            else for (int i = 0; i < QK / 2; i++) {
+                q[i] = (float)((blk[2 + i] & 15) - 8);
+                q[i + QK / 2] = (float)((blk[2 + i] >> 4) - 8);
+            }
+            for (int m = 0; m < M; m++) {
+                const float *xr = j->x + (m0 + m) * j->K + b * QK;
+                float s[GL];
+                for (int l = 0; l < GL; l++) s[l] = q[l] * xr[l];
+                for (int t = GL; t < QK; t += GL) for (int l = 0; l < GL; l++) s[l] += q[t + l] * xr[t + l];
+                for (int l = 0; l < GL; l++) acc[m][r][l] += d * s[l];
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) {
+        float s = 0.0f;
+        for (int l = 0; l < GL; l++) s += acc[m][r][l];
+        store(j, m0 + m, n0 + r * stride, s);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- AVX2 */
+#ifdef QG_X86
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+/* Prefetch 2 KiB ahead in each stream, as gemv.c does (the hardware prefetcher stops at each 4 KiB page). */
+#define QG_AHEAD 2048
+
+/* The 32 codes of a block as int8: elements 0..15 in lo, 16..31 in hi (Q4_0: nibble - 8, in -8..7). */
+static inline __attribute__((always_inline)) AVX2
+void codes_i8(const uint8_t *blk, const int qt, __m128i *lo, __m128i *hi) {
+    if (qt == QT_Q8_0) {
+        *lo = _mm_loadu_si128((const __m128i *)(blk + 2));
+        *hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+    } else {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2)), low4 = _mm_set1_epi8(15);
+        *lo = _mm_sub_epi8(_mm_and_si128(v, low4), _mm_set1_epi8(8));
+        *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_set1_epi8(8));
+    }
+}
+static inline __attribute__((always_inline)) AVX2 float scale_of(const uint8_t *blk) {
+    return _cvtsh_ss(load_u16(blk));
+}
+static inline __attribute__((always_inline)) AVX2 float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) AVX2
+void qblock_avx2(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
+    const int bs = block_bytes(qt);
+    const uint8_t *row[8];
+    __m256 acc[8][8];
+    for (int r = 0; r < R; r++) row[r] = j->w + (n0 + r * stride) * j->row_bytes;
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = row[r] + b * bs;
+            _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0);
+            __m128i lo, hi;
+            codes_i8(blk, qt, &lo, &hi);
+            const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+            const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+            const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+            const __m256 d = _mm256_set1_ps(scale_of(blk));
+            for (int m = 0; m < M; m++) {
+                const float *xr = j->x + (m0 + m) * j->K + b * QK;
+                __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xr));
+                s = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xr + 8), s);
+                s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xr + 16), s);
+                s = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xr + 24), s);
+                acc[m][r] = _mm256_fmadd_ps(d, s, acc[m][r]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, hsum8(acc[m][r]));
+}
+
+/* ------------------------------------------------------------------------------------------- AVX-512 */
+static inline __attribute__((always_inline)) AVX512
+void qblock_avx512(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
+    const int bs = block_bytes(qt);
+    const uint8_t *row[8];
+    __m512 acc[8][8];
+    for (int r = 0; r < R; r++) row[r] = j->w + (n0 + r * stride) * j->row_bytes;
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = row[r] + b * bs;
+            _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0);
+            __m128i lo, hi;
+            codes_i8(blk, qt, &lo, &hi);
+            const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+            const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+            const __m512 d = _mm512_set1_ps(scale_of(blk));
+            for (int m = 0; m < M; m++) {
+                const float *xr = j->x + (m0 + m) * j->K + b * QK;
+                __m512 s = _mm512_mul_ps(q0, _mm512_loadu_ps(xr));
+                s = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr + 16), s);
+                acc[m][r] = _mm512_fmadd_ps(d, s, acc[m][r]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]));
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------- ranges */
+
+/* Rows [n0, n1) as R streams far apart (n0 + i + r * S), then the rows left one by one: a core reads
+   memory fastest with several long sequential streams in flight (see gemv.c's SPREAD). */
+#define SPREAD(BLOCK, M, R, QT) do { \
+    const int64_t S = (n1 - n0) / (R); \
+    int64_t n = n0 + (R) * S; \
+    for (int64_t i = 0; i < S; i++) BLOCK(j, m0, M, n0 + i, S, R, QT); \
+    for (; n < n1; n++) BLOCK(j, m0, M, n, 1, 1, QT); \
+} while (0)
+
+/* Up to 8 rows of x at once, so that a weight is read once for M <= 8: M x R accumulators <= 8. */
+#define RANGE_M(NAME, BLOCK, ATTR) \
+static ATTR void NAME##_qt(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, const int qt) { \
+    switch (M) { \
+    case 1: SPREAD(BLOCK, 1, 8, qt); break; \
+    case 2: SPREAD(BLOCK, 2, 4, qt); break; \
+    case 3: SPREAD(BLOCK, 3, 2, qt); break; \
+    case 4: SPREAD(BLOCK, 4, 2, qt); break; \
+    case 5: SPREAD(BLOCK, 5, 1, qt); break; \
+    case 6: SPREAD(BLOCK, 6, 1, qt); break; \
+    case 7: SPREAD(BLOCK, 7, 1, qt); break; \
+    default: SPREAD(BLOCK, 8, 1, qt); break; \
+    } \
+} \
+static ATTR void NAME(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, int qt) { \
+    if (qt == QT_Q8_0) NAME##_qt(j, m0, M, n0, n1, QT_Q8_0); \
+    else NAME##_qt(j, m0, M, n0, n1, QT_Q4_0); \
+}
+
+/* the portable kernel keeps 4 streams for one row of x (its accumulators live in memory, not registers) */
+static void range_c(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, int qt) {
+    if (M == 1 && qt == QT_Q8_0) SPREAD(qblock_c, 1, 4, QT_Q8_0);
+    else if (M == 1) SPREAD(qblock_c, 1, 4, QT_Q4_0);
+    else if (qt == QT_Q8_0) for (int64_t n = n0; n < n1; n++) qblock_c(j, m0, M, n, 1, 1, QT_Q8_0);
+    else for (int64_t n = n0; n < n1; n++) qblock_c(j, m0, M, n, 1, 1, QT_Q4_0);
+}
+#ifdef QG_X86
+RANGE_M(range_avx2, qblock_avx2, AVX2)
+RANGE_M(range_avx512, qblock_avx512, AVX512)
+#endif
+
+/* Rows [n0, n1) for every row of x, 8 rows of x at a time: a chunk's weights (~256 KiB) are read from
+   memory once and from L2 for the next 8 rows. */
+static void run_rows(const QJob *j, int64_t n0, int64_t n1, int qt, int isa) {
+    for (int64_t m0 = 0; m0 < j->M; m0 += 8) {
+        const int M = (int)(j->M - m0 < 8 ? j->M - m0 : 8);
+#ifdef QG_X86
+        if (isa == ISA_AVX512) { range_avx512(j, m0, M, n0, n1, qt); continue; }
+        if (isa == ISA_AVX2) { range_avx2(j, m0, M, n0, n1, qt); continue; }
+#endif
+        range_c(j, m0, M, n0, n1, qt);
+    }
+}
+
+/* 2: AVX-512 F/BW (and AVX2/FMA/F16C), 1: AVX2/FMA/F16C, 0: portable C; libgcc checks the OS saves the
+   registers' state too (xgetbv). */
+int qgemv_isa(void) {
+#ifdef QG_X86
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return ISA_AVX512;
+    return avx2 ? ISA_AVX2 : ISA_C;
+#else
+    return ISA_C;
+#endif
+}
+
+int qgemv_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifndef QG_CHUNK_BYTES
+#define QG_CHUNK_BYTES 262144
+#endif
+/* Rows per chunk: ~256 KiB of weights, at least 4 chunks a thread, a multiple of 8 rows (gemv.c's rule). */
+static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nthreads) {
+    int64_t rows = row_bytes > 0 ? QG_CHUNK_BYTES / row_bytes : N;
+    const int64_t fair = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
+    if (rows > fair) rows = fair;
+    rows = rows / 8 * 8;
+    return rows < 8 ? 8 : rows;
+}
+
+static inline int64_t chunk_end(int64_t c, int64_t rows, int64_t N) { return (c + 1) * rows < N ? (c + 1) * rows : N; }
+
+/* y = x . dequant(w)^T (+ bias). 0, or -2 for a type this kernel does not know. Chunks go to the threads
+   of torch's OpenMP pool one by one, as in gemv.c; the Python side picks the thread count. */
+int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int qt, const float *bias, float *y,
+          int nthreads, int isa) {
+    if (qt != QT_Q8_0 && qt != QT_Q4_0) return -2;
+    if (M <= 0 || N <= 0) return 0;
+    const int64_t nb = K / QK;
+    const QJob job = {M, N, K, nb, nb * block_bytes(qt), x, w, bias, y};
+    if (nthreads < 1) nthreads = 1;
+    const int64_t rows = chunk_rows(N, job.row_bytes, nthreads), chunks = (N + rows - 1) / rows;
+    if (nthreads > chunks) nthreads = (int)chunks;
+    if (nthreads <= 1) {                                /* no parallel region at all: ~1 us less */
+        for (int64_t c = 0; c < chunks; c++) run_rows(&job, c * rows, chunk_end(c, rows, N), qt, isa);
+        return 0;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+#endif
+    for (int64_t c = 0; c < chunks; c++) run_rows(&job, c * rows, chunk_end(c, rows, N), qt, isa);
+    return 0;
+}
+
+/* qgemv() with its arguments in one block of 10 int64 (_ARGS in cpu_qgemv.py): one ctypes argument is cheaper. */
+int qgemv_packed(const void *block) {
+    int64_t a[10];
+    memcpy(a, block, sizeof a);                         /* a Python bytes object: no alignment promised */
+    return qgemv(a[0], a[1], a[2], (const float *)(intptr_t)a[3], (const uint8_t *)(intptr_t)a[4], (int)a[5],
+                 (const float *)(intptr_t)a[6], (float *)(intptr_t)a[7], (int)a[8], (int)a[9]);
+}

@@ -1,0 +1,185 @@
+"""The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0
+blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against ``gguf.quants.dequantize`` (the
+reference package) and a float64 matmul, exactly where the arithmetic is exact, and the checks that stand
+between a tensor and a raw pointer."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize as gguf_dequantize
+
+from npu_runtime.backends import cpu_qgemv
+
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+BYTES = {"q8_0": 34, "q4_0": 18}
+U = 2.0**-24  # fp32's unit roundoff
+
+
+@pytest.fixture(scope="module")
+def qlib():
+    library = cpu_qgemv._load()
+    if library is None:
+        pytest.skip(f"no native quantized GEMV here: {cpu_qgemv.native_status()}")
+    return library
+
+
+@pytest.fixture(params=list(cpu_qgemv.ISAS))
+def isa(request, qlib) -> str:
+    """Each kernel this CPU can run (the portable one always; AVX2 is also run where AVX-512 is the default)."""
+    if cpu_qgemv.ISAS[request.param] > qlib.isa:
+        pytest.skip(f"this CPU has no {request.param}")
+    return request.param
+
+
+@pytest.fixture
+def fallback(monkeypatch):
+    """Every call through the torch path (what a machine without gcc runs)."""
+    for name, value in (("_native_enabled", True), ("_library", None), ("_load_failed", "no compiler (test)"),
+                        ("_warned", False)):
+        monkeypatch.setattr(cpu_qgemv, name, value)
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int, exp: tuple[int, int] | None = None) -> np.ndarray:
+    """``n`` rows of ``k / 32`` random blocks: every code byte random (Q8_0's -128 included, which GGML's
+    quantizer never writes but a file may hold), fp16 scales finite: normal * 0.02, or 2^e, e in ``exp``."""
+    rng = np.random.default_rng(seed)
+    nb = k // 32
+    blocks = rng.integers(0, 256, size=(n, nb, BYTES[qtype]), dtype=np.uint8)
+    if exp is None:
+        d = (rng.standard_normal((n, nb)) * 0.02).astype(np.float16)
+    else:
+        d = np.ldexp(np.ones((n, nb)), rng.integers(exp[0], exp[1] + 1, size=(n, nb))).astype(np.float16)
+    blocks[..., :2] = d.reshape(n, nb, 1).view(np.uint8)
+    return blocks.reshape(n, nb * BYTES[qtype])
+
+
+def reference(raw: np.ndarray, qtype: str, x: np.ndarray, bias: np.ndarray | None = None):
+    """The float64 product of ``x`` with gguf's dequantized weights, and ``Σ |x·w| (+ |bias|)`` per output."""
+    w = gguf_dequantize(raw, GGML[qtype]).astype(np.float64)
+    assert w.shape == (raw.shape[0], x.shape[1])
+    want, scale = x.astype(np.float64) @ w.T, np.abs(x.astype(np.float64)) @ np.abs(w).T
+    if bias is not None:
+        want, scale = want + bias, scale + np.abs(bias)
+    return want, scale
+
+
+def check_close(y: torch.Tensor, want: np.ndarray, scale: np.ndarray, k: int) -> None:
+    """Within fp32's rounding of a dot product: ``d·q`` is exact in fp32 (11 x 8 bits), so the reference is
+    exact and the error is the result's roundings alone. Each term passes through at most ``k + 8`` of them
+    (its product; the sums in its block, of its row and of the lanes; the scale by ``d``; the bias), in any
+    order the kernels or BLAS use, so ``|error| <= γ(k + 8) · Σ|x·w|`` (Higham's bound, γ(n) = nu / (1 - nu)).
+    Typical errors are ~sqrt(k) times smaller; the exact test below catches layout mistakes bit for bit."""
+    n = k + 8
+    tol = n * U / (1 - n * U) * scale
+    err = np.abs(y.numpy().astype(np.float64) - want)
+    assert (err <= tol).all(), f"max error {err.max():.3g}, tolerance there {tol.flat[err.argmax()]:.3g}"
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128),
+                                            (9, 17, 64)])
+def test_every_kernel_against_gguf(isa, qtype, m, n, k):
+    raw = random_blocks(qtype, n, k, seed=m * 1000 + n)
+    x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
+    want, scale = reference(raw, qtype, x)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
+    check_close(y, want, scale, k)
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+@pytest.mark.parametrize("m", [1, 4])
+def test_exact_arithmetic_gives_the_exact_result(isa, qtype, m):
+    """Scales 2^-2..2^2 and integer x in [-8, 8]: every product, partial sum and result is a multiple of 1/4
+    below 2^20, exact in fp32 in any order, so any kernel must give the float64 result bit for bit (a nibble
+    or byte taken from the wrong place would show)."""
+    k, n = 256, 67
+    raw = random_blocks(qtype, n, k, seed=7 + m, exp=(-2, 2))
+    x = np.random.default_rng(m).integers(-8, 9, size=(m, k)).astype(np.float32)
+    want, _ = reference(raw, qtype, x)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
+    np.testing.assert_array_equal(y.numpy().astype(np.float64), want)
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+def test_bias_threads_and_ggml_ids(qlib, qtype):
+    """A bias is added; two threads give the bits of one (a row is always summed alike); GGML's type id names
+    the layout as well as its name."""
+    m, n, k = 2, 1000, 512
+    raw = random_blocks(qtype, n, k, seed=3)
+    x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
+    bias = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    plan = cpu_qgemv.QGemv(torch.from_numpy(raw), GGML[qtype], torch.from_numpy(bias))
+    one = plan(torch.from_numpy(x), threads=1)
+    assert torch.equal(plan(torch.from_numpy(x), threads=2), one)
+    want, scale = reference(raw, qtype, x, bias.astype(np.float64))
+    check_close(one, want, scale, k)
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+def test_the_torch_fallback_dequantizes_like_gguf(fallback, qtype):
+    raw = random_blocks(qtype, 13, 96, seed=11)
+    np.testing.assert_array_equal(cpu_qgemv.dequantize(torch.from_numpy(raw), qtype).numpy(),
+                                  gguf_dequantize(raw, GGML[qtype]))
+    x = np.random.default_rng(12).standard_normal((4, 96)).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), qtype)
+    check_close(y, *reference(raw, qtype, x), 96)
+    assert cpu_qgemv.native_status().startswith("torch (")
+
+
+def test_the_isa_cap(qlib, monkeypatch):
+    monkeypatch.setenv("TORCH_IR_QGEMV_ISA", "c")
+    assert cpu_qgemv.native_status().startswith("native c,")
+    monkeypatch.setenv("TORCH_IR_QGEMV_ISA", "sse9")
+    with pytest.raises(ValueError, match="TORCH_IR_QGEMV_ISA='sse9' is not one of c, avx2, avx512"):
+        cpu_qgemv.native_status()
+    w = torch.from_numpy(random_blocks("q8_0", 3, 32, 0))
+    with pytest.raises(ValueError, match="isa 'neon' is not one of"):
+        cpu_qgemv.QGemv(w, "q8_0")(torch.zeros(1, 32), isa="neon")
+
+
+def test_bad_inputs_are_refused_before_the_kernel(qlib):
+    w = torch.from_numpy(random_blocks("q8_0", 5, 64, 0))  # [5, 68]
+    x = torch.zeros(1, 64)
+    plan = cpu_qgemv.QGemv(w, "q8_0")
+    with pytest.raises(ValueError, match="K = 48 is not a multiple of q8_0's block of 32"):
+        plan(torch.zeros(1, 48))
+    with pytest.raises(ValueError, match="x has K = 96, the q8_0 weight holds K = 64"):
+        plan(torch.zeros(1, 96))
+    with pytest.raises(ValueError, match="whole blocks of 34 bytes; got 67 bytes per row"):
+        cpu_qgemv.QGemv(w[:, :67].contiguous(), "q8_0")
+    with pytest.raises(ValueError, match="whole blocks of 18 bytes; got 68 bytes per row"):
+        cpu_qgemv.QGemv(w, "q4_0")
+    with pytest.raises(ValueError, match="weight must be a 2-D uint8 tensor"):
+        cpu_qgemv.QGemv(w.reshape(-1), "q8_0")
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q8_0", 5, 128, 0))[:, :68], "q8_0")
+    with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor, got torch.int8"):
+        cpu_qgemv.QGemv(w.view(torch.int8), "q8_0")
+    with pytest.raises(ValueError, match="weight type 'q5_1' is not one of q8_0, q4_0"):
+        cpu_qgemv.QGemv(w, "q5_1")
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        plan(torch.zeros(2, 128)[:, ::2])
+    with pytest.raises(TypeError, match="x must be a CPU torch.float32 tensor, got torch.float64"):
+        plan(x.double())
+    with pytest.raises(ValueError, match="bias has shape"):
+        cpu_qgemv.QGemv(w, "q8_0", torch.zeros(4))
+    with pytest.raises(ValueError, match="out has shape"):
+        plan(x, out=torch.zeros(1, 4))
+    buf = torch.zeros(64 + 5)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        plan(buf[:64].view(1, 64), out=buf[60:65].view(1, 5))
+    shrunk = torch.zeros(5, 68, dtype=torch.uint8)
+    shrunk.untyped_storage().resize_(100)
+    with pytest.raises(ValueError, match="weight claims 340 bytes beyond what its storage holds"):
+        cpu_qgemv.QGemv(shrunk, "q8_0")
+
+
+def test_the_source_is_package_data():
+    source = importlib.resources.files("npu_runtime.backends").joinpath("gemv_q.c").read_text(encoding="utf-8")
+    assert "int qgemv_packed(" in source
