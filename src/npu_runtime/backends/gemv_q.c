@@ -67,12 +67,14 @@ void qblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * bs;
             const float d = f16_to_f32(load_u16(blk));
+            int8_t c[QK];  /* the codes as int8 first: gcc vectorizes the two plain loops, not one mixed */
             float q[QK];
-            if (qt == QT_Q8_0) for (int i = 0; i < QK; i++) q[i] = (float)(int8_t)blk[2 + i];
+            if (qt == QT_Q8_0) memcpy(c, blk + 2, QK);
             else for (int i = 0; i < QK / 2; i++) {
-                q[i] = (float)((blk[2 + i] & 15) - 8);
-                q[i + QK / 2] = (float)((blk[2 + i] >> 4) - 8);
+                c[i] = (int8_t)((blk[2 + i] & 15) - 8);
+                c[i + QK / 2] = (int8_t)((blk[2 + i] >> 4) - 8);
             }
+            for (int i = 0; i < QK; i++) q[i] = (float)c[i];
             for (int m = 0; m < M; m++) {
                 const float *xr = j->x + (m0 + m) * j->K + b * QK;
                 float s[GL];
