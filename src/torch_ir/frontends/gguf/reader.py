@@ -230,6 +230,8 @@ def _metadata(cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict[str, str]]:
     types: dict[str, str] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}", MAX_KEY)
+        if not key:
+            raise cur.fail(f"metadata key #{i}", "is empty; every key names a field")
         if key in metadata:
             raise cur.fail(f"metadata key {key!r}", "appears twice; each key must be unique")
         vtype = cur.u32(f"metadata {key!r} (its value type)")
