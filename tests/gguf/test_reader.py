@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import gguf
@@ -77,11 +78,24 @@ def test_tensors_round_trip(tmp_path: Path, alignment: int | None) -> None:
         assert f.tensor("b").data.dtype == torch.uint8 and tuple(f.tensor("b").data.shape) == (4, 2 * 34)
 
 
-def test_views_are_copy_on_write(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "t.gguf", "llama", _tensors())
-    before = path.read_bytes()
+def test_large_sparse_file_is_mapped_not_read(tmp_path: Path) -> None:
+    """A 3 GiB tensor (a sparse file: no disk used) is opened and viewed without reading it into memory."""
+    import resource
+
+    path = write_gguf(tmp_path / "t.gguf", "llama", {"small": (np.ones(32, np.float32), "F32")})
+    head = path.read_bytes()
+    ne0 = 3 << 30  # I8 elements: 3 GiB
+    # rewrite the one tensor record as a 3 GiB I8 tensor and extend the file sparsely to hold it
+    record = b"small" + struct.pack("<IQIQ", 1, 32, 0, 0)
+    assert head.count(record) == 1
+    path.write_bytes(head.replace(record, b"small" + struct.pack("<IQIQ", 1, ne0, 24, 0)))
+    with open(path, "r+b") as fh:
+        fh.truncate(len(head) + ne0)  # the data section starts inside the original file
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     f = read_gguf(path)
-    f.tensor("a").data.add_(1)  # a caller scribbling on a view changes its own pages, never the file
-    assert path.read_bytes() == before
+    t = f.tensor("small")
+    assert t.shape == (ne0,) and t.data.dtype == torch.int8 and int(t.data[-1]) == 0
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 100 << 10, f"peak RSS grew by {grown_kib} KiB"
     with pytest.raises(GGUFError, match="has no tensor 'x'"):
         f.tensor("x")

@@ -2,9 +2,10 @@
 the file's size and ``torch_ir.limits`` before anything is allocated or read.
 
 The file is mapped, not read: metadata is parsed from the mapping and each tensor is a zero-copy view of it,
-so a multi-GB model costs address space, not memory, until its tensors are used. The mapping is
-copy-on-write (``numpy.memmap`` mode ``"c"``): a caller who writes into a view changes its own pages,
-never the file, and never faults on a read-only page.
+so a multi-GB model costs address space, not memory, until its tensors are used. The mapping is read-only
+(``numpy.memmap`` mode ``"r"``): a copy-on-write one would be charged in full against the machine's commit
+limit, so a model larger than RAM + swap could not even be opened. Views are therefore read-only memory:
+``clone()`` one before writing into it (a write into a view is a segmentation fault).
 
 Layout (GGUF v2/v3, little-endian; https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)::
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import difflib
 import os
 import struct
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +76,8 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class GGUFTensor:
-    """A tensor's data: the raw uint8 blocks (a block type) or its values (a plain type), a view of the file."""
+    """A tensor's data: the raw uint8 blocks (a block type) or its values (a plain type), a read-only view of
+    the mapped file (``clone()`` it before writing into it)."""
 
     name: str
     type: GGMLType
@@ -114,9 +117,11 @@ class GGUFFile:
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else f" ({len(self.tensors)} tensors)"
             raise GGUFError(f"GGUF file {str(self.path)!r} has no tensor {name!r}{hint}")
         if self._map is None:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="c").view(np.ndarray)
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r").view(np.ndarray)
         start = self.data_offset + info.offset
-        raw = torch.from_numpy(self._map[start:start + info.nbytes])
+        with warnings.catch_warnings():  # read-only on purpose (module docstring); torch warns about it
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            raw = torch.from_numpy(self._map[start:start + info.nbytes])
         dtype = PLAIN_DTYPES.get(info.type.name)
         if dtype is None:
             row_bytes = info.ne[0] // info.type.block * info.type.nbytes  # rows of whole blocks
@@ -197,7 +202,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     if size < 24:
         raise GGUFError(f"GGUF file {str(source)!r} is {size} bytes, shorter than the 24-byte header (magic, "
                         f"version, tensor count, metadata count); the file is truncated or not GGUF")
-    buf = np.memmap(source, dtype=np.uint8, mode="c").view(np.ndarray)
+    buf = np.memmap(source, dtype=np.uint8, mode="r").view(np.ndarray)
     cur = _Cursor(buf, source)
     version, n_tensors, n_kv = _header(cur)
     metadata, types = _metadata(cur, n_kv)
