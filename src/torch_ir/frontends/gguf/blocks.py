@@ -178,7 +178,7 @@ def dequantize(raw: torch.Tensor, t: int | str | GGMLType, shape: Sequence[int])
     if gt.name in PLAIN_DTYPES and raw.dtype != torch.uint8:
         if raw.numel() != numel:
             raise IRValidationError(f"{what}: it holds {raw.numel()} values, the shape needs {numel}")
-        return raw.to(torch.float32).reshape(shape)
+        return raw.to(torch.float32, copy=True).reshape(shape)  # a new tensor: views of the file are read-only
     if gt.name in PLAIN_DTYPES:
         return dequantize(raw.contiguous().view(PLAIN_DTYPES[gt.name]), gt, shape)
     fn = _DEQUANT.get(gt.name)
