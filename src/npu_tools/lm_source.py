@@ -33,7 +33,8 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
             chunk: int = DEFAULT_CHUNK, target: str | Target = "cpu",
             progress: Any = None) -> LoadedLM:
     """Build, extract and compile an LLM from a Hugging Face checkpoint directory (``config.json`` plus
-    safetensors weights, as downloaded) or a zoo name (random seeded weights, no tokenizer).
+    safetensors weights, as downloaded), a GGUF file (``npu_tools.lm_gguf``: llama, qwen2, mistral) or a zoo name
+    (random seeded weights, no tokenizer).
 
     The model is built on the meta device and only the weights are read; ``dtype`` (``float32``,
     ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
@@ -41,6 +42,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     """
     import torch
 
+    from npu_tools.lm_gguf import gguf_lm, is_gguf_path
     from torch_ir.frontends.hf import extract_lm
     from torch_ir.frontends.hf_checkpoint import load_checkpoint
     from torch_ir.frontends.hf_model import is_hf_model_path
@@ -49,7 +51,9 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     torch_dtype = _torch_dtype(dtype)
     step("load")
     # a config.json alone is refused there too: generating needs the weights beside it
-    if is_hf_model_path(source):
+    if is_gguf_path(source):
+        meta, name, tokenizer, eos, weights, torch_dtype = gguf_lm(source, torch_dtype)
+    elif is_hf_model_path(source):
         checkpoint = load_checkpoint(source)
         torch_dtype = torch_dtype or checkpoint.dtype
         meta = checkpoint.build_on_meta(torch_dtype)

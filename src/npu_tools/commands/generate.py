@@ -23,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("generate", help="generate text with an LLM compiled into prefill and decode programs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", help="a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json) "
-                                  "or a zoo LLM name (llama, qwen2: random weights, no tokenizer)")
+    p.add_argument("source", help="a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), "
+                                  "a GGUF file (llama, qwen2, mistral) or a zoo LLM name (llama, qwen2: random "
+                                  "weights, no tokenizer)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer")
     prompt.add_argument("--prompt-ids", help="token ids, comma-separated (e.g. 1,2,3)")
@@ -52,9 +53,10 @@ def _check_early(args: argparse.Namespace) -> None:
     """Refuse what is wrong before minutes of building and compiling: a text prompt for a model without a
     tokenizer, token ids that cannot fit in the cache."""
     from npu_runtime import RuntimeInputError
+    from npu_tools.lm_gguf import is_gguf_path
     from torch_ir.frontends.hf_model import is_hf_model_path
 
-    if args.prompt is not None and not is_hf_model_path(args.source):
+    if args.prompt is not None and not (is_hf_model_path(args.source) or is_gguf_path(args.source)):
         raise RuntimeInputError(f"{args.source!r} is a zoo model, which has no tokenizer: give --prompt-ids, or a "
                                 "checkpoint directory with tokenizer.json")
     if args.prompt_ids is not None:

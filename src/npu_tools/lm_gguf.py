@@ -1,0 +1,75 @@
+"""An LLM from a GGUF file (llama.cpp's format) for ``load_lm``: the metadata as a Hugging Face config (the model
+built on the meta device from it), the tokenizer from the file's vocabulary and merges, the weights by HF key.
+
+The block-quantized tensors (Q8_0, Q4_0, Q4_K, Q6_K, ...) are dequantized to the compute dtype when the weights
+are read: the native block kernels (``npu_runtime.backends.cpu_qgemv``) are not yet wired into the LLM programs, so
+the file's bytes are not yet what a decode step reads (one warning says so). Dequantization is bit-exact against
+the ``gguf`` package's (``torch_ir.frontends.gguf.dequantize``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def is_gguf_path(source: str | os.PathLike[str]) -> bool:
+    """A regular file whose name ends in ``.gguf`` (its magic and every field are checked when it is read)."""
+    path = Path(source)
+    return path.suffix.lower() == ".gguf" and path.is_file()
+
+
+class GGUFTokenizer:
+    """``encode(text) -> ids`` / ``decode(ids) -> text`` of the file's tokenizer, without added special tokens (a
+    prompt is the text's tokens, as the checkpoint tokenizer gives them)."""
+
+    def __init__(self, fast: Any) -> None:
+        self.fast = fast
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.fast.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.fast.decode(ids)
+
+
+def gguf_lm(source: str | os.PathLike[str], torch_dtype: Any) -> tuple[Any, str, Any, set[int], Any, Any]:
+    """(meta model, name, tokenizer or None, eos ids, a function reading the weights, the dtype) of a GGUF file."""
+    import torch
+    import transformers
+
+    import torch_ir
+    from torch_ir.frontends.gguf import build_fast_tokenizer, hf_state_dict, read_gguf, token_ids, transformers_config
+
+    f = read_gguf(source)
+    config = transformers_config(f)
+    types = Counter(info.type.name for info in f.tensors.values())
+    dtype = torch_dtype or getattr(torch, _default_dtype(types))
+    with torch_ir.build_on_meta():
+        meta = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    has_vocab = "tokenizer.ggml.tokens" in f.metadata
+    tokenizer = GGUFTokenizer(build_fast_tokenizer(f)) if has_vocab else None
+    eos = {token_ids(f)["eos"]} if has_vocab and "eos" in token_ids(f) else set()
+    quantized = sorted(t for t in types if t and t not in _FLOAT_TYPES)
+
+    def weights() -> dict[str, Any]:
+        if quantized:
+            warnings.warn(f"{Path(source).name}: its {', '.join(quantized)} tensors are dequantized to "
+                          f"{str(dtype).removeprefix('torch.')} as they are read: the block-layout decode kernels are "
+                          "not yet in the LLM programs", stacklevel=3)
+        return {k: v.to(dtype) for k, v in hf_state_dict(f).items()}
+
+    return meta, Path(source).stem, tokenizer, eos, weights, dtype
+
+
+def _default_dtype(types: Counter) -> str:
+    """The file's float type when its tensors are float (BF16, then F16), else float32."""
+    for ggml, name in (("BF16", "bfloat16"), ("F16", "float16")):
+        if types.get(ggml):
+            return name
+    return "float32"
