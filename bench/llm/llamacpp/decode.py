@@ -18,7 +18,8 @@ LM head is tied to it, when the head reads it whole), counted from the GGUF's ow
 the machine's streaming-read bandwidth — ``measure_stream_bandwidth`` of ``bench/gemv/bandwidth.py`` (the
 toolkit's compiled plain read loop, all threads and one, and ``torch.mv``; the best), measured in the same run
 by the toolkit's Python (``--floor-python``, default ``.venv/bin/python`` at the repository root), since this
-venv does not install the toolkit. ratio = llama.cpp decode ms / floor ms (1.0 = at the memory floor).
+venv does not install the toolkit; before and after the files, the faster of the two. ratio = llama.cpp
+decode ms / floor ms (1.0 = at the memory floor).
 
 ``--logits-out`` writes an ``.npz`` per file (``<out stem>-<type>.npz`` with several files) holding ``tokens``
 (the P prompt ids then the N decoded ids) and ``logits`` (N + 1 rows of float32: after the prompt, then after
@@ -163,6 +164,8 @@ def main() -> int:
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing or min(args.threads, args.prompt, args.new_tokens, args.repeats) < 1:
         parser.error(f"missing files {missing}" if missing else "--threads/--prompt/--new-tokens/--repeats >= 1")
+    # The floor before and after the files, the faster kept: a neighbour's load during one measurement would
+    # otherwise set a floor below what llama.cpp itself reaches (a ratio under 1).
     floor = None if args.floor_python == "none" else measure_floor(args.floor_python, args.threads, args.floor_reps)
     rows = []
     for path in args.files:
@@ -172,6 +175,8 @@ def main() -> int:
         rows.append(bench_file(path, args, out))
         print(json.dumps(rows[-1]), flush=True)
     if floor is not None:
+        after = measure_floor(args.floor_python, args.threads, args.floor_reps)
+        floor = max(floor, after, key=lambda f: f["gbs"])
         print_table(rows, floor, args)
     if args.json:
         args.json.write_text(json.dumps(dict(floor=floor, rows=rows, args={k: str(v) for k, v in vars(args).items()}),
