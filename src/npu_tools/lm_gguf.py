@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from torch_ir.errors import IRValidationError, TorchIRError
+
 _FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
@@ -26,16 +28,33 @@ def is_gguf_path(source: str | os.PathLike[str]) -> bool:
 
 class GGUFTokenizer:
     """``encode(text) -> ids`` / ``decode(ids) -> text`` of the file's tokenizer, without added special tokens (a
-    prompt is the text's tokens, as the checkpoint tokenizer gives them)."""
+    prompt is the text's tokens, as the checkpoint tokenizer gives them). A tokenizer the reader cannot build yet
+    (SentencePiece) is an error when text is encoded or decoded, not when the model loads: token ids still run."""
 
-    def __init__(self, fast: Any) -> None:
-        self.fast = fast
+    def __init__(self, fast: Any = None, unsupported: str | None = None) -> None:
+        self.fast, self.unsupported = fast, unsupported
+
+    def _ready(self) -> Any:
+        if self.fast is None:
+            raise TorchIRError(f"{self.unsupported}; give the prompt as token ids (--prompt-ids)")
+        return self.fast
 
     def encode(self, text: str) -> list[int]:
-        return list(self.fast.encode(text, add_special_tokens=False))
+        return list(self._ready().encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        return self.fast.decode(ids)
+        return self._ready().decode(ids)
+
+
+def _tokenizer(f: Any) -> GGUFTokenizer | None:
+    from torch_ir.frontends.gguf import build_fast_tokenizer
+
+    if "tokenizer.ggml.tokens" not in f.metadata:
+        return None
+    try:
+        return GGUFTokenizer(build_fast_tokenizer(f))
+    except IRValidationError as e:  # e.g. a SentencePiece vocabulary: not built yet
+        return GGUFTokenizer(unsupported=str(e))
 
 
 def gguf_lm(source: str | os.PathLike[str], torch_dtype: Any) -> tuple[Any, str, Any, set[int], Any, Any]:
@@ -44,7 +63,7 @@ def gguf_lm(source: str | os.PathLike[str], torch_dtype: Any) -> tuple[Any, str,
     import transformers
 
     import torch_ir
-    from torch_ir.frontends.gguf import build_fast_tokenizer, hf_state_dict, read_gguf, token_ids, transformers_config
+    from torch_ir.frontends.gguf import hf_state_dict, read_gguf, token_ids, transformers_config
 
     f = read_gguf(source)
     config = transformers_config(f)
@@ -52,9 +71,9 @@ def gguf_lm(source: str | os.PathLike[str], torch_dtype: Any) -> tuple[Any, str,
     dtype = torch_dtype or getattr(torch, _default_dtype(types))
     with torch_ir.build_on_meta():
         meta = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
-    has_vocab = "tokenizer.ggml.tokens" in f.metadata
-    tokenizer = GGUFTokenizer(build_fast_tokenizer(f)) if has_vocab else None
-    eos = {token_ids(f)["eos"]} if has_vocab and "eos" in token_ids(f) else set()
+    tokenizer = _tokenizer(f)
+    ids = token_ids(f) if "tokenizer.ggml.tokens" in f.metadata else {}
+    eos = {ids["eos"]} if "eos" in ids else set()
     quantized = sorted(t for t in types if t and t not in _FLOAT_TYPES)
 
     def weights() -> dict[str, Any]:

@@ -52,3 +52,12 @@ def test_generate_command_takes_a_gguf_file(tmp_path: Path, capsys) -> None:
     assert main(["generate", str(path), "--prompt-ids", "5,17,33", "--max-new-tokens", "4",
                  "--max-cache-len", "32"]) == 0
     assert "tiny" in capsys.readouterr().err
+
+
+def test_a_tokenizer_not_built_yet_is_an_error_at_encode_not_at_load() -> None:
+    from npu_tools.lm_gguf import GGUFTokenizer
+    from torch_ir.errors import TorchIRError
+
+    tok = GGUFTokenizer(unsupported="f.gguf: tokenizer.ggml.model 'llama' (SentencePiece) is not supported yet")
+    with pytest.raises(TorchIRError, match=r"SentencePiece.*give the prompt as token ids \(--prompt-ids\)"):
+        tok.encode("hello")
