@@ -20,9 +20,9 @@ from .npu import Shape, _conv_shape, _gemm_shape, _same_as_first, npu_op
 
 _GRAN = {"axis": "the dimension a per-channel or per-group scale runs along (null: one scale for the tensor)",
          "group_size": "elements per scale along ``axis`` (null: per channel)"}
-_OUT = ("what y is: a quantized dtype (int8, uint8, int16: requantized with y_scale and y_zero_point), int32 (the "
-        "accumulators, as ConvInteger/MatMulInteger) or float32 (accumulators times x_scale·w_scale, dynamic "
-        "quantization)")
+_OUT = ("what y is: a quantized dtype (int8, uint8, int16, uint16: requantized with y_scale and y_zero_point), "
+        "int32 (the accumulators, as ConvInteger/MatMulInteger) or float32 (accumulators times x_scale·w_scale, "
+        "dynamic quantization)")
 _BIAS = ("a bias follows w_zero_point: int32 at scale x_scale·w_scale (ONNX), or float (PyTorch PT2E), quantized "
          "inside to int32 as round_half_even(bias / (x_scale·w_scale)) in float32")
 _ACT = "null or relu (fused: codes below y's zero point are raised to it)"
