@@ -96,7 +96,8 @@ def _zoo_lm(name: str) -> tuple[Any, Any]:
         entry = get_model(name)
     except KeyError:
         llms = [*list_models("llm"), *list_models("kv_cache")]
-        raise CompileError(f"{name!r} is neither a checkpoint directory (no config.json there) nor a zoo model; "
+        raise CompileError(f"{name!r} is neither a checkpoint directory (no config.json there), a GGUF file nor a "
+                           "zoo model; "
                            f"zoo LLMs: {', '.join(llms)}") from None
     meta, real = build_pair(entry)
     if isinstance(meta, StaticCacheLM):
