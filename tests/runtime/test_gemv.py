@@ -19,7 +19,7 @@ import npu_compiler
 from npu_compiler import CompileOptions
 from npu_program.kernels import KernelTest
 from npu_runtime import Device, Executor, NPUBuffer, load_weights
-from npu_runtime.backends import cpu_gemv
+from npu_runtime.backends import cpu_gemv, cpu_gemv_build
 from npu_runtime.backends.cpu_kernels import Gemm
 from npu_runtime.device import new_tensor
 from tests.kernels.test_kernel_table import make_inputs, one_node_ir
@@ -33,16 +33,16 @@ OUT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0*
 @pytest.fixture
 def portable(native, monkeypatch):
     """The portable C kernel instead of the AVX2 one (what a CPU without AVX2 runs)."""
-    monkeypatch.setattr(cpu_gemv, "_library", dataclasses.replace(native, isa=0))
+    monkeypatch.setattr(cpu_gemv._kernel, "library", dataclasses.replace(native, isa=0))
 
 
 @pytest.fixture
 def fallback(monkeypatch):
     """Every call through the torch path (what a machine without gcc runs)."""
-    monkeypatch.setattr(cpu_gemv, "_native_enabled", True)
-    monkeypatch.setattr(cpu_gemv, "_library", None)
-    monkeypatch.setattr(cpu_gemv, "_load_failed", "no compiler (test)")
-    monkeypatch.setattr(cpu_gemv, "_warned", True)
+    monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
+    monkeypatch.setattr(cpu_gemv._kernel, "library", None)
+    monkeypatch.setattr(cpu_gemv._kernel, "failed", "no compiler (test)")
+    monkeypatch.setattr(cpu_gemv._kernel, "warned", True)
 
 
 def random(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -212,10 +212,10 @@ def test_overlapping_outputs_are_refused(native):
 
 
 def test_the_fallback_warns_once_and_still_computes(monkeypatch):
-    monkeypatch.setattr(cpu_gemv, "_library", None)
-    monkeypatch.setattr(cpu_gemv, "_load_failed", "no C compiler (gcc) on PATH")
-    monkeypatch.setattr(cpu_gemv, "_warned", False)
-    monkeypatch.setattr(cpu_gemv, "_native_enabled", True)
+    monkeypatch.setattr(cpu_gemv._kernel, "library", None)
+    monkeypatch.setattr(cpu_gemv._kernel, "failed", "no C compiler (gcc) on PATH")
+    monkeypatch.setattr(cpu_gemv._kernel, "warned", False)
+    monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
     x, w = random((1, 30), torch.bfloat16, 0), random((7, 30), torch.bfloat16, 1)
     with pytest.warns(RuntimeWarning, match="no C compiler"):
         check_against_float64(cpu_gemv.gemv(x, w), x, w)
@@ -226,7 +226,7 @@ def test_the_fallback_warns_once_and_still_computes(monkeypatch):
 
 
 def test_set_native_enabled_switches_to_torch_without_a_warning(native, monkeypatch):
-    monkeypatch.setattr(cpu_gemv, "_native_enabled", True)
+    monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
     calls = []
     original = cpu_gemv.torch_gemv
     monkeypatch.setattr(cpu_gemv, "torch_gemv", lambda *a: (calls.append(1), original(*a))[1])

@@ -20,8 +20,9 @@ from tests.runtime.test_gemv import check_against_float64, random
 
 def fresh_state(monkeypatch, cache) -> None:
     monkeypatch.setenv("TORCH_IR_CACHE", str(cache))
-    for name, value in (("_library", None), ("_load_failed", None), ("_warned", False), ("_native_enabled", True)):
-        monkeypatch.setattr(cpu_gemv, name, value)
+    for name, value in (("library", None), ("failed", None), ("warned", False)):
+        monkeypatch.setattr(cpu_gemv._kernel, name, value)
+    monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
 
 
 def test_no_compiler_falls_back_without_building(tmp_path, monkeypatch):

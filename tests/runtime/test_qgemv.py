@@ -13,7 +13,7 @@ import pytest
 import torch
 from gguf.quants import dequantize as gguf_dequantize
 
-from npu_runtime.backends import cpu_qgemv
+from npu_runtime.backends import cpu_gemv_build, cpu_qgemv
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
 BYTES = {"q8_0": 34, "q4_0": 18}
@@ -39,9 +39,9 @@ def isa(request, qlib) -> str:
 @pytest.fixture
 def fallback(monkeypatch):
     """Every call through the torch path (what a machine without gcc runs)."""
-    for name, value in (("_native_enabled", True), ("_library", None), ("_load_failed", "no compiler (test)"),
-                        ("_warned", False)):
-        monkeypatch.setattr(cpu_qgemv, name, value)
+    for name, value in (("library", None), ("failed", "no compiler (test)"), ("warned", False)):
+        monkeypatch.setattr(cpu_qgemv._kernel, name, value)
+    monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
 
 
 def random_blocks(qtype: str, n: int, k: int, seed: int, exp: tuple[int, int] | None = None) -> np.ndarray:

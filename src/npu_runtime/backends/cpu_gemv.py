@@ -38,11 +38,8 @@ by ``bench/gemv`` (``bandwidth.py``).
 
 from __future__ import annotations
 
-import os
 import struct
-import threading
 import time
-import warnings
 from collections import deque
 
 import torch
@@ -63,59 +60,31 @@ SINGLE_THREAD_BYTES = 512 << 10
 #: ``gemv_packed``'s argument block: M N K x x_dtype w w_dtype bias bias_dtype res res_dtype y y_dtype threads isa
 _ARGS = struct.Struct("<15q")
 
-_lock = threading.Lock()
-_library: Library | None = None
-_load_failed: str | None = None  # why the kernel could not be had (set once; then every call uses torch)
-_warned = False
-_native_enabled = os.environ.get("TORCH_IR_NATIVE_GEMV", "1").strip().lower() not in ("0", "false", "no", "off")
+_kernel = cpu_gemv_build.NativeKernel(
+    "GEMV", cpu_gemv_build.load, lambda library: "AVX2/FMA" if library.isa == 1 else "portable C",
+    "one-token GEMMs run at PyTorch's speed")
 
 
 def set_native_enabled(enabled: bool) -> bool:
-    """Use the compiled kernel (True, the default unless ``TORCH_IR_NATIVE_GEMV=0``) or always the torch
-    path (False: a test of the fallback, or a comparison). Returns the previous setting."""
-    global _native_enabled
-    previous, _native_enabled = _native_enabled, bool(enabled)
-    return previous
+    """Use the compiled kernels (True, the default unless ``TORCH_IR_NATIVE_GEMV=0``) or always the torch
+    paths (False: a test of the fallback, or a comparison): one switch for this and the quantized GEMV.
+    Returns the previous setting."""
+    return cpu_gemv_build.set_enabled(enabled)
 
 
 def native_status() -> str:
     """One line: which implementation :func:`gemv` runs here, and why."""
-    if not _native_enabled:
-        return "torch (native GEMV disabled by TORCH_IR_NATIVE_GEMV=0 or set_native_enabled(False))"
-    library = _load()
-    if library is None:
-        return f"torch (native GEMV unavailable: {_load_failed})"
-    isa = "AVX2/FMA" if library.isa == 1 else "portable C"
-    threads = "OpenMP" if library.openmp else "one thread (built without OpenMP)"
-    return f"native {isa}, {threads}: {library.path}"
+    return _kernel.status()
 
 
 def native_available() -> bool:
     """Whether calls run the compiled kernel (building it now if it is not built yet)."""
-    return _native_enabled and _load() is not None
+    return cpu_gemv_build.NativeKernel.enabled and _kernel.load() is not None
 
 
 def _load() -> Library | None:
-    """The compiled kernel, built on first use; None (once, with a warning) when it cannot be had."""
-    global _library, _load_failed
-    if _library is not None or _load_failed is not None:
-        return _library
-    with _lock:
-        if _library is not None or _load_failed is not None:
-            return _library
-        try:
-            _library = cpu_gemv_build.load()
-        except cpu_gemv_build.BuildError as exc:
-            _load_failed = str(exc)
-        return _library
-
-
-def _warn_fallback() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(f"torch_ir CPU GEMV: {native_status()}; one-token GEMMs run at PyTorch's speed",
-                      RuntimeWarning, stacklevel=3)
+    """The compiled kernel, built on first use; None when it cannot be had."""
+    return _kernel.load()
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -210,10 +179,8 @@ class Gemv:
         for (p, _, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xc, xn), "x")):
             if _overlap(yp, yn, p, size):
                 raise ValueError(f"gemv: out overlaps {what}")
-        library = _load() if _native_enabled else None
+        library = _kernel.for_call()
         if library is None:
-            if _native_enabled:
-                _warn_fallback()
             return torch_gemv(x, self.weight, self.bias, residual, out)
         w, b = self._w, self._b
         policy = None

@@ -21,6 +21,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -171,5 +174,60 @@ def load_q() -> Library:
     return Library(lib, path, int(lib.qgemv_isa()), bool(lib.qgemv_openmp()))
 
 
-__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "SOURCE_NAME", "BuildError", "Library", "build", "cache_dir",
-           "find_compiler", "kernel_source", "load", "load_q", "open_library", "private"]
+class NativeKernel:
+    """One compiled kernel as its Python module uses it: built on first use by ``build`` (:func:`load`,
+    :func:`load_q`), the outcome kept (the library, or why it could not be had: then every call takes the torch
+    path, and one warning says so). ``NativeKernel.enabled`` is one switch for every native GEMV
+    (``TORCH_IR_NATIVE_GEMV=0``; ``set_native_enabled`` of either module)."""
+
+    enabled = os.environ.get("TORCH_IR_NATIVE_GEMV", "1").strip().lower() not in ("0", "false", "no", "off")
+
+    def __init__(self, what: str, build: Callable[[], Library], isa_name: Callable[[Library], str],
+                 fallback_note: str) -> None:
+        self.what, self._build, self._isa_name, self._note = what, build, isa_name, fallback_note
+        self._lock = threading.Lock()
+        self.library: Library | None = None
+        self.failed: str | None = None
+        self.warned = False
+
+    def load(self) -> Library | None:
+        """The library, built now if it is not yet (once per process: a failure is kept, not retried)."""
+        if self.library is not None or self.failed is not None:
+            return self.library
+        with self._lock:
+            if self.library is None and self.failed is None:
+                try:
+                    self.library = self._build()
+                except BuildError as exc:
+                    self.failed = str(exc)
+            return self.library
+
+    def status(self) -> str:
+        """One line: which implementation calls run here, and why."""
+        if not NativeKernel.enabled:
+            return "torch (native GEMV disabled by TORCH_IR_NATIVE_GEMV=0 or set_native_enabled(False))"
+        library = self.load()
+        if library is None:
+            return f"torch (native {self.what} unavailable: {self.failed})"
+        threads = "OpenMP" if library.openmp else "one thread (built without OpenMP)"
+        return f"native {self._isa_name(library)}, {threads}: {library.path}"
+
+    def for_call(self) -> Library | None:
+        """The library a call runs, or None for the torch path; the first fallback of a wanted kernel warns."""
+        if not NativeKernel.enabled:
+            return None
+        library = self.load()
+        if library is None and not self.warned:
+            self.warned = True
+            warnings.warn(f"torch_ir CPU {self.what}: {self.status()}; {self._note}", RuntimeWarning, stacklevel=4)
+        return library
+
+
+def set_enabled(enabled: bool) -> bool:
+    """``NativeKernel.enabled``, the one switch; returns the previous setting."""
+    previous, NativeKernel.enabled = NativeKernel.enabled, bool(enabled)
+    return previous
+
+
+__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "SOURCE_NAME", "BuildError", "Library", "NativeKernel", "build",
+           "cache_dir", "find_compiler", "kernel_source", "load", "load_q", "open_library", "private", "set_enabled"]

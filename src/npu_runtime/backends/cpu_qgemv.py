@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -60,15 +58,14 @@ class QType:
 QTYPES: dict[str, QType] = {"q8_0": QType("q8_0", 8, 32, 34), "q4_0": QType("q4_0", 2, 32, 18)}
 #: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
+_ISA_NAMES = {code: name for name, code in ISAS.items()}
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa
 _ARGS = struct.Struct("<10q")
 
-_lock = threading.Lock()
-_library: Library | None = None
-_load_failed: str | None = None
-_warned = False
-_native_enabled = os.environ.get("TORCH_IR_NATIVE_GEMV", "1").strip().lower() not in ("0", "false", "no", "off")
+_kernel = cpu_gemv_build.NativeKernel(
+    "quantized GEMV", cpu_gemv_build.load_q, lambda library: _ISA_NAMES[min(library.isa, _isa_cap())],
+    "W is dequantized for every call")
 _policy = cpu_gemv._ThreadPolicy()
 
 
@@ -84,10 +81,9 @@ def qtype_of(qtype: str | int | QType) -> QType:
 
 
 def set_native_enabled(enabled: bool) -> bool:
-    """Use the compiled kernel (True, the default) or always the torch path. Returns the previous setting."""
-    global _native_enabled
-    previous, _native_enabled = _native_enabled, bool(enabled)
-    return previous
+    """Use the compiled kernels (True, the default) or always the torch paths: one switch with
+    ``cpu_gemv.set_native_enabled``. Returns the previous setting."""
+    return cpu_gemv_build.set_enabled(enabled)
 
 
 def _isa_cap() -> int:
@@ -102,40 +98,16 @@ def _isa_cap() -> int:
 
 def native_status() -> str:
     """One line: which implementation :func:`qgemv` runs here, and why."""
-    if not _native_enabled:
-        return "torch (native GEMV disabled by TORCH_IR_NATIVE_GEMV=0 or set_native_enabled(False))"
-    library = _load()
-    if library is None:
-        return f"torch (native quantized GEMV unavailable: {_load_failed})"
-    isa = {v: k for k, v in ISAS.items()}[min(library.isa, _isa_cap())]
-    threads = "OpenMP" if library.openmp else "one thread (built without OpenMP)"
-    return f"native {isa}, {threads}: {library.path}"
+    return _kernel.status()
 
 
 def native_available() -> bool:
     """Whether calls run the compiled kernel (building it now if it is not built yet)."""
-    return _native_enabled and _load() is not None
+    return cpu_gemv_build.NativeKernel.enabled and _kernel.load() is not None
 
 
 def _load() -> Library | None:
-    global _library, _load_failed
-    if _library is not None or _load_failed is not None:
-        return _library
-    with _lock:
-        if _library is None and _load_failed is None:
-            try:
-                _library = cpu_gemv_build.load_q()
-            except cpu_gemv_build.BuildError as exc:
-                _load_failed = str(exc)
-        return _library
-
-
-def _warn_fallback() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(f"torch_ir quantized GEMV: {native_status()}; W is dequantized for every call",
-                      RuntimeWarning, stacklevel=3)
+    return _kernel.load()
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -234,10 +206,8 @@ class QGemv:
         cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
         if cap < 0:
             raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
-        library = _load() if _native_enabled else None
+        library = _kernel.for_call()
         if library is None:
-            if _native_enabled:
-                _warn_fallback()
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
         policy = None
         if threads is None:
