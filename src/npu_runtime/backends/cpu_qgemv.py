@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_ir.quant import blocks
+
 from . import cpu_gemv, cpu_gemv_build
 from .cpu_gemv_build import Library
 
@@ -54,8 +56,10 @@ class QType:
     nbytes: int
 
 
-#: the layouts the kernel reads, by the names of ``torch_ir.quant.spec.BLOCKS``
-QTYPES: dict[str, QType] = {"q8_0": QType("q8_0", 8, 32, 34), "q4_0": QType("q4_0", 2, 32, 18)}
+#: the layouts the kernel reads, by the names of ``torch_ir.quant.spec.BLOCKS``; ids and sizes from GGML's type
+#: table (``torch_ir.quant.blocks``)
+QTYPES: dict[str, QType] = {name: QType(name, t.id, t.block, t.nbytes)
+                            for name, t in ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0"))}
 #: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
@@ -138,17 +142,11 @@ def _overlap(a: int, a_size: int, b: int, b_size: int) -> bool:
 
 
 def dequantize(weight: Tensor, qtype: str | int | QType) -> Tensor:
-    """``weight`` (``uint8 [N, K / 32 · bytes]``) as fp32 ``[N, K]`` with torch: the fallback's weights."""
+    """``weight`` (``uint8 [N, K / 32 · bytes]``) as fp32 ``[N, K]`` with torch (``torch_ir.quant.blocks``, bit-exact
+    with ggml's): the fallback's weights."""
     q = qtype_of(qtype)
     n = weight.shape[0]
-    blocks = weight.reshape(n, -1, q.nbytes)
-    d = blocks[..., :2].contiguous().view(torch.float16).to(torch.float32)  # [N, K/32, 1]
-    codes = blocks[..., 2:]
-    if q.code == QTYPES["q8_0"].code:
-        values = codes.contiguous().view(torch.int8).to(torch.float32)
-    else:  # the low nibbles are elements 0..15 of a block, the high ones 16..31
-        values = torch.cat([codes & 15, codes >> 4], dim=-1).to(torch.float32) - 8.0
-    return (values * d).reshape(n, -1)
+    return blocks.dequantize(weight, q.code, (n, weight.shape[1] // q.nbytes * q.block))
 
 
 def torch_qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None,

@@ -3,7 +3,16 @@ Hugging Face config, the tensor names as HF keys, and the tokenizer. See docs/gg
 
 from __future__ import annotations
 
-from .blocks import DEQUANTIZABLE, TYPES, GGMLType, block_bytes, dequantize, elements_per_block, ggml_type, spec_block
+from ...quant.blocks import (
+    DEQUANTIZABLE,
+    TYPES,
+    GGMLType,
+    block_bytes,
+    dequantize,
+    elements_per_block,
+    ggml_type,
+    spec_block,
+)
 from .config import ARCHITECTURES, hf_config_dict, hf_name, hf_state_dict, transformers_config, unpermute_qk
 from .reader import GGUFError, GGUFFile, GGUFTensor, TensorInfo, read_gguf
 from .tokenizer import build_fast_tokenizer, build_tokenizer, token_ids

@@ -31,7 +31,7 @@ import torch
 from ...errors import IRValidationError
 from ...fileio import check_regular_file
 from ...limits import check_alloc, check_shape
-from .blocks import PLAIN_DTYPES, GGMLType, dequantize, ggml_type
+from ...quant.blocks import PLAIN_DTYPES, GGMLType, dequantize, ggml_type
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

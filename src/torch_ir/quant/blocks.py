@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...errors import IRValidationError
-from ...limits import check_alloc
+from ..errors import IRValidationError
+from ..limits import check_alloc
 
 QK_K = 256  # elements of a k-quant super-block
 
