@@ -39,7 +39,7 @@ from torch_ir.dtypes import get_dtype
 from torch_ir.errors import IRValidationError, TorchIRError
 from torch_ir.ir.validate import check_buffer_recipes
 from torch_ir.limits import check_alloc, check_shape
-from torch_ir.quant.spec import QuantSpec, check_fits, check_spec, stored
+from torch_ir.quant.spec import PACKED, QuantSpec, check_fits, check_spec, stored
 
 from .kernels import KERNELS
 from .memory_check import MemoryPlanError, alias_roots, check_plan, lifetimes
@@ -82,11 +82,13 @@ def _check_spec(spec: Any, what: str, where: str) -> None:
         raise _fail(where, f"{what} {spec.name!r}: shape {spec.shape!r} is not a list")
     try:
         get_dtype(spec.dtype)
-        dtype, shape = stored(spec.dtype, spec.shape)  # 4-bit codes: uint8, two per byte along the last dim
+        # 4-bit codes: uint8, two per byte along the last dim; a block layout: its bytes
+        dtype, shape = stored(spec.dtype, spec.shape, getattr(spec, "quant", None))
         itemsize = dtype_size(dtype)
     except (ValueError, TypeError) as e:
         raise _fail(where, f"{what} {spec.name!r}: {e}") from None
-    if dtype != spec.dtype and (not spec.shape or not isinstance(spec.shape[-1], int) or spec.shape[-1] % 2):
+    odd = not spec.shape or not isinstance(spec.shape[-1], int) or spec.shape[-1] % 2
+    if dtype != spec.dtype and spec.dtype in PACKED and odd:
         raise _fail(where, f"{what} {spec.name!r}: {spec.dtype} is stored two per byte along the last dim, which "
                            f"must be even (shape {spec.shape})")
     layout = getattr(spec, "layout", None)  # a state slot has the default layout

@@ -59,8 +59,9 @@ class TensorSpec:
     @property
     def storage(self) -> tuple[str, list[int]]:
         """The dtype and shape its bytes are held in: 4-bit codes as uint8, two per byte along the last dim
-        (``torch_ir.quant.spec.stored``); any other dtype as it is. What a backend views the bytes as."""
-        return stored(self.dtype, self.shape)
+        (``torch_ir.quant.spec.stored``), a block layout as its blocks' bytes; any other dtype as it is. What a
+        backend views the bytes as."""
+        return stored(self.dtype, self.shape, self.quant)
 
     @property
     def numel(self) -> int:
@@ -70,6 +71,9 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Storage size in bytes, which is what the memory planner and the constant checks need."""
+        dtype, shape = self.storage
+        if self.quant is not None and dtype != self.dtype and self.quant.block is not None:
+            return math.prod(shape)  # the blocks' bytes
         return nbytes(self.numel, self.dtype)
 
 

@@ -8,6 +8,9 @@ its real value is ``(q - zero_point) * scale`` with the scale and zero point cho
 * per group: ``axis`` and ``group_size`` g, one scale per g consecutive elements along ``axis`` (ONNX's blocked
   quantization, GPTQ/AWQ groups): the scale tensor has the tensor's shape with ``axis`` divided by g;
 * a block layout (``block``: GGUF's ``q8_0``, ``q4_0``, ``q4_K``, ``q6_K``): scales live inside the packed data.
+  Such a tensor is a weight-only layout: its dtype is the float type its values are computed in, its bytes are
+  the blocks (:func:`stored`), ``spec.dtype`` names the codes inside (``BLOCK_CODES``), and reading it means
+  dequantizing its blocks (``torch_ir.quant.blocks``, bit-exact with ggml).
 
 Scales and zero points are either named tensors (a weights-file tensor or an IR constant) or constants written
 in the spec. ``zero_point`` None means symmetric (zero point 0). ``method`` is how a float becomes a step when
@@ -35,6 +38,12 @@ SCALE_DTYPES = ("float32", "float16", "bfloat16")
 METHODS = ("divide", "multiply_inverse")
 #: GGUF block layouts (elements per block); their scales are inside the data.
 BLOCKS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+#: Bytes per block of each layout (GGML's ``block_q8_0`` ...; ``torch_ir.quant.blocks`` has every GGML type, and its
+#: tests hold these rows to it) and the type of the codes inside (Q6_K's 6-bit codes, 32 subtracted, fit int8).
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210}
+BLOCK_CODES = {"q8_0": "int8", "q4_0": "int4", "q4_K": "uint4", "q6_K": "int8"}
+#: What a block-quantized tensor holds: the float values its blocks dequantize to (a weight-only layout).
+BLOCK_VALUE_DTYPES = ("float32", "float16", "bfloat16")
 
 Scale = str | float | tuple[float, ...]
 ZeroPoint = str | int | tuple[int, ...] | None
@@ -192,6 +201,9 @@ def check_fits(spec: QuantSpec, shape: list[Any], dtype: str, where: str,
     """That ``spec`` fits a tensor of ``shape`` and ``dtype``: the tensor holds the spec's type, the axis is one
     of its dims, a group divides its axis, a block layout divides the last dim, and every scale or zero point
     (constants, or the named tensors' shapes in ``param_shapes``) has the shape the granularity needs."""
+    if spec.block is not None:
+        _check_block_fits(spec, shape, dtype, where)
+        return
     if dtype != spec.dtype:
         _fail(where, f"the tensor is {dtype} but its quantization spec says {spec.dtype}; a quantized tensor holds "
                      "the spec's type (dequantize it to get floats)")
@@ -200,12 +212,6 @@ def check_fits(spec: QuantSpec, shape: list[Any], dtype: str, where: str,
         _fail(where, f"axis {spec.axis} is out of range for a rank-{rank} tensor {list(shape)}")
     if spec.dtype in PACKED and rank and isinstance(shape[-1], int) and shape[-1] % 2:
         _fail(where, f"{spec.dtype} is stored two per byte along the last dim, which must be even (got {shape[-1]})")
-    if spec.block is not None:
-        n = BLOCKS[spec.block]
-        if not rank or not isinstance(shape[-1], int) or shape[-1] % n:
-            _fail(where, f"block layout {spec.block} packs {n} elements per block: the last dim ({list(shape)}) "
-                         "must be a multiple of it")
-        return
     if spec.group_size is not None:
         size = shape[spec.axis % rank]
         if isinstance(size, int) and size % spec.group_size:
@@ -226,9 +232,27 @@ def check_fits(spec: QuantSpec, shape: list[Any], dtype: str, where: str,
                          f"{list(shape)} tensor needs {numel}")
 
 
-def stored(dtype: str, shape: list[Any]) -> tuple[str, list[Any]]:
-    """The dtype and shape a tensor of ``dtype`` and ``shape`` is held in: 4-bit codes as uint8, two per byte
-    along the last dim; every other type as it is."""
+def _check_block_fits(spec: QuantSpec, shape: list[Any], dtype: str, where: str) -> None:
+    """A block layout: float values, the layout's own code type, whole blocks along the last dim, no axis."""
+    if dtype not in BLOCK_VALUE_DTYPES:
+        _fail(where, f"a {spec.block} tensor holds the float values its blocks dequantize to "
+                     f"({', '.join(BLOCK_VALUE_DTYPES)}), not {dtype}")
+    if spec.dtype != BLOCK_CODES[spec.block]:
+        _fail(where, f"{spec.block} blocks hold {BLOCK_CODES[spec.block]} codes, not {spec.dtype}")
+    if spec.axis is not None or spec.group_size is not None or spec.zero_point is not None:
+        _fail(where, f"a {spec.block} tensor's scales are inside its blocks: give no axis, group_size or zero_point")
+    n = BLOCKS[spec.block]
+    if not shape or not isinstance(shape[-1], int) or shape[-1] % n:
+        _fail(where, f"block layout {spec.block} packs {n} elements per block: the last dim ({list(shape)}) "
+                     "must be a multiple of it")
+
+
+def stored(dtype: str, shape: list[Any], quant: QuantSpec | None = None) -> tuple[str, list[Any]]:
+    """The dtype and shape a tensor of ``dtype`` and ``shape`` (quantized by ``quant``) is held in: a block layout
+    as its blocks' bytes, ``uint8 [..., last / elements · bytes]``; 4-bit codes as uint8, two per byte along the
+    last dim; every other type as it is."""
+    if quant is not None and quant.block in BLOCKS and shape and isinstance(shape[-1], int):
+        return "uint8", [*shape[:-1], shape[-1] // BLOCKS[quant.block] * BLOCK_BYTES[quant.block]]
     if dtype not in PACKED or not shape:
         return dtype, list(shape)
     last = shape[-1]
