@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from npu_program.program import CompiledProgram
+from npu_program.program import CompiledProgram, TensorSpec
+from torch_ir.errors import IRValidationError
 from torch_ir.ir import NPU_IR, specialize
+from torch_ir.quant.spec import BLOCK_CODES, QuantSpec, check_fits
 
 from .compiler import CompileError, CompileOptions, compile, load_source
 from .library import Target
@@ -160,3 +163,55 @@ def _cache_len(ir: NPU_IR, seq: str) -> int:
 
 __all__ = ["DEFAULT_CHUNK", "LMPrograms", "compile_lm", "fusion_table", "is_lm", "run_dispatches",
            "sequence_symbol", "unfused_options"]
+
+
+#: Targets whose backends read block-quantized weight slots (``with_block_weights``).
+BLOCK_WEIGHT_TARGETS = ("cpu",)
+
+
+def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str]) -> LMPrograms:
+    """The programs with each weight slot whose state-dict key (or a key tied to it) is in ``layouts`` held in
+    that GGUF block layout (``QuantSpec.block``: ``q8_0``, ``q4_K``, ...), as a GGUF file stores it.
+
+    The slot keeps its float dtype and shape (it is what its blocks dequantize to), so every dispatch reading it
+    means the same thing; its bytes become the blocks (``TensorSpec.storage``). Backends read the blocks where
+    they have kernels for them (the CPU backend's linear layers and embeddings) and dequantize them once at bind
+    time for any other dispatch. A slot the layout does not fit (not 2-D, the last dim not whole blocks) is a
+    ``CompileError`` naming it."""
+    if not layouts:
+        return programs
+    for program in (programs.prefill, programs.decode):
+        if program.target not in BLOCK_WEIGHT_TARGETS:
+            raise CompileError(f"program {program.model_name!r}: its weights are block-quantized "
+                               f"({', '.join(sorted(set(layouts.values())))}) and target {program.target!r} has no "
+                               f"kernels reading them; compile for {' or '.join(BLOCK_WEIGHT_TARGETS)}, or "
+                               "convert the file to float (convert_hf_to_gguf.py --outtype f32)")
+        tied = _tied_keys(program)
+        program.weight_specs = [_block_slot(program, spec, layouts, tied) for spec in program.weight_specs]
+    return programs
+
+
+def _tied_keys(program: CompiledProgram) -> dict[str, set[str]]:
+    """state-dict key -> every key tied to it (``metadata["weight_aliases"]``, both ways)."""
+    groups: dict[str, set[str]] = {}
+    for key, others in program.metadata.get("weight_aliases", {}).items():
+        group = {key, *others}
+        for k in group:
+            groups.setdefault(k, set()).update(group)
+    return groups
+
+
+def _block_slot(program: CompiledProgram, spec: TensorSpec, layouts: Mapping[str, str],
+                tied: dict[str, set[str]]) -> TensorSpec:
+    key = program.weight_keys.get(spec.name, spec.name)
+    found = [layouts[k] for k in sorted(tied.get(key, {key})) if k in layouts]
+    if not found:
+        return spec
+    quant = QuantSpec(BLOCK_CODES[found[0]], block=found[0])
+    try:
+        if len(spec.shape) != 2:
+            raise IRValidationError(f"a block layout is kept for 2-D weights only, not {list(spec.shape)}")
+        check_fits(quant, spec.shape, spec.dtype, f"weight {key!r} of program {program.model_name!r}")
+    except IRValidationError as e:
+        raise CompileError(str(e)) from None
+    return replace(spec, quant=quant)

@@ -172,5 +172,6 @@ def gpu(module: str, function: str) -> str:
 #: Where the CPU backend's fast kernels are (``impls["cpu"]`` names a class of one of them).
 CPU_KERNELS = "npu_runtime.backends.cpu_kernels"
 CPU_TRANSFORMER = "npu_runtime.backends.cpu_transformer"
+CPU_BLOCKS = "npu_runtime.backends.cpu_blocks"
 #: The dtypes most float kernels' test records run in.
 HALF = ("float32", "bfloat16")

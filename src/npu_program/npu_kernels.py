@@ -27,6 +27,7 @@ from .cost_formulas import (
     qkv_flops,
 )
 from .kernel_record import ACTIVATIONS, FLOATS, REFERENCE, gpu, kernel, t
+from .kernel_record import CPU_BLOCKS as _CPU_BLOCKS
 from .kernel_record import CPU_KERNELS as _CPU
 from .kernel_record import CPU_TRANSFORMER as _CPU_TRANSFORMER
 from .kernel_record import GPU_ELEMENTWISE as _EW
@@ -166,7 +167,8 @@ kernel("EMBEDDING", "movement", "rows of a table by index; an id outside the tab
        "ids where they enter a program)",
        params=(p("negative_wraps", "bool", False, "ids in [-rows, rows), a negative id counting from the end "
                                                   "(ONNX Gather); else [0, rows)"),),
-       traffic=gathered, impls={"cpu": REFERENCE, "webgpu": gpu("transformer", "embedding")},
+       traffic=gathered, impls={"cpu": f"{_CPU_BLOCKS}:BlockEmbedding",
+                                "webgpu": gpu("transformer", "embedding")},
        test=(t("10,4", "2,3:int64:index:10", weights=(0,)),
              t("10,4", "2,3:int64:index:10", params={"negative_wraps": True}, weights=(0,))))
 kernel("BATCH_NORM", "normalization", "per-channel scale and shift from batch norm statistics", layout="keeps",

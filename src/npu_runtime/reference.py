@@ -51,14 +51,21 @@ def bind_reference(dispatch: Dispatch, specs: Mapping[str, TensorSpec], device: 
     return bind_kernel(node, device)
 
 
+def _meta_input(spec: TensorSpec) -> torch.Tensor:
+    """A shape-only input as the reference reads it: 4-bit codes packed two per byte, as stored; a block-quantized
+    weight as the float values it means (its kernels, or the backend, dequantize it before the reference runs)."""
+    quant = spec.quant
+    dtype, shape = (spec.dtype, spec.shape) if quant is not None and quant.block is not None else spec.storage
+    return torch.empty(shape, dtype=dtype_from_name(dtype), device="meta")
+
+
 def check_output_shapes(index: int, dispatch: Dispatch, specs: Mapping[str, TensorSpec], model: str,
                         unread: Collection[str] = ()) -> None:
     """Run the dispatch's reference on the meta device (shapes only, nothing allocated) and refuse the
     program when its parameters give outputs other than its specs: a kernel would otherwise write past
     its slot in the arena (a CONV whose padding disagrees with its output spec, from a hostile file)."""
     where = f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {model!r}"
-    inputs = [torch.empty(specs[n].storage[1], dtype=dtype_from_name(specs[n].storage[0]), device="meta")
-              for n in dispatch.inputs]  # as stored: 4-bit codes packed two per byte
+    inputs = [_meta_input(specs[n]) for n in dispatch.inputs]
     try:
         outputs = bind_reference(dispatch, specs, torch.device("meta"))(inputs, {})
     except TorchIRError:

@@ -1,10 +1,12 @@
 """An LLM from a GGUF file (llama.cpp's format) for ``load_lm``: the metadata as a Hugging Face config (the model
 built on the meta device from it), the tokenizer from the file's vocabulary and merges, the weights by HF key.
 
-The block-quantized tensors (Q8_0, Q4_0, Q4_K, Q6_K, ...) are dequantized to the compute dtype when the weights
-are read: the native block kernels (``npu_runtime.backends.cpu_qgemv``) are not yet wired into the LLM programs, so
-the file's bytes are not yet what a decode step reads (one warning says so). Dequantization is bit-exact against
-the ``gguf`` package's (``torch_ir.frontends.gguf.dequantize``).
+The weights of the block layouts the programs hold (``torch_ir.quant.spec.BLOCKS``: Q8_0, Q4_0, Q4_K, Q6_K) stay
+their blocks, as the file maps them: the programs' weight slots are marked with the layout
+(``npu_compiler.llm.with_block_weights``) and the CPU backend's linear layers read the blocks
+(``npu_runtime.backends.cpu_qgemv``), so a decode step reads the file's bytes. Tensors of other block types (Q4_1,
+Q5_0, ... which llama.cpp's quantizer uses for some rows) are dequantized to the compute dtype when read, bit-exact
+against the ``gguf`` package (one warning names them).
 """
 
 from __future__ import annotations
@@ -58,12 +60,14 @@ def _tokenizer(f: Any) -> GGUFTokenizer | None:
 
 
 def gguf_lm(source: str | os.PathLike[str], torch_dtype: Any) -> tuple[Any, str, Any, set[int], Any, Any]:
-    """(meta model, name, tokenizer or None, eos ids, a function reading the weights, the dtype) of a GGUF file."""
+    """(meta model, name, tokenizer or None, eos ids, a function reading the weights, the dtype) of a GGUF file.
+    The function returns (tensors by HF key, {key: block layout} of those kept as blocks)."""
     import torch
     import transformers
 
     import torch_ir
-    from torch_ir.frontends.gguf import hf_state_dict, read_gguf, token_ids, transformers_config
+    from torch_ir.frontends.gguf import hf_tensors, read_gguf, spec_block, token_ids, transformers_config
+    from torch_ir.quant.spec import BLOCKS
 
     f = read_gguf(source)
     config = transformers_config(f)
@@ -74,14 +78,15 @@ def gguf_lm(source: str | os.PathLike[str], torch_dtype: Any) -> tuple[Any, str,
     tokenizer = _tokenizer(f)
     ids = token_ids(f) if "tokenizer.ggml.tokens" in f.metadata else {}
     eos = {ids["eos"]} if "eos" in ids else set()
-    quantized = sorted(t for t in types if t and t not in _FLOAT_TYPES)
+    expanded = sorted(t for t in types if t not in _FLOAT_TYPES and spec_block(t) not in BLOCKS)
 
-    def weights() -> dict[str, Any]:
-        if quantized:
-            warnings.warn(f"{Path(source).name}: its {', '.join(quantized)} tensors are dequantized to "
-                          f"{str(dtype).removeprefix('torch.')} as they are read: the block-layout decode kernels are "
-                          "not yet in the LLM programs", stacklevel=3)
-        return {k: v.to(dtype) for k, v in hf_state_dict(f).items()}
+    def weights() -> tuple[dict[str, Any], dict[str, str]]:
+        if expanded:
+            warnings.warn(f"{Path(source).name}: its {', '.join(expanded)} tensors are dequantized to "
+                          f"{str(dtype).removeprefix('torch.')} as they are read (the programs hold "
+                          f"{', '.join(BLOCKS)} blocks as they are)", stacklevel=3)
+        tensors, layouts = hf_tensors(f, keep=BLOCKS)
+        return {k: v if k in layouts else v.to(dtype) for k, v in tensors.items()}, layouts
 
     return meta, Path(source).stem, tokenizer, eos, weights, dtype
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from npu_compiler import CompileError
 from npu_compiler.library import Target
-from npu_compiler.llm import DEFAULT_CHUNK, LMPrograms, compile_lm
+from npu_compiler.llm import DEFAULT_CHUNK, LMPrograms, compile_lm, with_block_weights
 
 
 @dataclass
@@ -58,7 +58,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
         torch_dtype = torch_dtype or checkpoint.dtype
         meta = checkpoint.build_on_meta(torch_dtype)
         name, tokenizer, eos = Path(source).name or str(source), checkpoint, checkpoint.eos_token_ids
-        weights: Any = lambda: checkpoint.state_dict(torch_dtype)  # noqa: E731 - read after compiling
+        weights: Any = lambda: (checkpoint.state_dict(torch_dtype), {})  # noqa: E731 - read after compiling
     else:
         meta, real = _zoo_lm(str(source))
         torch_dtype = torch_dtype or torch.float32
@@ -67,13 +67,15 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
         eos = {int(meta.config.eos_token_id)} if isinstance(meta.config.eos_token_id, int) else set()
         from torch_ir.weights import module_state
 
-        weights = lambda: module_state(real)  # noqa: E731
+        weights = lambda: (module_state(real), {})  # noqa: E731
     step("extract")
     ir = extract_lm(meta, max_cache_len, name=name)
     step("compile")
     programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target)
     step("weights")
-    return LoadedLM(name, programs, weights(), tokenizer, eos, str(torch_dtype).removeprefix("torch."))
+    tensors, layouts = weights()  # a GGUF file's block-quantized weights stay blocks: their slots say so
+    programs = with_block_weights(programs, layouts)
+    return LoadedLM(name, programs, tensors, tokenizer, eos, str(torch_dtype).removeprefix("torch."))
 
 
 def _torch_dtype(name: str | None) -> Any:

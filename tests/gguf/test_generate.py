@@ -14,7 +14,7 @@ from npu_runtime import Device, load_weights
 from npu_runtime.generate import Generator
 from npu_tools.cli import main
 from npu_tools.lm_source import load_lm
-from torch_ir.frontends.gguf import hf_state_dict, read_gguf
+from torch_ir.frontends.gguf import hf_name, hf_state_dict, read_gguf
 
 from .test_config import make_model, write_model
 
@@ -29,14 +29,24 @@ def _hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+MIXED = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output": "Q8_0",
+         "ffn_gate": "Q8_0", "ffn_up": "Q4_0", "ffn_down": "Q4_0"}
+
+
 @pytest.mark.parametrize("arch, quant", [("qwen2", {}), ("llama", {}),
-                                         ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"})])
+                                         ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"}), ("llama", MIXED)])
 def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, arch: str, quant: dict) -> None:
     path = write_model(make_model(arch), arch, tmp_path / f"{arch}.gguf", quant)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lm = load_lm(path, max_cache_len=64)
-    assert any("dequantized" in str(w.message) for w in caught) == bool(quant)
+    assert not any("dequantized" in str(w.message) for w in caught)  # Q8_0/Q4_0 stay blocks
+    layouts = {lm.programs.decode.weight_keys[s.name]: s.quant.block
+               for s in lm.programs.decode.weight_specs if s.quant is not None}
+    f = read_gguf(path)
+    want = {hf_name(n): info.type.name.lower() for n, info in f.tensors.items() if info.type.name != "F32"}
+    assert layouts == want  # every Q8_0/Q4_0 tensor of the file is a block-quantized slot, nothing else
+    assert all(lm.weights[k].dtype == torch.uint8 for k in want)
     reference = make_model(arch)  # the float model with the file's weights, as the gguf package dequantizes them
     state = hf_state_dict(read_gguf(path))
     missing, unexpected = reference.load_state_dict(state, strict=False)
@@ -44,7 +54,15 @@ def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, a
     device = Device()
     generator = Generator(lm.programs.prefill, lm.programs.decode,
                           load_weights(lm.weights, lm.programs.prefill, device), device)
-    assert generator.generate(PROMPT, 24).tokens == _hf_greedy(reference.eval(), PROMPT, 24)
+    assert generator.generate(PROMPT, 32).tokens == _hf_greedy(reference.eval(), PROMPT, 32)
+
+
+def test_block_weights_on_a_target_without_their_kernels_are_a_compile_error(tmp_path: Path) -> None:
+    from npu_compiler import CompileError
+
+    path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q.gguf", {"ffn_": "Q8_0"})
+    with pytest.raises(CompileError, match=r"block-quantized \(q8_0\) and target 'webgpu' has no kernels"):
+        load_lm(path, max_cache_len=32, target="webgpu")
 
 
 def test_generate_command_takes_a_gguf_file(tmp_path: Path, capsys) -> None:

@@ -33,6 +33,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.activations import ACTIVATIONS, get_activation
 
 from .base import Kernel
+from .cpu_blocks import BlockLinear, Dequantized, block_of
 
 Tensor = torch.Tensor
 
@@ -219,6 +220,11 @@ class _Linear:
             out2.add_(residual)
 
 
+def _blocks_ok(dispatch: Dispatch, specs: dict[str, TensorSpec], weights: list[str]) -> bool:
+    """Block-quantized weights only as ``[N, K]`` (``trans_b``), the way their rows of blocks lie."""
+    return dispatch.params.get("trans_b", True) or not any(block_of(specs.get(n)) for n in weights)
+
+
 def linear_dtypes_ok(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
     """x, weights, biases, residual and outputs of one dtype the kernels run (the reference refuses mixed ones)."""
     dtypes = {specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}
@@ -233,16 +239,19 @@ class Gemm:
     The residual is an activation (the transformer block's residual stream), added before the activation.
     """
 
+    reads_blocks = True  # block-quantized weights run through cpu_blocks.BlockLinear
+
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         names, residual = dispatch.inputs, bool(dispatch.params.get("has_residual"))
         constant = names[1:-1] if residual else names[1:]  # the weight and the bias, bound before any run
         return not dispatch.params.get("trans_a") and all(n in weight_names for n in constant) \
-            and linear_dtypes_ok(dispatch, specs)
+            and linear_dtypes_ok(dispatch, specs) and _blocks_ok(dispatch, specs, names[1:2])
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
         self.names = dispatch.inputs
+        self.block = block_of(specs.get(self.names[1]))
         self.trans_b = bool(p.get("trans_b", True))
         self.activation = p.get("activation")
         self.has_residual = bool(p.get("has_residual"))
@@ -251,8 +260,9 @@ class Gemm:
         self.linear: _Linear | None = None
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
-        w = weights[self.names[1]]
-        self.linear = _Linear(w if self.trans_b else w.t(), weights[self.names[2]] if self.has_bias else None)
+        w, bias = weights[self.names[1]], weights[self.names[2]] if self.has_bias else None
+        self.linear = BlockLinear([(w, self.block)], bias) if self.block else \
+            _Linear(w if self.trans_b else w.t(), bias)
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x, out = inputs[0], outputs[0]
@@ -270,20 +280,27 @@ class GateUp:
     ``silu(gate) * up`` into the arena.
     """
 
+    reads_blocks = True  # block-quantized weights run through cpu_blocks.BlockLinear
+
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        return all(n in weight_names for n in dispatch.inputs[1:]) and linear_dtypes_ok(dispatch, specs)
+        return all(n in weight_names for n in dispatch.inputs[1:]) and linear_dtypes_ok(dispatch, specs) \
+            and _blocks_ok(dispatch, specs, dispatch.inputs[1:3])
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         self.names = dispatch.inputs
         self.trans_b = bool(dispatch.params.get("trans_b", True))
         self.has_bias = bool(dispatch.params.get("has_bias", False))
         self.n = int(specs[dispatch.outputs[0]].shape[-1])
-        self.linear: _Linear | None = None
+        self.blocks = [block_of(specs.get(n)) for n in self.names[1:3]]
+        self.linear: _Linear | BlockLinear | None = None
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
-        gate, up = (weights[n] if self.trans_b else weights[n].t() for n in self.names[1:3])
         bias = torch.cat([weights[self.names[3]], weights[self.names[4]]]) if self.has_bias else None
+        if any(self.blocks):
+            self.linear = BlockLinear([(weights[n], b) for n, b in zip(self.names[1:3], self.blocks)], bias)
+            return
+        gate, up = (weights[n] if self.trans_b else weights[n].t() for n in self.names[1:3])
         self.linear = _Linear(torch.cat([gate, up], dim=0), bias)
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
@@ -299,6 +316,8 @@ class QkvProj:
     """``QKV_PROJ``: the q, k and v projections as ONE contraction over the three weights (concatenated once, at
     bind time), its result split into the three outputs, head-major when ``heads_first``."""
 
+    reads_blocks = True  # block-quantized weights run through cpu_blocks.BlockLinear
+
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         return dispatch.params.get("trans_b", True) and not dispatch.params.get("packed") \
@@ -307,19 +326,25 @@ class QkvProj:
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
         self.names = dispatch.inputs
+        self.blocks = [block_of(specs.get(n)) for n in self.names[1:4]]
         self.splits = [int(n) for n in p["splits"]]
         flags = p.get("has_bias", False)
         self.bias_flags = list(flags) if isinstance(flags, list) else [bool(flags)] * 3
         self.heads_first = bool(p.get("heads_first"))
         self.head_dim = p.get("head_dim")
-        self.linear: _Linear | None = None
+        self.linear: _Linear | BlockLinear | None = None
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         ws = [weights[n] for n in self.names[1:4]]
         given = iter(self.names[4:])
-        biases = [weights[next(given)] if flag else torch.zeros(w.shape[0], dtype=w.dtype)
+        biases = [weights[next(given)] if flag else torch.zeros(w.shape[0], dtype=self._dtype(w))
                   for flag, w in zip(self.bias_flags, ws)]
-        self.linear = _Linear(torch.cat(ws, dim=0), torch.cat(biases) if any(self.bias_flags) else None)
+        bias = torch.cat(biases) if any(self.bias_flags) else None
+        self.linear = BlockLinear(list(zip(ws, self.blocks)), bias) if any(self.blocks) else \
+            _Linear(torch.cat(ws, dim=0), bias)
+
+    def _dtype(self, w: Tensor) -> torch.dtype:
+        return torch.float32 if w.dtype == torch.uint8 else w.dtype  # blocks: their biases are fp32
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x = inputs[0]
@@ -411,7 +436,8 @@ class Reference:
 # --------------------------------------------------------------------------------------------- choice
 
 #: The modules whose classes the kernel table may name as CPU implementations (``impls["cpu"]``).
-KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer")
+KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer", "npu_runtime.backends.cpu_blocks")
+
 
 
 def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
@@ -421,13 +447,17 @@ def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: 
     prepack a weight need it to be one.
     """
     impl = get_kernel(dispatch.kernel).impls.get("cpu", REFERENCE)
+    cls: type = Reference
     if impl != REFERENCE:
         module, _, name = impl.partition(":")
         # the table names classes of the CPU backend's own modules only: nothing else is imported from it
-        cls = getattr(importlib.import_module(module), name, None) if module in KERNEL_MODULES else None
-        if cls is not None and cls.accepts(dispatch, specs, weight_names):
-            return cls(dispatch, specs)
-    return Reference(dispatch, specs)
+        found = getattr(importlib.import_module(module), name, None) if module in KERNEL_MODULES else None
+        if found is not None and found.accepts(dispatch, specs, weight_names):
+            cls = found
+    # a kernel reading block-quantized weights says so (``reads_blocks``); any other is given them dequantized
+    if not getattr(cls, "reads_blocks", False) and any(block_of(specs.get(n)) for n in dispatch.inputs):
+        return Dequantized(dispatch, specs, cls)
+    return cls(dispatch, specs)
 
 
 __all__ = ["make_kernel"]

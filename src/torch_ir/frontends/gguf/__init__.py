@@ -13,13 +13,21 @@ from ...quant.blocks import (
     ggml_type,
     spec_block,
 )
-from .config import ARCHITECTURES, hf_config_dict, hf_name, hf_state_dict, transformers_config, unpermute_qk
+from .config import (
+    ARCHITECTURES,
+    hf_config_dict,
+    hf_name,
+    hf_state_dict,
+    hf_tensors,
+    transformers_config,
+    unpermute_qk,
+)
 from .reader import GGUFError, GGUFFile, GGUFTensor, TensorInfo, read_gguf
 from .tokenizer import build_fast_tokenizer, build_tokenizer, token_ids
 
 __all__ = [
     "ARCHITECTURES", "DEQUANTIZABLE", "TYPES", "GGMLType", "GGUFError", "GGUFFile", "GGUFTensor", "TensorInfo",
     "block_bytes", "build_fast_tokenizer", "build_tokenizer", "dequantize", "elements_per_block", "ggml_type",
-    "hf_config_dict", "hf_name", "hf_state_dict", "read_gguf", "spec_block", "token_ids", "transformers_config",
-    "unpermute_qk",
+    "hf_config_dict", "hf_name", "hf_state_dict", "hf_tensors", "read_gguf", "spec_block", "token_ids",
+    "transformers_config", "unpermute_qk",
 ]

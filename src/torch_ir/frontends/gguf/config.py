@@ -14,12 +14,14 @@ names "mistral" is read the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from ...errors import IRValidationError
 from ...limits import check_count
+from ...quant.blocks import spec_block
 from .reader import GGUFFile
 
 #: architecture -> (HF model_type, HF class, whether Q/K rows are permuted)
@@ -153,19 +155,34 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def hf_state_dict(f: GGUFFile) -> dict[str, torch.Tensor]:
     """Every tensor of the file dequantized to float32, under its HF name, Q/K rows in HF's order."""
+    return hf_tensors(f)[0]
+
+
+def hf_tensors(f: GGUFFile, keep: Iterable[str] = ()) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every tensor of the file under its HF name, Q/K rows in HF's order, and the block layout of each kept one.
+
+    A 2-D tensor whose block layout is in ``keep`` (``QuantSpec.block`` names: ``q8_0``, ``q4_K``, ...) stays its
+    raw blocks, ``uint8 [rows, row bytes]`` (a read-only view of the file unless its rows were un-permuted);
+    every other tensor is dequantized to float32. Returns (tensors, {key: block layout of a kept tensor})."""
+    keep = set(keep)
     config = hf_config_dict(f)
     _, _, permuted = ARCHITECTURES[architecture(f)]
     heads = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
     out: dict[str, torch.Tensor] = {}
-    for name in f.tensors:
+    layouts: dict[str, str] = {}
+    for name, info in f.tensors.items():
         key = hf_name(name, config["num_hidden_layers"])
-        value = f.dequantize(name)
+        block = spec_block(info.type) if info.type.block > 1 else None
+        if block in keep and len(info.shape) == 2:
+            value, layouts[key] = f.tensor(name).data, block
+        else:
+            value = f.dequantize(name)
         proj = key.rsplit(".", 1)[0].split(".", 3)[-1]
         if permuted and proj in heads:
-            value = unpermute_qk(value, heads[proj])
+            value = unpermute_qk(value, heads[proj])  # rows only: a raw row of blocks moves whole
         out[key] = value
-    return out
+    return out, layouts
 
 
-__all__ = ["ARCHITECTURES", "architecture", "hf_config_dict", "hf_name", "hf_state_dict", "transformers_config",
-           "unpermute_qk"]
+__all__ = ["ARCHITECTURES", "architecture", "hf_config_dict", "hf_name", "hf_state_dict", "hf_tensors",
+           "transformers_config", "unpermute_qk"]

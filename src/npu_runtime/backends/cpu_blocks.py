@@ -1,0 +1,170 @@
+"""Block-quantized weights (GGUF layouts, ``QuantSpec.block``) on the CPU backend.
+
+A weight slot marked with a block layout (``npu_compiler.llm.with_block_weights``) holds its GGUF blocks,
+``uint8 [N, K / elements · bytes]``, and means the float values they dequantize to. Three kinds of kernel read it:
+
+* the linear layers (GEMM, QKV_PROJ, GATE_UP: :class:`BlockLinear`) multiply with the blocks as they lie through
+  the quantized GEMV of :mod:`.cpu_qgemv` (rows of x in passes of up to 8 over the weights, so a prefill chunk
+  reads them a few times rather than widening them), fp32 accumulation, the result an fp32 dot product of
+  the exactly dequantized weights;
+* EMBEDDING (:class:`BlockEmbedding`) dequantizes only the rows it gathers;
+* any other kernel is given the slot dequantized once, at bind time (:class:`Dequantized`): slower and bigger,
+  never wrong. So is a linear layer whose layout the native kernel does not read (one warning each).
+
+Dequantization is ``torch_ir.quant.blocks``', bit-exact with ggml's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from npu_program.program import Dispatch, TensorSpec
+from torch_ir.ops.npu import embedding_id_problem
+from torch_ir.quant import blocks
+
+from .base import Kernel
+
+Tensor = torch.Tensor
+
+
+def block_of(spec: TensorSpec | None) -> str | None:
+    """The block layout a tensor is held in (``q8_0``, ...), or None."""
+    quant = getattr(spec, "quant", None)
+    return quant.block if quant is not None else None
+
+
+def dequantize(data: Tensor, block: str, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
+    """The float values of ``data`` (the blocks of a ``shape`` tensor in layout ``block``), in ``dtype``."""
+    return blocks.dequantize(data, block.upper(), tuple(int(d) for d in shape)).to(dtype)
+
+
+class _Part:
+    """Rows ``[n]`` of a linear layer's weight: a quantized GEMV over blocks, or (a layout the native kernel does
+    not read, or a float weight) an fp32 matrix."""
+
+    def __init__(self, weight: Tensor, block: str | None, bias: Tensor | None) -> None:
+        from . import cpu_qgemv
+
+        self.gemv, self.matrix = None, None
+        self.bias = bias.float().contiguous() if bias is not None else None
+        if block is not None and block in cpu_qgemv.QTYPES:
+            self.gemv = cpu_qgemv.QGemv(weight, block, self.bias)
+            self.n = self.gemv.n
+            return
+        if block is not None:
+            k = weight.shape[1] // blocks.block_bytes(block.upper()) * blocks.elements_per_block(block.upper())
+            warnings.warn(f"no native kernel reads {block} blocks: a [{weight.shape[0]}, {k}] weight is "
+                          "dequantized to float32 when bound", stacklevel=4)
+            weight = dequantize(weight, block, (weight.shape[0], k))
+        self.matrix = weight.float().t().contiguous().t()  # [N, K] row-major, read transposed by mm
+        self.n = self.matrix.shape[0]
+
+    def __call__(self, x: Tensor, out: Tensor) -> None:
+        if self.gemv is not None:
+            self.gemv(x, out=out)
+        elif self.bias is None:
+            torch.mm(x, self.matrix.t(), out=out)
+        else:
+            torch.addmm(self.bias, x, self.matrix.t(), out=out)
+
+
+class BlockLinear:
+    """``x · Wᵀ (+ bias) (+ residual)`` into ``out`` for a weight given as parts stacked along N (QKV_PROJ's q, k and
+    v, GATE_UP's gate and up, or one part), each ``(tensor [n_i, ...], block layout or None for a float weight)``.
+
+    Parts of one layout next to each other are concatenated once (one GEMV call reads them); x is computed in
+    fp32 (converted at the edges for bf16/fp16 programs, as ggml does)."""
+
+    def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None) -> None:
+        merged: list[tuple[list[Tensor], str | None]] = []
+        for weight, block in parts:
+            if merged and merged[-1][1] == block and block is not None:
+                merged[-1][0].append(weight)
+            else:
+                merged.append(([weight], block))
+        self.parts: list[_Part] = []
+        row = 0
+        for weights, block in merged:
+            w = weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)
+            b = bias[row:row + w.shape[0]] if bias is not None else None
+            self.parts.append(_Part(w.contiguous(), block, b))
+            row += w.shape[0]
+        self.n = row
+
+    def __call__(self, x2: Tensor, out2: Tensor, residual: Tensor | None = None) -> None:
+        x = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
+        direct = len(self.parts) == 1 and out2.dtype == torch.float32 and out2.is_contiguous()
+        y = out2 if direct else torch.empty(x.shape[0], self.n, dtype=torch.float32)
+        if len(self.parts) == 1:
+            self.parts[0](x, y)
+        else:
+            col = 0
+            for part in self.parts:
+                part(x, tmp := torch.empty(x.shape[0], part.n, dtype=torch.float32))
+                y[:, col:col + part.n] = tmp
+                col += part.n
+        if residual is not None:
+            y.add_(residual)  # in fp32, rounded once below (a bf16 program's residual stream is bf16)
+        if y is not out2:
+            out2.copy_(y)
+
+
+class BlockEmbedding:
+    """``EMBEDDING`` of a block-quantized table: the rows the ids pick, dequantized (nothing else of the table)."""
+
+    reads_blocks = True
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        table = specs.get(dispatch.inputs[0])
+        return block_of(table) is not None and dispatch.inputs[0] in weight_names and len(table.shape) == 2
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        table = specs[dispatch.inputs[0]]
+        self.block, self.rows, self.cols = block_of(table), int(table.shape[0]), int(table.shape[1])
+        self.negative_wraps = bool(dispatch.params.get("negative_wraps", False))
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        pass
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        table, ids = inputs[0], inputs[1].reshape(-1).long()
+        if ids.numel():
+            problem = embedding_id_problem(int(ids.min()), int(ids.max()), self.rows, self.negative_wraps)
+            if problem is not None:
+                raise IndexError(f"EMBEDDING: {problem}")
+        ids = torch.where(ids < 0, ids + self.rows, ids)
+        rows = dequantize(table.index_select(0, ids), self.block, (ids.numel(), self.cols), outputs[0].dtype)
+        outputs[0].view(-1, self.cols).copy_(rows)
+
+
+class Dequantized:
+    """Another kernel, given the block-quantized inputs of its dispatch dequantized once, when the weights are bound
+    (the kernel sees float specs). For dispatches no block-reading kernel takes."""
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec], make: type) -> None:
+        self.blocked = {i: name for i, name in enumerate(dispatch.inputs) if block_of(specs.get(name))}
+        self.specs = {name: specs[name] for name in self.blocked.values()}
+        float_specs = {**specs, **{n: TensorSpec(s.name, s.shape, s.dtype, s.layout) for n, s in self.specs.items()}}
+        self.inner: Kernel = make(dispatch, float_specs)
+        self.values: dict[str, Tensor] = {}
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        from torch_ir.ops.values import dtype_from_name
+
+        for name, spec in self.specs.items():
+            if name in weights:
+                self.values[name] = dequantize(weights[name], spec.quant.block, spec.shape, dtype_from_name(spec.dtype))
+        self.inner.prepare({**weights, **self.values})
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        inputs = list(inputs)
+        for i, name in self.blocked.items():
+            inputs[i] = self.values[name]  # every block-quantized tensor is a weight, bound before any run
+        self.inner.run(inputs, outputs)
+
+
+__all__ = ["BlockEmbedding", "BlockLinear", "Dequantized", "block_of", "dequantize"]

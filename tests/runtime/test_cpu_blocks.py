@@ -1,0 +1,96 @@
+"""Block-quantized weight slots on the CPU backend (``npu_runtime.backends.cpu_blocks``): the linear kernels read the
+GGUF blocks, EMBEDDING dequantizes the rows it gathers, any other kernel gets the slot dequantized at bind time.
+References: the ``gguf`` package's ``dequantize`` and float64 products."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from npu_program.program import Dispatch, TensorSpec
+from npu_runtime.backends.cpu_blocks import BlockLinear, Dequantized, block_of
+from npu_runtime.backends.cpu_kernels import make_kernel
+from torch_ir.quant.spec import BLOCK_BYTES, BLOCK_CODES, BLOCKS, QuantSpec
+
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+
+
+def _blocks(layout: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks uint8 [n, row bytes], their values float64 [n, k] by the gguf package) of random weights, quantized
+    by the gguf package's own quantizer."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = gguf.quants.quantize(w, GGML[layout])
+    values = gguf.quants.dequantize(raw, GGML[layout]).astype(np.float64)
+    return torch.from_numpy(np.ascontiguousarray(raw)), torch.from_numpy(values)
+
+
+def _spec(name: str, shape: list[int], layout: str | None = None, dtype: str = "float32") -> TensorSpec:
+    quant = QuantSpec(BLOCK_CODES[layout], block=layout) if layout else None
+    return TensorSpec(name, shape, dtype, quant=quant)
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor:
+    """Higham's bound on an fp32 dot product of length k, with room for the summation order: 2·k·u·Σ|x·w|."""
+    return 2 * k * 2.0 ** -24 * (x.abs().double() @ w.abs().t()) + 1e-30
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_mixed_parts_with_bias_and_residual_match_the_dequantized_weights(rows: int) -> None:
+    k = 128
+    (q, qv), (k8, kv), (v, vv) = _blocks("q4_0", 64, k, 1), _blocks("q8_0", 32, k, 2), _blocks("q8_0", 32, k, 3)
+    bias = torch.randn(128, generator=torch.Generator().manual_seed(4))
+    linear = BlockLinear([(q, "q4_0"), (k8, "q8_0"), (v, "q8_0")], bias)
+    assert [p.n for p in linear.parts] == [64, 64]  # k and v, both q8_0, are one GEMV
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5))
+    residual = torch.randn(rows, 128, generator=torch.Generator().manual_seed(6))
+    out = torch.empty(rows, 128)
+    linear(x, out, residual)
+    w = torch.cat([qv, kv, vv])
+    want = x.double() @ w.t() + bias.double() + residual.double()
+    assert torch.all((out.double() - want).abs() <= _bound(x, w, k) + 1e-6 * want.abs())
+
+
+def test_bf16_activations_are_computed_in_fp32_and_rounded_once() -> None:
+    raw, values = _blocks("q8_0", 48, 64, 7)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(8)).bfloat16()
+    out = torch.empty(2, 48, dtype=torch.bfloat16)
+    BlockLinear([(raw, "q8_0")], None)(x, out)
+    want = (x.double() @ values.t()).float()
+    assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -8 + 1e-6)  # one bf16 rounding
+
+
+def test_embedding_reads_only_the_rows_it_gathers_exactly() -> None:
+    raw, values = _blocks("q4_0", 40, 64, 9)
+    table, ids = _spec("table", [40, 64], "q4_0"), TensorSpec("ids", [1, 5], "int64")
+    dispatch = Dispatch("EMBEDDING", "emb", ["table", "ids"], ["y"])
+    specs = {"table": table, "ids": ids, "y": TensorSpec("y", [1, 5, 64], "float32")}
+    kernel = make_kernel(dispatch, specs, {"table"})
+    assert type(kernel).__name__ == "BlockEmbedding"
+    out = torch.empty(1, 5, 64)
+    index = torch.tensor([[3, 0, 39, 3, 17]])
+    kernel.run([raw, index], [out])
+    assert torch.equal(out[0], values[index[0]].float())
+    with pytest.raises(IndexError, match="id 40 is outside the table of 40 rows"):
+        kernel.run([raw, torch.tensor([[1, 40, 2, 2, 2]])], [out])
+
+
+def test_a_kernel_without_block_reads_gets_the_weight_dequantized_at_bind() -> None:
+    raw, values = _blocks("q8_0", 16, 32, 10)
+    # GEMM with trans_b=False reads w as [K, N]: not how blocks lie, so the linear kernel refuses it
+    dispatch = Dispatch("GEMM", "g", ["x", "w"], ["y"], params={"trans_b": False})
+    specs = {"x": TensorSpec("x", [4, 16], "float32"), "w": _spec("w", [16, 32], "q8_0"),
+             "y": TensorSpec("y", [4, 32], "float32")}
+    kernel = make_kernel(dispatch, specs, {"w"})
+    assert isinstance(kernel, Dequantized)
+    kernel.prepare({"w": raw})
+    x, out = torch.randn(4, 16, generator=torch.Generator().manual_seed(11)), torch.empty(4, 32)
+    kernel.run([x, raw], [out])
+    assert torch.allclose(out.double(), x.double() @ values, rtol=1e-5, atol=1e-5)
+
+
+def test_block_tables_agree() -> None:
+    assert set(BLOCKS) == set(BLOCK_BYTES) == set(BLOCK_CODES)
+    assert block_of(_spec("w", [2, 32], "q8_0")) == "q8_0" and block_of(TensorSpec("w", [2, 32], "float32")) is None
+    assert _spec("w", [2, 64], "q4_0").storage == ("uint8", [2, 36]) and _spec("w", [2, 64], "q4_0").nbytes == 72
