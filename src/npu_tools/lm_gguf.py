@@ -97,3 +97,34 @@ def _default_dtype(types: Counter) -> str:
         if types.get(ggml):
             return name
     return "float32"
+
+
+def gguf_model_parts(source: str | os.PathLike[str]) -> tuple[str, Any, dict[str, Any], str]:
+    """What a command's model argument needs of a GGUF file (``npu_tools.zoo.runner.resolve_spec``): its name, a
+    ``build(device)`` (on meta: shapes only; on the CPU: the float model with the file's weights, block tensors
+    dequantized bit-exactly as the ``gguf`` package does, the reference the IR is checked against), seeded example
+    token ids and what weights ``build`` gives."""
+    import torch
+    import transformers
+
+    import torch_ir
+    from torch_ir.frontends.gguf import hf_state_dict, read_gguf, transformers_config
+    from torch_ir.frontends.hf_model import EXAMPLE_TOKENS, SEED
+
+    f = read_gguf(source)
+    config = transformers_config(f)
+
+    def build(device: str) -> Any:
+        if torch.device(device).type == "meta":
+            with torch_ir.build_on_meta():
+                return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        missing, unexpected = model.load_state_dict(hf_state_dict(f), strict=False)
+        if unexpected or set(missing) - ({"lm_head.weight"} if config.tie_word_embeddings else set()):
+            raise TorchIRError(f"{Path(source).name}: its tensors do not fill the {config.model_type} model built from "
+                               f"its metadata (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        return model.to(device).eval().requires_grad_(False)
+
+    tokens = min(EXAMPLE_TOKENS, config.max_position_embeddings)
+    ids = torch.randint(0, config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(SEED))
+    return Path(source).stem, build, {"input_ids": ids}, f"the GGUF file's weights ({Path(source).name}, dequantized)"

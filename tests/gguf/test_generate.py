@@ -79,3 +79,13 @@ def test_a_tokenizer_not_built_yet_is_an_error_at_encode_not_at_load() -> None:
     tok = GGUFTokenizer(unsupported="f.gguf: tokenizer.ggml.model 'llama' (SentencePiece) is not supported yet")
     with pytest.raises(TorchIRError, match=r"SentencePiece.*give the prompt as token ids \(--prompt-ids\)"):
         tok.encode("hello")
+
+
+def test_extract_and_verify_take_a_gguf_file(tmp_path: Path, capsys) -> None:
+    """A GGUF file is a model argument like a checkpoint: extracted weight-free, verified against transformers
+    running the file's (dequantized) weights."""
+    path = write_model(make_model("llama"), "llama", tmp_path / "m.gguf", {"ffn_": "Q8_0"})
+    assert main(["extract", str(path), "-o", str(tmp_path / "ir.json")]) == 0
+    assert (tmp_path / "ir.json").is_file()
+    assert main(["verify", str(path)]) == 0
+    assert "PASS" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from npu_tools.lm_gguf import gguf_model_parts, is_gguf_path
 from torch_ir.errors import TorchIRError
 from torch_ir.factory_spec import call_factory, check_torch_factory_result, load_factory
 from torch_ir.fileio import atomic_write, check_output_path
@@ -61,8 +62,9 @@ class RunResult:
 
 
 def resolve_spec(spec: str) -> ModelSpec:
-    """A zoo name (``resnet``), ``package.module:factory``, or a local Hugging Face model: a checkpoint directory
-    (``./minilm``, weights optional) or its ``config.json`` alone (weight-free).
+    """A zoo name (``resnet``), ``package.module:factory``, a local Hugging Face model: a checkpoint directory
+    (``./minilm``, weights optional) or its ``config.json`` alone (weight-free), or a GGUF file (llama, qwen2,
+    mistral: ``npu_tools.lm_gguf.gguf_model_parts``).
 
     The one place a command's model argument is resolved: every command that takes a model takes all these forms.
     A Hugging Face model is opened by ``torch_ir.frontends.hf_model.open_hf_model`` (the config checked, nothing run
@@ -78,6 +80,9 @@ def resolve_spec(spec: str) -> ModelSpec:
     """
     if is_hf_model_path(spec):
         return _hf_spec(spec)
+    if is_gguf_path(spec):
+        name, build, kwargs, weights = gguf_model_parts(spec)
+        return ModelSpec(name, build, (), kwargs, weights=weights)
     if ":" not in spec:
         try:
             entry = get_model(spec)
