@@ -134,6 +134,18 @@ class Generator:
             position += 1
         return result
 
+    def forced_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
+        """The next-token logits after ``prompt`` and after each token of ``continuation`` fed in turn (teacher
+        forcing), float32 ``[len(continuation) + 1, vocab]``: another runner's tokens scored by this model, to
+        compare the two distributions step by step (a KLD) without one's choices steering the other."""
+        self._check(prompt, len(continuation) + 1, 0.0, None)  # a prompt, and room in the cache for every token
+        ids = self._check([*prompt, *continuation], 1, 0.0, None)  # every id inside the vocabulary
+        self.reset()
+        rows = [self._prefill(ids[:len(prompt)])[0]]
+        for position, token in enumerate(ids[len(prompt):], start=len(prompt)):
+            rows.append(self._run(self.decode_exec, [token], [position])[0])
+        return np.stack(rows)
+
     # -- steps ------------------------------------------------------------------------------------
 
     def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:

@@ -75,6 +75,21 @@ def test_prefill_and_decode_logits_match_the_model(fp32):
         np.testing.assert_allclose(logits, full[len(prompt) - 1 + step].numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_forced_logits_score_given_tokens_as_the_model_does(fp32):
+    """Teacher forcing (another runner's tokens, e.g. llama.cpp's, scored by ours): the logits after the prompt
+    and after each forced token, against the model on the whole sequence; then the cache is reusable."""
+    real, _, gen = fp32
+    prompt, forced = prompt_of(9), prompt_of(6)
+    rows = gen.forced_logits(prompt, forced)
+    with torch.no_grad():
+        full = real(torch.tensor([prompt + forced]), use_cache=False).logits[0]
+    assert rows.shape == (len(forced) + 1, full.shape[-1])
+    np.testing.assert_allclose(rows, full[len(prompt) - 1:].numpy(), rtol=1e-4, atol=1e-4)
+    assert gen.generate(prompt, 3).tokens == hf_generate(real, prompt, 3)
+    with pytest.raises(RuntimeInputError, match="outside the vocabulary"):
+        gen.forced_logits(prompt, [10 ** 9])
+
+
 def test_programs_share_the_cache_as_state_written_in_place(fp32):
     _, programs, gen = fp32
     prefill, decode = programs.prefill, programs.decode
