@@ -94,3 +94,12 @@ def test_block_tables_agree() -> None:
     assert set(BLOCKS) == set(BLOCK_BYTES) == set(BLOCK_CODES)
     assert block_of(_spec("w", [2, 32], "q8_0")) == "q8_0" and block_of(TensorSpec("w", [2, 32], "float32")) is None
     assert _spec("w", [2, 64], "q4_0").storage == ("uint8", [2, 36]) and _spec("w", [2, 64], "q4_0").nbytes == 72
+
+
+def test_the_prefill_and_decode_kernels_share_one_concatenation_of_the_same_weights() -> None:
+    from npu_runtime.backends.cpu_blocks import stacked
+
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    first = stacked([a, b])
+    assert stacked([a, b]) is first and torch.equal(first, torch.cat([a, b]))
+    assert stacked([b, a]) is not first and stacked([a]) is a

@@ -17,6 +17,7 @@ Dequantization is ``torch_ir.quant.blocks``', bit-exact with ggml's.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +29,23 @@ from torch_ir.quant import blocks
 from .base import Kernel
 
 Tensor = torch.Tensor
+
+
+_STACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def stacked(tensors: Sequence[Tensor]) -> Tensor:
+    """``torch.cat(tensors)`` along rows, made once per set of weights: the prefill and the decode program bind the
+    same weights, and each of their QKV_PROJ / GATE_UP kernels would otherwise hold its own copy of the
+    concatenation (a second and third copy of most of an LLM's bytes)."""
+    if len(tensors) == 1:
+        return tensors[0]
+    key = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+    found = _STACKED.get(key)
+    if found is None:
+        found = _STACKED[key] = torch.cat(list(tensors), dim=0)
+        found._sources = tuple(tensors)  # their addresses cannot be reused by other weights while this lives
+    return found
 
 
 def block_of(spec: TensorSpec | None) -> str | None:
@@ -88,7 +106,7 @@ class BlockLinear:
         self.parts: list[_Part] = []
         row = 0
         for weights, block in merged:
-            w = weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)
+            w = stacked(weights)
             b = bias[row:row + w.shape[0]] if bias is not None else None
             self.parts.append(_Part(w.contiguous(), block, b))
             row += w.shape[0]
@@ -167,4 +185,4 @@ class Dequantized:
         self.inner.run(inputs, outputs)
 
 
-__all__ = ["BlockEmbedding", "BlockLinear", "Dequantized", "block_of", "dequantize"]
+__all__ = ["BlockEmbedding", "BlockLinear", "Dequantized", "block_of", "dequantize", "stacked"]

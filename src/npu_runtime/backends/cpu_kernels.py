@@ -33,7 +33,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.activations import ACTIVATIONS, get_activation
 
 from .base import Kernel
-from .cpu_blocks import BlockLinear, Dequantized, block_of
+from .cpu_blocks import BlockLinear, Dequantized, block_of, stacked
 
 Tensor = torch.Tensor
 
@@ -301,7 +301,7 @@ class GateUp:
             self.linear = BlockLinear([(weights[n], b) for n, b in zip(self.names[1:3], self.blocks)], bias)
             return
         gate, up = (weights[n] if self.trans_b else weights[n].t() for n in self.names[1:3])
-        self.linear = _Linear(torch.cat([gate, up], dim=0), bias)
+        self.linear = _Linear(stacked([gate, up]), bias)
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x, out = inputs[0], outputs[0]
@@ -341,7 +341,7 @@ class QkvProj:
                   for flag, w in zip(self.bias_flags, ws)]
         bias = torch.cat(biases) if any(self.bias_flags) else None
         self.linear = BlockLinear(list(zip(ws, self.blocks)), bias) if any(self.blocks) else \
-            _Linear(torch.cat(ws, dim=0), bias)
+            _Linear(stacked(ws), bias)
 
     def _dtype(self, w: Tensor) -> torch.dtype:
         return torch.float32 if w.dtype == torch.uint8 else w.dtype  # blocks: their biases are fp32
