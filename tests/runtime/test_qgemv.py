@@ -1,7 +1,7 @@
-"""The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0
-blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against ``gguf.quants.dequantize`` (the
-reference package) and a float64 matmul, exactly where the arithmetic is exact, and the checks that stand
-between a tensor and a raw pointer."""
+"""The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0 /
+Q4_K / Q6_K blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against
+``gguf.quants.dequantize`` (the reference package) and a float64 matmul, exactly where the arithmetic is
+exact, and the checks that stand between a tensor and a raw pointer."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from npu_runtime.backends import cpu_gemv_build, cpu_qgemv
 
-GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
-BYTES = {"q8_0": 34, "q4_0": 18}
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q4_K": gguf.GGMLQuantizationType.Q4_K, "q6_K": gguf.GGMLQuantizationType.Q6_K}
+BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210}
+ELEMS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+#: where each layout keeps its fp16 scales (Q4_K: d and dmin; the 6- and 8-bit sub-scales stay random bytes)
+FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
+#: the exact test's scale exponents and |x| bound: every product and partial sum a multiple of 2^-2 below 2^22
+EXACT = {"q8_0": ((-2, 2), 8), "q4_0": ((-2, 2), 8), "q4_K": ((-2, 0), 8), "q6_K": ((-2, 0), 2)}
 U = 2.0**-24  # fp32's unit roundoff
 
 
@@ -44,17 +50,23 @@ def fallback(monkeypatch):
     monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
 
 
-def random_blocks(qtype: str, n: int, k: int, seed: int, exp: tuple[int, int] | None = None) -> np.ndarray:
-    """``n`` rows of ``k / 32`` random blocks: every code byte random (Q8_0's -128 included, which GGML's
-    quantizer never writes but a file may hold), fp16 scales finite: normal * 0.02, or 2^e, e in ``exp``."""
+def random_blocks(qtype: str, n: int, k: int, seed: int, exp: tuple[int, int] | None = None,
+                  wide: bool = False) -> np.ndarray:
+    """``n`` rows of random blocks: every code and sub-scale byte random (Q8_0's -128 and Q6_K's -128 scale
+    included, which GGML's quantizer never writes but a file may hold), fp16 scales finite: normal * 0.02,
+    or 2^e, e in ``exp``, or (``wide``) any finite fp16 bit pattern: subnormals to 65504, either sign."""
     rng = np.random.default_rng(seed)
-    nb = k // 32
+    nb = k // ELEMS[qtype]
     blocks = rng.integers(0, 256, size=(n, nb, BYTES[qtype]), dtype=np.uint8)
-    if exp is None:
-        d = (rng.standard_normal((n, nb)) * 0.02).astype(np.float16)
-    else:
-        d = np.ldexp(np.ones((n, nb)), rng.integers(exp[0], exp[1] + 1, size=(n, nb))).astype(np.float16)
-    blocks[..., :2] = d.reshape(n, nb, 1).view(np.uint8)
+    for at in FP16_AT[qtype]:
+        if wide:
+            bits = rng.integers(0, 1 << 16, size=(n, nb), dtype=np.uint16)
+            d = np.where((bits & 0x7C00) == 0x7C00, bits & 0x83FF, bits).astype(np.uint16).view(np.float16)
+        elif exp is None:
+            d = (rng.standard_normal((n, nb)) * 0.02).astype(np.float16)
+        else:
+            d = np.ldexp(np.ones((n, nb)), rng.integers(exp[0], exp[1] + 1, size=(n, nb))).astype(np.float16)
+        blocks[..., at:at + 2] = d.reshape(n, nb, 1).view(np.uint8)
     return blocks.reshape(n, nb * BYTES[qtype])
 
 
@@ -80,9 +92,14 @@ def check_close(y: torch.Tensor, want: np.ndarray, scale: np.ndarray, k: int) ->
     assert (err <= tol).all(), f"max error {err.max():.3g}, tolerance there {tol.flat[err.argmax()]:.3g}"
 
 
-@pytest.mark.parametrize("qtype", list(GGML))
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128),
-                                            (9, 17, 64)])
+CASES = [(q, *shape) for q in ("q8_0", "q4_0") for shape in
+         [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128), (9, 17, 64)]]
+# the k-quants on the Qwen2.5-0.5B/1.5B rows they can hold (K = 4864, 1536, 8960; 896 is refused, below)
+CASES += [(q, *shape) for q in ("q4_K", "q6_K") for shape in
+          [(1, 37, 256), (4, 21, 1536), (1, 9, 4864), (2, 5, 8960), (3, 1, 256), (8, 19, 512), (9, 17, 256)]]
+
+
+@pytest.mark.parametrize(("qtype", "m", "n", "k"), CASES)
 def test_every_kernel_against_gguf(isa, qtype, m, n, k):
     raw = random_blocks(qtype, n, k, seed=m * 1000 + n)
     x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
@@ -94,13 +111,16 @@ def test_every_kernel_against_gguf(isa, qtype, m, n, k):
 @pytest.mark.parametrize("qtype", list(GGML))
 @pytest.mark.parametrize("m", [1, 4])
 def test_exact_arithmetic_gives_the_exact_result(isa, qtype, m):
-    """Scales 2^-2..2^2 and integer x in [-8, 8]: every product, partial sum and result is a multiple of 1/4
-    below 2^20, exact in fp32 in any order, so any kernel must give the float64 result bit for bit (a nibble
-    or byte taken from the wrong place would show)."""
+    """Scales 2^e (e in EXACT's range, >= -2) and small integer x: every weight, product, partial sum and
+    result is a multiple of 1/4 below 2^22 (checked: Σ|x·w| bounds them all), exact in fp32 in any order, so
+    any kernel must give the float64 result bit for bit (a nibble, bit or scale taken from the wrong place
+    would show)."""
     k, n = 256, 67
-    raw = random_blocks(qtype, n, k, seed=7 + m, exp=(-2, 2))
-    x = np.random.default_rng(m).integers(-8, 9, size=(m, k)).astype(np.float32)
-    want, _ = reference(raw, qtype, x)
+    exp, xmax = EXACT[qtype]
+    raw = random_blocks(qtype, n, k, seed=7 + m, exp=exp)
+    x = np.random.default_rng(m).integers(-xmax, xmax + 1, size=(m, k)).astype(np.float32)
+    want, scale = reference(raw, qtype, x)
+    assert scale.max() < 2.0**22
     y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
     np.testing.assert_array_equal(y.numpy().astype(np.float64), want)
 
@@ -110,7 +130,7 @@ def test_bias_threads_and_ggml_ids(qlib, qtype):
     """A bias is added; two threads give the bits of one (a row is always summed alike); GGML's type id names
     the layout as well as its name."""
     m, n, k = 2, 1000, 512
-    raw = random_blocks(qtype, n, k, seed=3)
+    raw = random_blocks(qtype, n, k, seed=3, wide=True)
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
     bias = np.random.default_rng(5).standard_normal(n).astype(np.float32)
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), GGML[qtype], torch.from_numpy(bias))
@@ -122,14 +142,34 @@ def test_bias_threads_and_ggml_ids(qlib, qtype):
 
 @pytest.mark.parametrize("qtype", list(GGML))
 def test_the_torch_fallback_dequantizes_like_gguf(fallback, qtype):
-    raw = random_blocks(qtype, 13, 96, seed=11)
+    k = 3 * ELEMS[qtype]
+    raw = random_blocks(qtype, 13, k, seed=11)
     np.testing.assert_array_equal(cpu_qgemv.dequantize(torch.from_numpy(raw), qtype).numpy(),
                                   gguf_dequantize(raw, GGML[qtype]))
-    x = np.random.default_rng(12).standard_normal((4, 96)).astype(np.float32)
+    x = np.random.default_rng(12).standard_normal((4, k)).astype(np.float32)
     with pytest.warns(RuntimeWarning, match="no compiler"):
         y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), qtype)
-    check_close(y, *reference(raw, qtype, x), 96)
+    check_close(y, *reference(raw, qtype, x), k)
     assert cpu_qgemv.native_status().startswith("torch (")
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+def test_scales_of_every_magnitude(isa, qtype):
+    """fp16 scales drawn from every finite bit pattern (subnormals, 65504, both signs; Q4_K's dmin too)."""
+    m, n, k = 2, 23, 512
+    raw = random_blocks(qtype, n, k, seed=21, wide=True)
+    x = np.random.default_rng(22).standard_normal((m, k)).astype(np.float32)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
+    check_close(y, *reference(raw, qtype, x), k)
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+def test_k_quants_refuse_rows_that_are_not_whole_super_blocks(qlib, qtype):
+    """Qwen2.5's K = 896 is 3.5 super-blocks: such a row cannot be a k-quant (llama.cpp files use another type)."""
+    plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks(qtype, 3, 1024, 0)), qtype.upper())
+    with pytest.raises(ValueError, match=f"K = 896 is not a multiple of {qtype}'s block of 256"):
+        plan(torch.zeros(1, 896))
+    assert cpu_qgemv.qtype_of(GGML[qtype]) is cpu_qgemv.QTYPES[qtype]
 
 
 def test_the_isa_cap(qlib, monkeypatch):
@@ -161,7 +201,7 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
         cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q8_0", 5, 128, 0))[:, :68], "q8_0")
     with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor, got torch.int8"):
         cpu_qgemv.QGemv(w.view(torch.int8), "q8_0")
-    with pytest.raises(ValueError, match="weight type 'q5_1' is not one of q8_0, q4_0"):
+    with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q4_K, q6_K \(GGML ids 8, 2, 12, 14\)"):
         cpu_qgemv.QGemv(w, "q5_1")
     with pytest.raises(ValueError, match="x must be contiguous"):
         plan(torch.zeros(2, 128)[:, ::2])

@@ -1,18 +1,25 @@
-"""Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0 or Q4_0.
+"""Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0, Q4_0,
+Q4_K or Q6_K.
 
 A decode step reads every weight once, so its time is the weights' bytes over the memory bandwidth: Q8_0
-(34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x.
+(34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x,
+Q4_K (144 bytes per 256) 0.14x / 0.28x, Q6_K (210 bytes per 256) 0.21x / 0.41x.
 This module multiplies with the packed blocks as a GGUF file holds them (``W``: a ``uint8`` tensor
-``[N, K / 32 · block bytes]``, row ``n`` being the ``K / 32`` blocks of output ``n``), never widening W in
+``[N, K / block · block bytes]``, row ``n`` being the blocks of output ``n``), never widening W in
 memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first use:
 
 * layouts as GGML defines them (``gguf.quants`` is the reference the tests use): Q8_0 = fp16 ``d`` then
   32 int8 codes, value ``d·q``; Q4_0 = fp16 ``d`` then 16 bytes, element ``j`` in the low nibble of byte
-  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``;
+  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``; the k-quants Q4_K and Q6_K are
+  super-blocks of 256 (so ``K`` must be a multiple of 256: GGUF files hold rows of other lengths, such as
+  Qwen2.5's K = 896, in other types), with a scale per 32 (Q4_K, and a min: ``d·sc·q − dmin·m``) or per 16
+  weights (Q6_K: ``d·sc·(q − 32)``), their weights made as ggml's dequantize makes them (``d·sc`` and
+  ``dmin·m`` exact products, one rounding in Q4_K's subtraction);
 * ``x`` stays fp32 (this is not llama.cpp's x-quantized-to-int8 dot product): per block the codes, exact
   small integers, are multiplied with ``x`` in fp32 lanes, and the lanes' sum is scaled by ``d`` into an
   fp32 accumulator. ``d·q`` is exact in fp32, so the result is an fp32 dot product of the exactly
-  dequantized weights with ``x``: within fp32 accumulation error of a float64 reference;
+  dequantized weights with ``x``: within fp32 accumulation error of a float64 reference (the default,
+  ``activations="float32"``); ``activations="int8"`` is llama.cpp's faster contract instead (below);
 * AVX-512 F/BW, AVX2/FMA/F16C or portable C, chosen at run time (``__builtin_cpu_supports``); the rows
   read as 8 (one row of ``x``) far-apart sequential streams with a software prefetch, up to 8 rows of
   ``x`` per pass over a chunk of weights, chunks handed to torch's OpenMP threads, one thread or all
@@ -25,8 +32,8 @@ failed build, ``TORCH_IR_NATIVE_GEMV=0``, :func:`set_native_enabled(False) <set_
 run :func:`torch_qgemv` (W dequantized with torch, then ``torch.mm``), and one warning says why.
 
 Memory safety: the C code trusts its pointers and sizes, so every tensor's device, dtype, contiguity,
-shape and bytes inside its storage are checked first; ``K`` must be a multiple of 32, W must hold
-exactly ``N · K / 32 · block bytes`` bytes, and ``out`` may not overlap an input.
+shape and bytes inside its storage are checked first; ``K`` must be a multiple of the block (32 or 256), W
+must hold exactly ``N · K / block · block bytes`` bytes, and ``out`` may not overlap an input.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ class QType:
 #: the layouts the kernel reads, by the names of ``torch_ir.quant.spec.BLOCKS``; ids and sizes from GGML's type
 #: table (``torch_ir.quant.blocks``)
 QTYPES: dict[str, QType] = {name: QType(name, t.id, t.block, t.nbytes)
-                            for name, t in ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0"))}
+                            for name, t in ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0", "q4_K", "q6_K"))}
 #: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
@@ -79,9 +86,11 @@ def qtype_of(qtype: str | int | QType) -> QType:
     if isinstance(qtype, QType):
         return qtype
     for q in QTYPES.values():
-        if (isinstance(qtype, str) and qtype.lower() == q.name) or (isinstance(qtype, int) and qtype == q.code):
+        if (isinstance(qtype, str) and qtype.lower() == q.name.lower()) or (isinstance(qtype, int)
+                                                                             and qtype == q.code):
             return q
-    raise ValueError(f"qgemv: weight type {qtype!r} is not one of {', '.join(QTYPES)} (GGML ids 8, 2)")
+    ids = ", ".join(str(q.code) for q in QTYPES.values())
+    raise ValueError(f"qgemv: weight type {qtype!r} is not one of {', '.join(QTYPES)} (GGML ids {ids})")
 
 
 def set_native_enabled(enabled: bool) -> bool:
@@ -142,7 +151,7 @@ def _overlap(a: int, a_size: int, b: int, b_size: int) -> bool:
 
 
 def dequantize(weight: Tensor, qtype: str | int | QType) -> Tensor:
-    """``weight`` (``uint8 [N, K / 32 · bytes]``) as fp32 ``[N, K]`` with torch (``torch_ir.quant.blocks``, bit-exact
+    """``weight`` (``uint8 [N, K / block · bytes]``) as fp32 ``[N, K]`` with torch (``torch_ir.quant.blocks``, bit-exact
     with ggml's): the fallback's weights."""
     q = qtype_of(qtype)
     n = weight.shape[0]
@@ -163,14 +172,14 @@ def torch_qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tenso
 
 class QGemv:
     """``y = x · dequant(W)ᵀ (+ bias)`` for a packed weight checked once (decode: the same weight every token),
-    then each call checks ``x`` and ``out``. ``weight``: ``uint8 [N, K / 32 · block bytes]``, contiguous;
+    then each call checks ``x`` and ``out``. ``weight``: ``uint8 [N, K / block · block bytes]``, contiguous;
     ``bias``: fp32 ``[N]``. Both are kept (referenced, not copied); resizing their storage afterwards is not
     supported."""
 
     def __init__(self, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None) -> None:
         self.qtype = qtype_of(qtype)
         if not isinstance(weight, Tensor) or weight.dim() != 2:
-            raise ValueError("qgemv: weight must be a 2-D uint8 tensor [N, K / 32 * block bytes]")
+            raise ValueError("qgemv: weight must be a 2-D uint8 tensor [N, K / block * block bytes]")
         n, row = int(weight.shape[0]), int(weight.shape[1])
         if n < 1 or row < 1 or row % self.qtype.nbytes:
             raise ValueError(f"qgemv: a {self.qtype.name} weight row is whole blocks of {self.qtype.nbytes} bytes; "
@@ -190,7 +199,7 @@ class QGemv:
         m = int(x.shape[0])
         if x.shape[1] % self.qtype.block:
             raise ValueError(f"qgemv: K = {x.shape[1]} is not a multiple of {self.qtype.name}'s block of "
-                             f"{self.qtype.block}")
+                             f"{self.qtype.block} (GGUF files store such rows in another type)")
         if x.shape[1] != self.k:
             raise ValueError(f"qgemv: x has K = {x.shape[1]}, the {self.qtype.name} weight holds K = {self.k} "
                              f"({self.k // self.qtype.block} blocks of {self.qtype.block} per row)")
