@@ -223,3 +223,86 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
 def test_the_source_is_package_data():
     source = importlib.resources.files("npu_runtime.backends").joinpath("gemv_q.c").read_text(encoding="utf-8")
     assert "int qgemv_packed(" in source
+
+
+# ------------------------------------------------------------------------------ activations="int8"
+
+
+def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
+    """The int8 path's contract in numpy, independently of the module: x per group of 32 to ``q = round(x / dx)``
+    (fp32, ties to even), ``dx = max|x| / 127`` (fp32); per group the exact integer ``isum = Σ code·q`` (int64)
+    and ``sx = Σ q``; ``y = Σ dx·(D·isum − M·sx)`` in float64, D/M the group's scale/min as ggml makes them
+    (Q4_K: gguf's get_scale_min). Returns y and ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding
+    of any lane order is relative to that."""
+    m, k = x.shape
+    g = x.reshape(m, k // 32, 32)
+    dx = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
+    q = np.round(np.divide(g, dx, out=np.zeros_like(g), where=dx > 0)).astype(np.int64)
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, BYTES[qtype])
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    if qtype == "q4_0":
+        nib = blocks[..., 2:18]
+        codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) - 8  # [n, G, 32]
+        sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
+    else:
+        sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))
+        dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+        sd = (d.reshape(-1, 1) * sc.astype(np.float32)).reshape(n, -1, 1).astype(np.float64)
+        sm = (dmin.reshape(-1, 1) * mn.astype(np.float32)).reshape(n, -1, 1).astype(np.float64)
+        qs = blocks[..., 16:].reshape(n, -1, 4, 1, 32)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-2).reshape(n, -1, 32).astype(np.int64)
+    isum = np.einsum("ngi,mgi->mng", codes, q)
+    iabs = np.einsum("ngi,mgi->mng", np.abs(codes), np.abs(q))
+    sx = q.sum(-1)[:, None, :]
+    dxx = dx[..., 0].astype(np.float64)[:, None, :]
+    want = (dxx * (sd[..., 0] * isum - sm[..., 0] * sx)).sum(-1)
+    bound = (np.abs(dxx) * (np.abs(sd[..., 0]) * iabs + np.abs(sm[..., 0]) * np.abs(sx))).sum(-1)
+    return want, bound
+
+
+@pytest.mark.parametrize(("qtype", "m", "n", "k"), [("q4_0", 1, 37, 896), ("q4_0", 3, 21, 4864), ("q4_0", 2, 9, 32),
+                                                    ("q4_K", 1, 37, 1536), ("q4_K", 2, 9, 4864), ("q4_K", 1, 5, 8960)])
+def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
+    """Exact integer group sums, scaled in fp32: within γ(2G + 16) of the bound (G groups; each term passes
+    through its scale's product, its lane's, the lane and group sums, the min's products and the bias)."""
+    raw = random_blocks(qtype, n, k, seed=k + m, wide=True)
+    x = np.random.default_rng(n).standard_normal((m, k)).astype(np.float32)
+    want, bound = int8_contract(raw, qtype, x)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa, activations="int8")
+    steps = 2 * (k // 32) + 16
+    err = np.abs(y.numpy().astype(np.float64) - want)
+    assert (err <= steps * U / (1 - steps * U) * bound).all(), f"max error {err.max():.3g}"
+    exact, _ = reference(raw, qtype, x)
+    print(f"{qtype} int8 vs exact weights, random data: {np.abs(want - exact).max() / np.abs(exact).max():.2e}")
+
+
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_K"])
+def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
+    """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
+    power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
+    m, n, k = 2, 19, 512
+    raw = random_blocks(qtype, n, k, seed=5, exp=(-2, 0))
+    rng = np.random.default_rng(6)
+    q = rng.integers(-4, 5, size=(m, k // 32, 32))
+    q[..., 0] = rng.choice([-127, 127], size=(m, k // 32))
+    x = (q * 0.5).reshape(m, k).astype(np.float32)
+    want, scale = reference(raw, qtype, x)
+    assert scale.max() < 2.0**20
+    plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)
+    np.testing.assert_array_equal(plan(torch.from_numpy(x), isa=isa, activations="int8").numpy(), want)
+    np.testing.assert_array_equal(plan(torch.from_numpy(x), isa=isa).numpy(), want)
+
+
+def test_int8_activations_fallback_and_refusals(fallback):
+    raw = random_blocks("q4_K", 7, 512, seed=8)
+    x = np.random.default_rng(9).standard_normal((2, 512)).astype(np.float32)
+    want, bound = int8_contract(raw, "q4_K", x)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), "q4_K", activations="int8")
+    assert (np.abs(y.numpy() - want) <= 600 * U * bound).all()
+    plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q6_K", 2, 256, 0)), "q6_K")
+    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q4_K weights, not q6_K"):
+        plan(torch.zeros(1, 256), activations="int8")
+    with pytest.raises(ValueError, match="activations 'fp16' is not one of float32, int8"):
+        plan(torch.zeros(1, 256), activations="fp16")
