@@ -1,4 +1,5 @@
-"""GB/s of the weight-only quantized decode GEMV (Q8_0, Q4_0 GGUF blocks) against fp32 and bf16, and the floor.
+"""GB/s of the weight-only quantized decode GEMV (Q8_0, Q4_0, Q4_K, Q6_K GGUF blocks; Q4_0 and Q4_K with x as int8
+too) against fp32 and bf16, and the floor.
 
     .venv/bin/python bench/gemv/qgemv.py                      # Qwen2.5-0.5B decode shapes, one row of x
     .venv/bin/python bench/gemv/qgemv.py --reps 30 --rows 4 --json qgemv.json
@@ -6,8 +7,10 @@
 
 For each decode GEMV of Qwen2.5-0.5B (``K x N``: the fused QKV 896 x 1152, o_proj 896 x 896, fused gate+up
 896 x 9728, down 4864 x 896, LM head 896 x 151936) times ``y = x · Wᵀ`` by the runtime's kernels:
-``cpu_gemv.Gemv`` with fp32 and bf16 weights, ``cpu_qgemv.QGemv`` with Q8_0 and Q4_0 blocks, each with its
-default thread choice, and reports weight bytes / median time. Every call reads the next copy of a ring of
+``cpu_gemv.Gemv`` with fp32 and bf16 weights, ``cpu_qgemv.QGemv`` with Q8_0, Q4_0, Q4_K and Q6_K blocks and
+``q4_0/i8``, ``q4_K/i8`` (``activations="int8"``), each with its default thread choice (k-quants only where K is
+a multiple of 256: the down projection; a cell of "-" elsewhere), and reports weight bytes / median time.
+Every call reads the next copy of a ring of
 at least ``--pool-mb`` MiB (decode reads weights from memory, not cache), the methods alternate call by call
 in a rotating order so that a neighbour's load hits all alike. The floor is ``bandwidth.measure_stream_bandwidth``
 (a plain C read loop with all threads and one, and fp32 ``torch.mv``), measured before and after, the better
@@ -39,7 +42,7 @@ from npu_runtime.backends import cpu_gemv, cpu_qgemv  # noqa: E402
 #: (name, K, N, per token) of Qwen2.5-0.5B (hidden 896, intermediate 4864, K/V 2 x 64, vocab 151936, 24 layers)
 SHAPES = [("qkv", 896, 1152, 24), ("o_proj", 896, 896, 24), ("gate+up", 896, 9728, 24), ("down", 4864, 896, 24),
           ("lm_head", 896, 151936, 1)]
-METHODS = ("fp32", "bf16", "q8_0", "q4_0")
+METHODS = ("fp32", "bf16", "q8_0", "q4_0", "q4_0/i8", "q4_K", "q4_K/i8", "q6_K")
 
 
 def log(message: str) -> None:
@@ -51,8 +54,9 @@ def packed(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
     q = cpu_qgemv.QTYPES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n, k // q.block, q.nbytes), dtype=np.uint8)
-    d = (rng.standard_normal((n, k // q.block, 1)) * 0.02).astype(np.float16)
-    blocks[..., :2] = d.view(np.uint8)
+    for at in {"q4_K": (0, 2), "q6_K": (208,)}.get(qtype, (0,)):  # where the layout keeps its fp16 scales
+        d = (rng.standard_normal((n, k // q.block, 1)) * 0.02).astype(np.float16)
+        blocks[..., at:at + 2] = d.view(np.uint8)
     return torch.from_numpy(blocks.reshape(n, -1))
 
 
@@ -64,39 +68,49 @@ def plans(method: str, n: int, k: int, pool: int, isa: str | None) -> tuple[int,
         copies = [w] + [w.clone() for _ in range(max(1, math.ceil(pool / w.nbytes)) - 1)]
         gemvs = [cpu_gemv.Gemv(c) for c in copies]
         return w.nbytes, [lambda x, y, g=g: g(x, out=y) for g in gemvs], lambda x: x.double() @ w.double().t()
-    w = packed(method, n, k, n + k)
+    qtype, _, act = method.partition("/")
+    act = "int8" if act else "float32"
+    w = packed(qtype, n, k, n + k)
     copies = [w] + [w.clone() for _ in range(max(1, math.ceil(pool / w.nbytes)) - 1)]
-    gemvs = [cpu_qgemv.QGemv(c, method) for c in copies]
-    ref = cpu_qgemv.dequantize(w, method).double()
-    return w.nbytes, [lambda x, y, g=g: g(x, out=y, isa=isa) for g in gemvs], lambda x: x.double() @ ref.t()
+    gemvs = [cpu_qgemv.QGemv(c, qtype) for c in copies]
+    ref = cpu_qgemv.dequantize(w, qtype).double()
+    xq = cpu_qgemv.quantize_x if act == "int8" else (lambda x: x)  # the int8 contract's x, for the check
+    return w.nbytes, [lambda x, y, g=g: g(x, out=y, isa=isa, activations=act) for g in gemvs], \
+        lambda x: xq(x).double() @ ref.t()
+
+
+def applies(method: str, k: int) -> bool:
+    """k-quants hold rows of whole 256-weight super-blocks only."""
+    return cpu_qgemv.QTYPES.get(method.split("/")[0]) is None or k % cpu_qgemv.QTYPES[method.split("/")[0]].block == 0
 
 
 def time_shape(n: int, k: int, reps: int, pool: int, rows: int, isa: str | None) -> dict[str, tuple[int, list]]:
     """Per method: (weight bytes, seconds of each timed call)."""
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
     y = torch.empty(rows, n)
-    calls, nbytes, samples = {}, {}, {m: [] for m in METHODS}
-    for method in METHODS:
+    methods = tuple(m for m in METHODS if applies(m, k))
+    calls, nbytes, samples = {}, {}, {m: [] for m in methods}
+    for method in methods:
         nbytes[method], calls[method], ref = plans(method, n, k, pool, isa)
         calls[method][0](x, y)
         want = ref(x)
         if not torch.allclose(y.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()):
             raise SystemExit(f"{method} [{n}, {k}]: wrong result, max error {(y.double() - want).abs().max():.3g}")
     for rep in range(reps + 3):  # warm-up rounds: page faults, thread pools, the thread policy's first tries
-        for method in METHODS[rep % 4:] + METHODS[:rep % 4]:
+        for method in methods[rep % len(methods):] + methods[:rep % len(methods)]:
             ring = calls[method]
             start = time.perf_counter()
             ring[rep % len(ring)](x, y)
             if rep >= 3:
                 samples[method].append(time.perf_counter() - start)
-    return {m: (nbytes[m], samples[m]) for m in METHODS}
+    return {m: (nbytes[m], samples[m]) for m in methods}
 
 
 def report(results: dict, floor: float, stream: tuple, args: argparse.Namespace, load: str) -> None:
     print(f"# Quantized GEMV, Qwen2.5-0.5B decode shapes, {args.rows} row(s) of x, {torch.get_num_threads()} "
           f"threads, cold (ring of >= {args.pool_mb} MiB), median of {args.reps}\n")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; fp32/bf16: "
-          f"{cpu_gemv.native_status()}; q8_0/q4_0: {cpu_qgemv.native_status()}"
+          f"{cpu_gemv.native_status()}; quantized: {cpu_qgemv.native_status()}"
           f"{f' (capped at {args.isa})' if args.isa else ''}\n")
     print(f"load average before / after: {load} / {os.getloadavg()[0]:.2f}; streaming floor {floor:.1f} GB/s "
           f"(before {stream[0].gbs:.1f}, after {stream[1].gbs:.1f}; C read loop {stream[0].c_read:.1f} all threads, "
@@ -106,17 +120,22 @@ def report(results: dict, floor: float, stream: tuple, args: argparse.Namespace,
     for name, k, n, _ in SHAPES:
         cells = []
         for m in METHODS:
+            if m not in results[name]:
+                cells.append("- | - | - | -")
+                continue
             nbytes, s = results[name][m]
             t = statistics.median(s)
             gbs = nbytes / t / 1e9
             cells.append(f"{nbytes / 2**20:.1f} | {t * 1e6:.0f} | {gbs:.1f} | {floor / gbs:.2f}")
         print(f"| {name} | {k} x {n} | " + " | ".join(cells) + " |")
-    print("\nPer token (24 layers of qkv, o_proj, gate+up, down, and the LM head; sum of medians):\n")
+    print("\nPer token (24 layers of qkv, o_proj, gate+up, down, and the LM head; sum of medians; the types that"
+          " hold every shape):\n")
     print("| weights | MB/token | floor ms | ms | x floor | speed-up over fp32 | over bf16 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    every = [m for m in METHODS if all(m in results[s[0]] for s in SHAPES)]
     tot = {m: (sum(results[s[0]][m][0] * s[3] for s in SHAPES),
-               sum(statistics.median(results[s[0]][m][1]) * s[3] for s in SHAPES)) for m in METHODS}
-    for m in METHODS:
+               sum(statistics.median(results[s[0]][m][1]) * s[3] for s in SHAPES)) for m in every}
+    for m in every:
         nbytes, t = tot[m]
         floor_s = nbytes / floor / 1e9
         print(f"| {m} | {nbytes / 1e6:.0f} | {floor_s * 1e3:.2f} | {t * 1e3:.2f} | {t / floor_s:.2f}"

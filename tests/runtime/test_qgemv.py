@@ -1,7 +1,7 @@
-"""The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0
-blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against ``gguf.quants.dequantize`` (the
-reference package) and a float64 matmul, exactly where the arithmetic is exact, and the checks that stand
-between a tensor and a raw pointer."""
+"""The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0 /
+Q4_K / Q6_K blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against
+``gguf.quants.dequantize`` (the reference package) and a float64 matmul, exactly where the arithmetic is
+exact, and the checks that stand between a tensor and a raw pointer."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from npu_runtime.backends import cpu_gemv_build, cpu_qgemv
 
-GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
-BYTES = {"q8_0": 34, "q4_0": 18}
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q4_K": gguf.GGMLQuantizationType.Q4_K, "q6_K": gguf.GGMLQuantizationType.Q6_K}
+BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210}
+ELEMS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+#: where each layout keeps its fp16 scales (Q4_K: d and dmin; the 6- and 8-bit sub-scales stay random bytes)
+FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
+#: the exact test's scale exponents and |x| bound: every product and partial sum a multiple of 2^-2 below 2^22
+EXACT = {"q8_0": ((-2, 2), 8), "q4_0": ((-2, 2), 8), "q4_K": ((-2, 0), 8), "q6_K": ((-2, 0), 2)}
 U = 2.0**-24  # fp32's unit roundoff
 
 
@@ -44,17 +50,23 @@ def fallback(monkeypatch):
     monkeypatch.setattr(cpu_gemv_build.NativeKernel, "enabled", True)
 
 
-def random_blocks(qtype: str, n: int, k: int, seed: int, exp: tuple[int, int] | None = None) -> np.ndarray:
-    """``n`` rows of ``k / 32`` random blocks: every code byte random (Q8_0's -128 included, which GGML's
-    quantizer never writes but a file may hold), fp16 scales finite: normal * 0.02, or 2^e, e in ``exp``."""
+def random_blocks(qtype: str, n: int, k: int, seed: int, exp: tuple[int, int] | None = None,
+                  wide: bool = False) -> np.ndarray:
+    """``n`` rows of random blocks: every code and sub-scale byte random (Q8_0's -128 and Q6_K's -128 scale
+    included, which GGML's quantizer never writes but a file may hold), fp16 scales finite: normal * 0.02,
+    or 2^e, e in ``exp``, or (``wide``) any finite fp16 bit pattern: subnormals to 65504, either sign."""
     rng = np.random.default_rng(seed)
-    nb = k // 32
+    nb = k // ELEMS[qtype]
     blocks = rng.integers(0, 256, size=(n, nb, BYTES[qtype]), dtype=np.uint8)
-    if exp is None:
-        d = (rng.standard_normal((n, nb)) * 0.02).astype(np.float16)
-    else:
-        d = np.ldexp(np.ones((n, nb)), rng.integers(exp[0], exp[1] + 1, size=(n, nb))).astype(np.float16)
-    blocks[..., :2] = d.reshape(n, nb, 1).view(np.uint8)
+    for at in FP16_AT[qtype]:
+        if wide:
+            bits = rng.integers(0, 1 << 16, size=(n, nb), dtype=np.uint16)
+            d = np.where((bits & 0x7C00) == 0x7C00, bits & 0x83FF, bits).astype(np.uint16).view(np.float16)
+        elif exp is None:
+            d = (rng.standard_normal((n, nb)) * 0.02).astype(np.float16)
+        else:
+            d = np.ldexp(np.ones((n, nb)), rng.integers(exp[0], exp[1] + 1, size=(n, nb))).astype(np.float16)
+        blocks[..., at:at + 2] = d.reshape(n, nb, 1).view(np.uint8)
     return blocks.reshape(n, nb * BYTES[qtype])
 
 
@@ -80,9 +92,14 @@ def check_close(y: torch.Tensor, want: np.ndarray, scale: np.ndarray, k: int) ->
     assert (err <= tol).all(), f"max error {err.max():.3g}, tolerance there {tol.flat[err.argmax()]:.3g}"
 
 
-@pytest.mark.parametrize("qtype", list(GGML))
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128),
-                                            (9, 17, 64)])
+CASES = [(q, *shape) for q in ("q8_0", "q4_0") for shape in
+         [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128), (9, 17, 64)]]
+# the k-quants on the Qwen2.5-0.5B/1.5B rows they can hold (K = 4864, 1536, 8960; 896 is refused, below)
+CASES += [(q, *shape) for q in ("q4_K", "q6_K") for shape in
+          [(1, 37, 256), (4, 21, 1536), (1, 9, 4864), (2, 5, 8960), (3, 1, 256), (8, 19, 512), (9, 17, 256)]]
+
+
+@pytest.mark.parametrize(("qtype", "m", "n", "k"), CASES)
 def test_every_kernel_against_gguf(isa, qtype, m, n, k):
     raw = random_blocks(qtype, n, k, seed=m * 1000 + n)
     x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
@@ -94,13 +111,16 @@ def test_every_kernel_against_gguf(isa, qtype, m, n, k):
 @pytest.mark.parametrize("qtype", list(GGML))
 @pytest.mark.parametrize("m", [1, 4])
 def test_exact_arithmetic_gives_the_exact_result(isa, qtype, m):
-    """Scales 2^-2..2^2 and integer x in [-8, 8]: every product, partial sum and result is a multiple of 1/4
-    below 2^20, exact in fp32 in any order, so any kernel must give the float64 result bit for bit (a nibble
-    or byte taken from the wrong place would show)."""
+    """Scales 2^e (e in EXACT's range, >= -2) and small integer x: every weight, product, partial sum and
+    result is a multiple of 1/4 below 2^22 (checked: Σ|x·w| bounds them all), exact in fp32 in any order, so
+    any kernel must give the float64 result bit for bit (a nibble, bit or scale taken from the wrong place
+    would show)."""
     k, n = 256, 67
-    raw = random_blocks(qtype, n, k, seed=7 + m, exp=(-2, 2))
-    x = np.random.default_rng(m).integers(-8, 9, size=(m, k)).astype(np.float32)
-    want, _ = reference(raw, qtype, x)
+    exp, xmax = EXACT[qtype]
+    raw = random_blocks(qtype, n, k, seed=7 + m, exp=exp)
+    x = np.random.default_rng(m).integers(-xmax, xmax + 1, size=(m, k)).astype(np.float32)
+    want, scale = reference(raw, qtype, x)
+    assert scale.max() < 2.0**22
     y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
     np.testing.assert_array_equal(y.numpy().astype(np.float64), want)
 
@@ -110,7 +130,7 @@ def test_bias_threads_and_ggml_ids(qlib, qtype):
     """A bias is added; two threads give the bits of one (a row is always summed alike); GGML's type id names
     the layout as well as its name."""
     m, n, k = 2, 1000, 512
-    raw = random_blocks(qtype, n, k, seed=3)
+    raw = random_blocks(qtype, n, k, seed=3, wide=True)
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
     bias = np.random.default_rng(5).standard_normal(n).astype(np.float32)
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), GGML[qtype], torch.from_numpy(bias))
@@ -122,14 +142,34 @@ def test_bias_threads_and_ggml_ids(qlib, qtype):
 
 @pytest.mark.parametrize("qtype", list(GGML))
 def test_the_torch_fallback_dequantizes_like_gguf(fallback, qtype):
-    raw = random_blocks(qtype, 13, 96, seed=11)
+    k = 3 * ELEMS[qtype]
+    raw = random_blocks(qtype, 13, k, seed=11)
     np.testing.assert_array_equal(cpu_qgemv.dequantize(torch.from_numpy(raw), qtype).numpy(),
                                   gguf_dequantize(raw, GGML[qtype]))
-    x = np.random.default_rng(12).standard_normal((4, 96)).astype(np.float32)
+    x = np.random.default_rng(12).standard_normal((4, k)).astype(np.float32)
     with pytest.warns(RuntimeWarning, match="no compiler"):
         y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), qtype)
-    check_close(y, *reference(raw, qtype, x), 96)
+    check_close(y, *reference(raw, qtype, x), k)
     assert cpu_qgemv.native_status().startswith("torch (")
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+def test_scales_of_every_magnitude(isa, qtype):
+    """fp16 scales drawn from every finite bit pattern (subnormals, 65504, both signs; Q4_K's dmin too)."""
+    m, n, k = 2, 23, 512
+    raw = random_blocks(qtype, n, k, seed=21, wide=True)
+    x = np.random.default_rng(22).standard_normal((m, k)).astype(np.float32)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
+    check_close(y, *reference(raw, qtype, x), k)
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+def test_k_quants_refuse_rows_that_are_not_whole_super_blocks(qlib, qtype):
+    """Qwen2.5's K = 896 is 3.5 super-blocks: such a row cannot be a k-quant (llama.cpp files use another type)."""
+    plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks(qtype, 3, 1024, 0)), qtype.upper())
+    with pytest.raises(ValueError, match=f"K = 896 is not a multiple of {qtype}'s block of 256"):
+        plan(torch.zeros(1, 896))
+    assert cpu_qgemv.qtype_of(GGML[qtype]) is cpu_qgemv.QTYPES[qtype]
 
 
 def test_the_isa_cap(qlib, monkeypatch):
@@ -161,7 +201,7 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
         cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q8_0", 5, 128, 0))[:, :68], "q8_0")
     with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor, got torch.int8"):
         cpu_qgemv.QGemv(w.view(torch.int8), "q8_0")
-    with pytest.raises(ValueError, match="weight type 'q5_1' is not one of q8_0, q4_0"):
+    with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q4_K, q6_K \(GGML ids 8, 2, 12, 14\)"):
         cpu_qgemv.QGemv(w, "q5_1")
     with pytest.raises(ValueError, match="x must be contiguous"):
         plan(torch.zeros(2, 128)[:, ::2])
@@ -183,3 +223,86 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
 def test_the_source_is_package_data():
     source = importlib.resources.files("npu_runtime.backends").joinpath("gemv_q.c").read_text(encoding="utf-8")
     assert "int qgemv_packed(" in source
+
+
+# ------------------------------------------------------------------------------ activations="int8"
+
+
+def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
+    """The int8 path's contract in numpy, independently of the module: x per group of 32 to ``q = round(x / dx)``
+    (fp32, ties to even), ``dx = max|x| / 127`` (fp32); per group the exact integer ``isum = Σ code·q`` (int64)
+    and ``sx = Σ q``; ``y = Σ dx·(D·isum − M·sx)`` in float64, D/M the group's scale/min as ggml makes them
+    (Q4_K: gguf's get_scale_min). Returns y and ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding
+    of any lane order is relative to that."""
+    m, k = x.shape
+    g = x.reshape(m, k // 32, 32)
+    dx = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
+    q = np.round(np.divide(g, dx, out=np.zeros_like(g), where=dx > 0)).astype(np.int64)
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, BYTES[qtype])
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    if qtype == "q4_0":
+        nib = blocks[..., 2:18]
+        codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) - 8  # [n, G, 32]
+        sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
+    else:
+        sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))
+        dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+        sd = (d.reshape(-1, 1) * sc.astype(np.float32)).reshape(n, -1, 1).astype(np.float64)
+        sm = (dmin.reshape(-1, 1) * mn.astype(np.float32)).reshape(n, -1, 1).astype(np.float64)
+        qs = blocks[..., 16:].reshape(n, -1, 4, 1, 32)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-2).reshape(n, -1, 32).astype(np.int64)
+    isum = np.einsum("ngi,mgi->mng", codes, q)
+    iabs = np.einsum("ngi,mgi->mng", np.abs(codes), np.abs(q))
+    sx = q.sum(-1)[:, None, :]
+    dxx = dx[..., 0].astype(np.float64)[:, None, :]
+    want = (dxx * (sd[..., 0] * isum - sm[..., 0] * sx)).sum(-1)
+    bound = (np.abs(dxx) * (np.abs(sd[..., 0]) * iabs + np.abs(sm[..., 0]) * np.abs(sx))).sum(-1)
+    return want, bound
+
+
+@pytest.mark.parametrize(("qtype", "m", "n", "k"), [("q4_0", 1, 37, 896), ("q4_0", 3, 21, 4864), ("q4_0", 2, 9, 32),
+                                                    ("q4_K", 1, 37, 1536), ("q4_K", 2, 9, 4864), ("q4_K", 1, 5, 8960)])
+def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
+    """Exact integer group sums, scaled in fp32: within γ(2G + 16) of the bound (G groups; each term passes
+    through its scale's product, its lane's, the lane and group sums, the min's products and the bias)."""
+    raw = random_blocks(qtype, n, k, seed=k + m, wide=True)
+    x = np.random.default_rng(n).standard_normal((m, k)).astype(np.float32)
+    want, bound = int8_contract(raw, qtype, x)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa, activations="int8")
+    steps = 2 * (k // 32) + 16
+    err = np.abs(y.numpy().astype(np.float64) - want)
+    assert (err <= steps * U / (1 - steps * U) * bound).all(), f"max error {err.max():.3g}"
+    exact, _ = reference(raw, qtype, x)
+    print(f"{qtype} int8 vs exact weights, random data: {np.abs(want - exact).max() / np.abs(exact).max():.2e}")
+
+
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_K"])
+def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
+    """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
+    power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
+    m, n, k = 2, 19, 512
+    raw = random_blocks(qtype, n, k, seed=5, exp=(-2, 0))
+    rng = np.random.default_rng(6)
+    q = rng.integers(-4, 5, size=(m, k // 32, 32))
+    q[..., 0] = rng.choice([-127, 127], size=(m, k // 32))
+    x = (q * 0.5).reshape(m, k).astype(np.float32)
+    want, scale = reference(raw, qtype, x)
+    assert scale.max() < 2.0**20
+    plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)
+    np.testing.assert_array_equal(plan(torch.from_numpy(x), isa=isa, activations="int8").numpy(), want)
+    np.testing.assert_array_equal(plan(torch.from_numpy(x), isa=isa).numpy(), want)
+
+
+def test_int8_activations_fallback_and_refusals(fallback):
+    raw = random_blocks("q4_K", 7, 512, seed=8)
+    x = np.random.default_rng(9).standard_normal((2, 512)).astype(np.float32)
+    want, bound = int8_contract(raw, "q4_K", x)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), "q4_K", activations="int8")
+    assert (np.abs(y.numpy() - want) <= 600 * U * bound).all()
+    plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q6_K", 2, 256, 0)), "q6_K")
+    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q4_K weights, not q6_K"):
+        plan(torch.zeros(1, 256), activations="int8")
+    with pytest.raises(ValueError, match="activations 'fp16' is not one of float32, int8"):
+        plan(torch.zeros(1, 256), activations="fp16")

@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 
 #: the kernel's source, package data of ``npu_runtime.backends``
 SOURCE_NAME = "gemv.c"
-#: the weight-only quantized (GGUF Q8_0 / Q4_0 blocks) GEMV kernel's source, loaded by :func:`load_q`
+#: the weight-only quantized (GGUF Q8_0 / Q4_0 / Q4_K / Q6_K blocks) GEMV kernel's source, loaded by :func:`load_q`
 Q_SOURCE_NAME = "gemv_q.c"
+#: appended to it (one translation unit): the x-quantized-to-int8 path
+Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q_i8.c")
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
 
@@ -159,17 +161,18 @@ def load() -> Library:
 
 
 def load_q() -> Library:
-    """The quantized GEMV kernel (:data:`Q_SOURCE_NAME`, ``npu_runtime.backends.cpu_qgemv``) built and loaded
-    like :func:`load`; its ``isa`` is 2 for AVX-512 F/BW, 1 for AVX2/FMA/F16C, 0 for portable C."""
+    """The quantized GEMV kernel (:data:`Q_SOURCE_PARTS` in order, ``npu_runtime.backends.cpu_qgemv``) built and
+    loaded like :func:`load`; its ``isa`` is 2 for AVX-512 F/BW, 1 for AVX2/FMA/F16C, 0 for portable C."""
     try:
-        source = kernel_source(Q_SOURCE_NAME)
+        source = "\n".join(kernel_source(name) for name in Q_SOURCE_PARTS)
     except OSError as exc:
-        raise BuildError(f"cannot read {Q_SOURCE_NAME}: {exc}") from exc
+        raise BuildError(f"cannot read {' + '.join(Q_SOURCE_PARTS)}: {exc}") from exc
     lib, path = open_library(source, "gemv_q")
     lib.qgemv_packed.argtypes = [ctypes.c_char_p]
     lib.qgemv_packed.restype = ctypes.c_int
     lib.qgemv_isa.restype = ctypes.c_int
     lib.qgemv_openmp.restype = ctypes.c_int
+    lib.qgemv_vnni.restype = ctypes.c_int
     log.debug("quantized GEMV kernel: %s", path)
     return Library(lib, path, int(lib.qgemv_isa()), bool(lib.qgemv_openmp()))
 
@@ -229,5 +232,6 @@ def set_enabled(enabled: bool) -> bool:
     return previous
 
 
-__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "SOURCE_NAME", "BuildError", "Library", "NativeKernel", "build",
+__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME",
+            "BuildError", "Library", "NativeKernel", "build",
            "cache_dir", "find_compiler", "kernel_source", "load", "load_q", "open_library", "private", "set_enabled"]

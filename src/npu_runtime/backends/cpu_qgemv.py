@@ -1,23 +1,37 @@
-"""Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0 or Q4_0.
+"""Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0, Q4_0,
+Q4_K or Q6_K.
 
 A decode step reads every weight once, so its time is the weights' bytes over the memory bandwidth: Q8_0
-(34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x.
+(34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x,
+Q4_K (144 bytes per 256) 0.14x / 0.28x, Q6_K (210 bytes per 256) 0.21x / 0.41x.
 This module multiplies with the packed blocks as a GGUF file holds them (``W``: a ``uint8`` tensor
-``[N, K / 32 · block bytes]``, row ``n`` being the ``K / 32`` blocks of output ``n``), never widening W in
+``[N, K / block · block bytes]``, row ``n`` being the blocks of output ``n``), never widening W in
 memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first use:
 
 * layouts as GGML defines them (``gguf.quants`` is the reference the tests use): Q8_0 = fp16 ``d`` then
   32 int8 codes, value ``d·q``; Q4_0 = fp16 ``d`` then 16 bytes, element ``j`` in the low nibble of byte
-  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``;
+  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``; the k-quants Q4_K and Q6_K are
+  super-blocks of 256 (so ``K`` must be a multiple of 256: GGUF files hold rows of other lengths, such as
+  Qwen2.5's K = 896, in other types), with a scale per 32 (Q4_K, and a min: ``d·sc·q − dmin·m``) or per 16
+  weights (Q6_K: ``d·sc·(q − 32)``), their weights made as ggml's dequantize makes them (``d·sc`` and
+  ``dmin·m`` exact products, one rounding in Q4_K's subtraction);
 * ``x`` stays fp32 (this is not llama.cpp's x-quantized-to-int8 dot product): per block the codes, exact
   small integers, are multiplied with ``x`` in fp32 lanes, and the lanes' sum is scaled by ``d`` into an
   fp32 accumulator. ``d·q`` is exact in fp32, so the result is an fp32 dot product of the exactly
-  dequantized weights with ``x``: within fp32 accumulation error of a float64 reference;
+  dequantized weights with ``x``: within fp32 accumulation error of a float64 reference (the default,
+  ``activations="float32"``); ``activations="int8"`` is llama.cpp's faster contract instead (below);
 * AVX-512 F/BW, AVX2/FMA/F16C or portable C, chosen at run time (``__builtin_cpu_supports``); the rows
   read as 8 (one row of ``x``) far-apart sequential streams with a software prefetch, up to 8 rows of
   ``x`` per pass over a chunk of weights, chunks handed to torch's OpenMP threads, one thread or all
   chosen per call by :class:`cpu_gemv._ThreadPolicy <npu_runtime.backends.cpu_gemv._ThreadPolicy>`
   (the same design and reasons as :mod:`.cpu_gemv`).
+
+``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; Q4_0 and Q4_K only) is llama.cpp's dot product, faster
+than unpacking codes to fp32 but different numerics: ``x`` is quantized once per call, per group of 32, to
+``q = round(x / dx)`` (fp32 division, ties to even), ``dx = max|x| / 127`` (fp32); each group's sum of codes
+times ``q`` is an exact integer (AVX-512 VNNI ``vpdpbusd`` where the CPU has it, else AVX2 ``maddubs``/``madd``,
+else C), and ``y = Σ_g (D_g·dx_g)·isum_g − M_g·(dx_g·Σq)`` in fp32 (``D``, ``M``: the group's scale and Q4_K's
+min). Its error against the float path is that of quantizing ``x`` to 8 bits (~1e-3 relative on random data).
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
 other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
@@ -25,8 +39,8 @@ failed build, ``TORCH_IR_NATIVE_GEMV=0``, :func:`set_native_enabled(False) <set_
 run :func:`torch_qgemv` (W dequantized with torch, then ``torch.mm``), and one warning says why.
 
 Memory safety: the C code trusts its pointers and sizes, so every tensor's device, dtype, contiguity,
-shape and bytes inside its storage are checked first; ``K`` must be a multiple of 32, W must hold
-exactly ``N · K / 32 · block bytes`` bytes, and ``out`` may not overlap an input.
+shape and bytes inside its storage are checked first; ``K`` must be a multiple of the block (32 or 256), W
+must hold exactly ``N · K / block · block bytes`` bytes, and ``out`` may not overlap an input.
 """
 
 from __future__ import annotations
@@ -59,13 +73,18 @@ class QType:
 #: the layouts the kernel reads, by the names of ``torch_ir.quant.spec.BLOCKS``; ids and sizes from GGML's type
 #: table (``torch_ir.quant.blocks``)
 QTYPES: dict[str, QType] = {name: QType(name, t.id, t.block, t.nbytes)
-                            for name, t in ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0"))}
+                            for name, t in ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0", "q4_K", "q6_K"))}
 #: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
 
-#: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa
-_ARGS = struct.Struct("<10q")
+#: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
+ACTIVATIONS: dict[str, int] = {"float32": 0, "int8": 1}
+#: the layouts the int8 path takes
+INT8_QTYPES = ("q4_0", "q4_K")
+
+#: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations
+_ARGS = struct.Struct("<11q")
 
 _kernel = cpu_gemv_build.NativeKernel(
     "quantized GEMV", cpu_gemv_build.load_q, lambda library: _ISA_NAMES[min(library.isa, _isa_cap())],
@@ -79,9 +98,11 @@ def qtype_of(qtype: str | int | QType) -> QType:
     if isinstance(qtype, QType):
         return qtype
     for q in QTYPES.values():
-        if (isinstance(qtype, str) and qtype.lower() == q.name) or (isinstance(qtype, int) and qtype == q.code):
+        if (isinstance(qtype, str) and qtype.lower() == q.name.lower()) or (isinstance(qtype, int)
+                                                                             and qtype == q.code):
             return q
-    raise ValueError(f"qgemv: weight type {qtype!r} is not one of {', '.join(QTYPES)} (GGML ids 8, 2)")
+    ids = ", ".join(str(q.code) for q in QTYPES.values())
+    raise ValueError(f"qgemv: weight type {qtype!r} is not one of {', '.join(QTYPES)} (GGML ids {ids})")
 
 
 def set_native_enabled(enabled: bool) -> bool:
@@ -142,7 +163,7 @@ def _overlap(a: int, a_size: int, b: int, b_size: int) -> bool:
 
 
 def dequantize(weight: Tensor, qtype: str | int | QType) -> Tensor:
-    """``weight`` (``uint8 [N, K / 32 · bytes]``) as fp32 ``[N, K]`` with torch (``torch_ir.quant.blocks``, bit-exact
+    """``weight`` (``uint8 [N, K / block · bytes]``) as fp32 ``[N, K]`` with torch (``torch_ir.quant.blocks``, bit-exact
     with ggml's): the fallback's weights."""
     q = qtype_of(qtype)
     n = weight.shape[0]
@@ -158,19 +179,36 @@ def torch_qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tenso
     return y if out is None else out.copy_(y)
 
 
+def quantize_x(x: Tensor) -> Tensor:
+    """``x`` (fp32 ``[M, K]``, K a multiple of 32) as the int8 path sees it: per group of 32, ``dx·round(x / dx)``
+    with ``dx = max|x| / 127`` (fp32, ties to even; non-finite quotients 0), returned as fp32."""
+    g = x.reshape(x.shape[0], -1, 32)
+    dx = g.abs().amax(dim=-1, keepdim=True) / 127
+    q = torch.where(dx > 0, g / dx, torch.zeros_like(g))
+    q = torch.where(q.abs() < 127.5, q, torch.zeros_like(q)).round()
+    return (q * dx).reshape(x.shape)
+
+
+def torch_qgemv_int8(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None,
+                     out: Tensor | None = None) -> Tensor:
+    """The int8 path's fallback: :func:`quantize_x` times the dequantized weights in fp32, which is its contract's
+    value to within fp32 rounding (the integer sums, scaled, are the same products)."""
+    return torch_qgemv(quantize_x(x), weight, qtype, bias, out)
+
+
 # ------------------------------------------------------------------------------------------- qgemv
 
 
 class QGemv:
     """``y = x · dequant(W)ᵀ (+ bias)`` for a packed weight checked once (decode: the same weight every token),
-    then each call checks ``x`` and ``out``. ``weight``: ``uint8 [N, K / 32 · block bytes]``, contiguous;
+    then each call checks ``x`` and ``out``. ``weight``: ``uint8 [N, K / block · block bytes]``, contiguous;
     ``bias``: fp32 ``[N]``. Both are kept (referenced, not copied); resizing their storage afterwards is not
     supported."""
 
     def __init__(self, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None) -> None:
         self.qtype = qtype_of(qtype)
         if not isinstance(weight, Tensor) or weight.dim() != 2:
-            raise ValueError("qgemv: weight must be a 2-D uint8 tensor [N, K / 32 * block bytes]")
+            raise ValueError("qgemv: weight must be a 2-D uint8 tensor [N, K / block * block bytes]")
         n, row = int(weight.shape[0]), int(weight.shape[1])
         if n < 1 or row < 1 or row % self.qtype.nbytes:
             raise ValueError(f"qgemv: a {self.qtype.name} weight row is whole blocks of {self.qtype.nbytes} bytes; "
@@ -181,16 +219,18 @@ class QGemv:
         self._b = _arg(bias, "bias", torch.float32, (n,)) if bias is not None else (0, 0)
 
     def __call__(self, x: Tensor, out: Tensor | None = None, threads: int | None = None,
-                 isa: str | None = None) -> Tensor:
+                 isa: str | None = None, activations: str = "float32") -> Tensor:
         """``x`` fp32 ``[M, K]`` -> ``out`` fp32 ``[M, N]`` (new when None). ``threads``: one or all, whichever ran
         faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
-        ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has."""
+        ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
+        weights) or ``"int8"`` (x quantized per group of 32, Q4_0 and Q4_K; see the module's docstring)."""
+        act = self._activations(activations)
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError("qgemv: x must be a 2-D float32 tensor [M, K]")
         m = int(x.shape[0])
         if x.shape[1] % self.qtype.block:
             raise ValueError(f"qgemv: K = {x.shape[1]} is not a multiple of {self.qtype.name}'s block of "
-                             f"{self.qtype.block}")
+                             f"{self.qtype.block} (GGUF files store such rows in another type)")
         if x.shape[1] != self.k:
             raise ValueError(f"qgemv: x has K = {x.shape[1]}, the {self.qtype.name} weight holds K = {self.k} "
                              f"({self.k // self.qtype.block} blocks of {self.qtype.block} per row)")
@@ -206,27 +246,40 @@ class QGemv:
             raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
         library = _kernel.for_call()
         if library is None:
+            if act:
+                return torch_qgemv_int8(x, self.weight, self.qtype, self.bias, out)
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
         policy = None
         if threads is None:
             policy = _policy if self._w[1] >= cpu_gemv.SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
             threads = policy.pick(self._w[1], torch.get_num_threads()) if policy is not None else 1
         args = _ARGS.pack(m, self.n, self.k, xp, self._w[0], self.qtype.code, self._b[0], yp, max(1, threads),
-                          min(library.isa, cap))
+                          min(library.isa, cap), act)
         start = time.perf_counter_ns()
         status = library.lib.qgemv_packed(args)
         if policy is not None:
             policy.record(self._w[1], threads, time.perf_counter_ns() - start)
+        if status == -3:
+            raise MemoryError("qgemv: no memory for x's int8 groups")
         if status != 0:
             raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
         return out
 
 
+    def _activations(self, activations: str) -> int:
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"qgemv: activations {activations!r} is not one of {', '.join(ACTIVATIONS)}")
+        if activations == "int8" and self.qtype.name not in INT8_QTYPES:
+            raise ValueError(f"qgemv: activations='int8' takes {', '.join(INT8_QTYPES)} weights, not "
+                             f"{self.qtype.name}")
+        return ACTIVATIONS[activations]
+
+
 def qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None,
-          out: Tensor | None = None) -> Tensor:
+          out: Tensor | None = None, activations: str = "float32") -> Tensor:
     """``x [M, K] · dequant(weight)ᵀ (+ bias [N])`` into ``out`` (see :class:`QGemv`)."""
-    return QGemv(weight, qtype, bias)(x, out=out)
+    return QGemv(weight, qtype, bias)(x, out=out, activations=activations)
 
 
-__all__ = ["ISAS", "QTYPES", "QGemv", "QType", "dequantize", "native_available", "native_status", "qgemv",
-           "qtype_of", "set_native_enabled", "torch_qgemv"]
+__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "QTYPES", "QGemv", "QType", "dequantize", "native_available",
+           "native_status", "qgemv", "qtype_of", "quantize_x", "set_native_enabled", "torch_qgemv", "torch_qgemv_int8"]

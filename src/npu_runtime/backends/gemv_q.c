@@ -10,10 +10,20 @@
      Q8_0 (type 8): 34 bytes = fp16 d, int8 q[32];          value j = d * q[j]
      Q4_0 (type 2): 18 bytes = fp16 d, uint8 qs[16];        value j = d * ((qs[j] & 15) - 8),
                                                             value j + 16 = d * ((qs[j] >> 4) - 8), j < 16
+   and k-quants, K / 256 super-blocks per row (sub-blocks of 32 / 16 weights with their own scales):
+     Q4_K (type 12): 144 bytes = fp16 d, fp16 dmin, 12 bytes of 8 six-bit scales sc and mins m, uint8 qs[128];
+                     value 64c + i = (d*sc[2c]) * (qs[32c+i] & 15) - dmin*m[2c], 64c+32+i the high nibble
+                     with sc[2c+1], m[2c+1] (c < 4, i < 32)
+     Q6_K (type 14): 210 bytes = uint8 ql[128], uint8 qh[64], int8 scales[16], fp16 d; value e =
+                     (d*scales[e/16]) * (6-bit code - 32), the code's low 4 bits in ql, high 2 in qh (kq_codes_c)
    The blocks are read as they lie (W is never widened in memory). x stays fp32: per block and row of x the
    codes (small integers, exact in fp32) are multiplied with x and summed in fp32 lanes, then that sum is
    scaled by d and added to the row's fp32 accumulator (one FMA): d * q is exact in fp32 (11 x 8 bits), so
-   the only roundings are those of an fp32 dot product, as with a float weight. */
+   the only roundings are those of an fp32 dot product, as with a float weight. The k-quants' weights are
+   made as ggml's dequantize makes them: D = d*sc and M = dmin*m are exact (11 x 6 or 11 x 8 bits), D*q too
+   (<= 23 bits), so value = D*q - M has one rounding (Q4_K's subtraction) whether or not it is fused; they
+   are then dotted with x in fp32 lanes, again an fp32 dot product of the exactly dequantized weights.
+   gemv_q_i8.c (appended to this file by the loader) holds the x-quantized-to-int8 path. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -25,9 +35,10 @@
 #define QG_X86 1
 #endif
 
-enum { QT_Q4_0 = 2, QT_Q8_0 = 8 };
-enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+enum { QT_Q4_0 = 2, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14 };
+enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3 };  /* 3: gemv_q_i8.c only */
 #define QK 32
+#define QKK 256
 
 typedef struct {
     int64_t M, N, K, nb, row_bytes;  /* nb = K / 32 blocks of (row_bytes / nb) bytes per row */
@@ -37,7 +48,11 @@ typedef struct {
     float *y;                        /* [M, N] */
 } QJob;
 
-static inline int block_bytes(const int qt) { return qt == QT_Q8_0 ? 34 : 18; }
+static inline int block_bytes(const int qt) {
+    return qt == QT_Q8_0 ? 34 : qt == QT_Q4_0 ? 18 : qt == QT_Q4_K ? 144 : 210;
+}
+static inline int is_kquant(const int qt) { return qt == QT_Q4_K || qt == QT_Q6_K; }
+static inline int block_elems(const int qt) { return is_kquant(qt) ? QKK : QK; }
 
 static inline float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
@@ -181,6 +196,172 @@ void qblock_avx512(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t s
 }
 #endif
 
+/* ------------------------------------------------------------------------------------------- k-quants */
+
+/* Per 16 weights of a super-block: D and M of value = D*q - M (Q6_K: M = 0), as ggml's dequantize rounds
+   them (both exact products, see the top). Q4_K's 6-bit scales/mins: ggml's get_scale_min_k4. */
+static inline void kq_scales(const uint8_t *blk, const int qt, float D[16], float Mn[16]) {
+    if (qt == QT_Q4_K) {
+        const float d = f16_to_f32(load_u16(blk)), dmin = f16_to_f32(load_u16(blk + 2));
+        const uint8_t *s = blk + 4;
+        for (int i = 0; i < 8; i++) {
+            const int sc = i < 4 ? s[i] & 63 : (s[i + 4] & 15) | ((s[i - 4] >> 6) << 4);
+            const int m = i < 4 ? s[i + 4] & 63 : (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
+            D[2 * i] = D[2 * i + 1] = d * (float)sc;
+            Mn[2 * i] = Mn[2 * i + 1] = dmin * (float)m;
+        }
+    } else {
+        const float d = f16_to_f32(load_u16(blk + 208));
+        for (int i = 0; i < 16; i++) { D[i] = d * (float)(int8_t)blk[192 + i]; Mn[i] = 0.0f; }
+    }
+}
+
+/* The 256 codes of a super-block in element order: Q4_K's nibbles (0..15), Q6_K's 6-bit codes - 32. */
+static inline void kq_codes_c(const uint8_t *blk, const int qt, int8_t q[QKK]) {
+    if (qt == QT_Q4_K) {
+        for (int c = 0; c < 4; c++) for (int i = 0; i < 32; i++) {
+            q[64 * c + i] = (int8_t)(blk[16 + 32 * c + i] & 15);
+            q[64 * c + 32 + i] = (int8_t)(blk[16 + 32 * c + i] >> 4);
+        }
+        return;
+    }
+    const uint8_t *ql = blk, *qh = blk + 128;
+    for (int h = 0; h < 2; h++) for (int i = 0; i < 32; i++) {
+        const int H = qh[32 * h + i], a = ql[64 * h + i], b = ql[64 * h + 32 + i];
+        q[128 * h + i] = (int8_t)(((a & 15) | (H & 3) << 4) - 32);
+        q[128 * h + 32 + i] = (int8_t)(((b & 15) | ((H >> 2) & 3) << 4) - 32);
+        q[128 * h + 64 + i] = (int8_t)(((a >> 4) | ((H >> 4) & 3) << 4) - 32);
+        q[128 * h + 96 + i] = (int8_t)(((b >> 4) | ((H >> 6) & 3) << 4) - 32);
+    }
+}
+
+/* M rows of x times R rows of w: per super-block its 256 weights made exactly (kq_weights), then dotted with
+   each row of x in GL lanes. */
+static inline __attribute__((always_inline))
+void kq_weights_c(const uint8_t *blk, const int qt, float w[QKK]) {
+    int8_t q[QKK];
+    float D[16], Mn[16];
+    kq_codes_c(blk, qt, q);
+    kq_scales(blk, qt, D, Mn);
+    for (int g = 0; g < 16; g++) for (int i = 0; i < 16; i++) w[16 * g + i] = D[g] * (float)q[16 * g + i] - Mn[g];
+}
+
+static inline __attribute__((always_inline))
+void kblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
+    float acc[8][4][GL];
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) for (int l = 0; l < GL; l++) acc[m][r][l] = 0.0f;
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int r = 0; r < R; r++) {
+            float w[QKK];
+            kq_weights_c(j->w + (n0 + r * stride) * j->row_bytes + b * block_bytes(qt), qt, w);
+            for (int m = 0; m < M; m++) {
+                const float *xr = j->x + (m0 + m) * j->K + b * QKK;
+                for (int t = 0; t < QKK; t += GL) for (int l = 0; l < GL; l++) acc[m][r][l] += w[t + l] * xr[t + l];
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) {
+        float s = 0.0f;
+        for (int l = 0; l < GL; l++) s += acc[m][r][l];
+        store(j, m0 + m, n0 + r * stride, s);
+    }
+}
+
+#ifdef QG_X86
+/* kq_codes_c with 32 bytes at a time (epi16 shifts: the bits they pull in from the neighbour byte are masked). */
+static inline __attribute__((always_inline)) AVX2 void kq_codes_avx2(const uint8_t *blk, const int qt, int8_t *q) {
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    if (qt == QT_Q4_K) {
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+            _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, m4));
+            _mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        }
+        return;
+    }
+    for (int h = 0; h < 2; h++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        const __m256i lo[4] = {_mm256_and_si256(a, m4), _mm256_and_si256(b, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)};
+        const __m256i hi[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
+        for (int t = 0; t < 4; t++)
+            _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * t),
+                                _mm256_sub_epi8(_mm256_or_si256(lo[t], _mm256_and_si256(hi[t], m30)), off));
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2 __m256 dot8x4(const float *w, const float *x) {
+    __m256 s[4];
+    for (int t = 0; t < 4; t++) s[t] = _mm256_mul_ps(_mm256_load_ps(w + 8 * t), _mm256_loadu_ps(x + 8 * t));
+    for (int i = 32; i < QKK; i += 32)
+        for (int t = 0; t < 4; t++) s[t] = _mm256_fmadd_ps(_mm256_load_ps(w + i + 8 * t), _mm256_loadu_ps(x + i + 8 * t), s[t]);
+    return _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
+}
+
+static inline __attribute__((always_inline)) AVX2
+void kblock_avx2(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
+    __m256 acc[8][8];
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * block_bytes(qt);
+            _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + QG_AHEAD + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + QG_AHEAD + 128, _MM_HINT_T0);
+            int8_t q[QKK];
+            float D[16], Mn[16], w[QKK] __attribute__((aligned(64)));
+            kq_codes_avx2(blk, qt, q);
+            kq_scales(blk, qt, D, Mn);
+            for (int g = 0; g < 32; g++) {
+                const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * g))));
+                _mm256_store_ps(w + 8 * g, _mm256_fmadd_ps(_mm256_set1_ps(D[g / 2]), c, _mm256_set1_ps(-Mn[g / 2])));
+            }
+            for (int m = 0; m < M; m++)
+                acc[m][r] = _mm256_add_ps(acc[m][r], dot8x4(w, j->x + (m0 + m) * j->K + b * QKK));
+        }
+    }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, hsum8(acc[m][r]));
+}
+
+static inline __attribute__((always_inline)) AVX512 __m512 dot16x4(const float *w, const float *x) {
+    __m512 s[4];
+    for (int t = 0; t < 4; t++) s[t] = _mm512_mul_ps(_mm512_load_ps(w + 16 * t), _mm512_loadu_ps(x + 16 * t));
+    for (int i = 64; i < QKK; i += 64)
+        for (int t = 0; t < 4; t++)
+            s[t] = _mm512_fmadd_ps(_mm512_load_ps(w + i + 16 * t), _mm512_loadu_ps(x + i + 16 * t), s[t]);
+    return _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
+}
+
+static inline __attribute__((always_inline)) AVX512
+void kblock_avx512(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
+    __m512 acc[8][8];
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * block_bytes(qt);
+            _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + QG_AHEAD + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + QG_AHEAD + 128, _MM_HINT_T0);
+            int8_t q[QKK];
+            float D[16], Mn[16], w[QKK] __attribute__((aligned(64)));
+            kq_codes_avx2(blk, qt, q);
+            kq_scales(blk, qt, D, Mn);
+            for (int g = 0; g < 16; g++) {
+                const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * g))));
+                _mm512_store_ps(w + 16 * g, _mm512_fmadd_ps(_mm512_set1_ps(D[g]), c, _mm512_set1_ps(-Mn[g])));
+            }
+            for (int m = 0; m < M; m++)
+                acc[m][r] = _mm512_add_ps(acc[m][r], dot16x4(w, j->x + (m0 + m) * j->K + b * QKK));
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]));
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------- ranges */
 
 /* Rows [n0, n1) as R streams far apart (n0 + i + r * S), then the rows left one by one: a core reads
@@ -193,7 +374,7 @@ void qblock_avx512(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t s
 } while (0)
 
 /* Up to 8 rows of x at once, so that a weight is read once for M <= 8: M x R accumulators <= 8. */
-#define RANGE_M(NAME, BLOCK, ATTR) \
+#define RANGE_M(NAME, BLOCK, ATTR, QA, QB) \
 static ATTR void NAME##_qt(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, const int qt) { \
     switch (M) { \
     case 1: SPREAD(BLOCK, 1, 8, qt); break; \
@@ -207,20 +388,25 @@ static ATTR void NAME##_qt(const QJob *j, int64_t m0, int M, int64_t n0, int64_t
     } \
 } \
 static ATTR void NAME(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, int qt) { \
-    if (qt == QT_Q8_0) NAME##_qt(j, m0, M, n0, n1, QT_Q8_0); \
-    else NAME##_qt(j, m0, M, n0, n1, QT_Q4_0); \
+    if (qt == QA) NAME##_qt(j, m0, M, n0, n1, QA); \
+    else NAME##_qt(j, m0, M, n0, n1, QB); \
 }
 
 /* the portable kernel keeps 4 streams for one row of x (its accumulators live in memory, not registers) */
-static void range_c(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, int qt) {
-    if (M == 1 && qt == QT_Q8_0) SPREAD(qblock_c, 1, 4, QT_Q8_0);
-    else if (M == 1) SPREAD(qblock_c, 1, 4, QT_Q4_0);
-    else if (qt == QT_Q8_0) for (int64_t n = n0; n < n1; n++) qblock_c(j, m0, M, n, 1, 1, QT_Q8_0);
-    else for (int64_t n = n0; n < n1; n++) qblock_c(j, m0, M, n, 1, 1, QT_Q4_0);
+#define RANGE_C(NAME, BLOCK, QA, QB) \
+static void NAME(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, int qt) { \
+    if (M == 1 && qt == QA) SPREAD(BLOCK, 1, 4, QA); \
+    else if (M == 1) SPREAD(BLOCK, 1, 4, QB); \
+    else if (qt == QA) for (int64_t n = n0; n < n1; n++) BLOCK(j, m0, M, n, 1, 1, QA); \
+    else for (int64_t n = n0; n < n1; n++) BLOCK(j, m0, M, n, 1, 1, QB); \
 }
+RANGE_C(range_c, qblock_c, QT_Q8_0, QT_Q4_0)
+RANGE_C(range_k_c, kblock_c, QT_Q4_K, QT_Q6_K)
 #ifdef QG_X86
-RANGE_M(range_avx2, qblock_avx2, AVX2)
-RANGE_M(range_avx512, qblock_avx512, AVX512)
+RANGE_M(range_avx2, qblock_avx2, AVX2, QT_Q8_0, QT_Q4_0)
+RANGE_M(range_avx512, qblock_avx512, AVX512, QT_Q8_0, QT_Q4_0)
+RANGE_M(range_k_avx2, kblock_avx2, AVX2, QT_Q4_K, QT_Q6_K)
+RANGE_M(range_k_avx512, kblock_avx512, AVX512, QT_Q4_K, QT_Q6_K)
 #endif
 
 /* Rows [n0, n1) for every row of x, 8 rows of x at a time: a chunk's weights (~256 KiB) are read from
@@ -228,11 +414,12 @@ RANGE_M(range_avx512, qblock_avx512, AVX512)
 static void run_rows(const QJob *j, int64_t n0, int64_t n1, int qt, int isa) {
     for (int64_t m0 = 0; m0 < j->M; m0 += 8) {
         const int M = (int)(j->M - m0 < 8 ? j->M - m0 : 8);
+        const int k = is_kquant(qt);
 #ifdef QG_X86
-        if (isa == ISA_AVX512) { range_avx512(j, m0, M, n0, n1, qt); continue; }
-        if (isa == ISA_AVX2) { range_avx2(j, m0, M, n0, n1, qt); continue; }
+        if (isa == ISA_AVX512) { (k ? range_k_avx512 : range_avx512)(j, m0, M, n0, n1, qt); continue; }
+        if (isa == ISA_AVX2) { (k ? range_k_avx2 : range_avx2)(j, m0, M, n0, n1, qt); continue; }
 #endif
-        range_c(j, m0, M, n0, n1, qt);
+        (k ? range_k_c : range_c)(j, m0, M, n0, n1, qt);
     }
 }
 
@@ -271,15 +458,20 @@ static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nthreads) {
 
 static inline int64_t chunk_end(int64_t c, int64_t rows, int64_t N) { return (c + 1) * rows < N ? (c + 1) * rows : N; }
 
-/* y = x . dequant(w)^T (+ bias). 0, or -2 for a type this kernel does not know. Chunks go to the threads
+static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa);  /* gemv_q_i8.c */
+
+/* y = x . dequant(w)^T (+ bias), x fp32 (act 0) or quantized to int8 groups (act 1, gemv_q_i8.c). 0, or -2
+   for a type this kernel does not know. Chunks go to the threads
    of torch's OpenMP pool one by one, as in gemv.c; the Python side picks the thread count. */
 int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int qt, const float *bias, float *y,
-          int nthreads, int isa) {
-    if (qt != QT_Q8_0 && qt != QT_Q4_0) return -2;
+          int nthreads, int isa, int act) {
+    if (qt != QT_Q8_0 && qt != QT_Q4_0 && !is_kquant(qt)) return -2;
     if (M <= 0 || N <= 0) return 0;
-    const int64_t nb = K / QK;
+    const int64_t nb = K / block_elems(qt);
     const QJob job = {M, N, K, nb, nb * block_bytes(qt), x, w, bias, y};
     if (nthreads < 1) nthreads = 1;
+    if (act == 1) return qgemv_i8(&job, qt, nthreads, isa);
+    if (act != 0) return -2;
     const int64_t rows = chunk_rows(N, job.row_bytes, nthreads), chunks = (N + rows - 1) / rows;
     if (nthreads > chunks) nthreads = (int)chunks;
     if (nthreads <= 1) {                                /* no parallel region at all: ~1 us less */
@@ -293,10 +485,10 @@ int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int
     return 0;
 }
 
-/* qgemv() with its arguments in one block of 10 int64 (_ARGS in cpu_qgemv.py): one ctypes argument is cheaper. */
+/* qgemv() with its arguments in one block of 11 int64 (_ARGS in cpu_qgemv.py): one ctypes argument is cheaper. */
 int qgemv_packed(const void *block) {
-    int64_t a[10];
+    int64_t a[11];
     memcpy(a, block, sizeof a);                         /* a Python bytes object: no alignment promised */
     return qgemv(a[0], a[1], a[2], (const float *)(intptr_t)a[3], (const uint8_t *)(intptr_t)a[4], (int)a[5],
-                 (const float *)(intptr_t)a[6], (float *)(intptr_t)a[7], (int)a[8], (int)a[9]);
+                 (const float *)(intptr_t)a[6], (float *)(intptr_t)a[7], (int)a[8], (int)a[9], (int)a[10]);
 }
