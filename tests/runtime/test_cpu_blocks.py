@@ -40,14 +40,15 @@ def _bound(x: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor:
 def test_mixed_parts_with_bias_and_residual_match_the_dequantized_weights(rows: int) -> None:
     k = 128
     (q, qv), (k8, kv), (v, vv) = _blocks("q4_0", 64, k, 1), _blocks("q8_0", 32, k, 2), _blocks("q8_0", 32, k, 3)
-    bias = torch.randn(128, generator=torch.Generator().manual_seed(4))
-    linear = BlockLinear([(q, "q4_0"), (k8, "q8_0"), (v, "q8_0")], bias)
-    assert [p.n for p in linear.parts] == [64, 64]  # k and v, both q8_0, are one GEMV
+    f = torch.randn(16, k, generator=torch.Generator().manual_seed(12))  # a float part beside the blocks
+    bias = torch.randn(144, generator=torch.Generator().manual_seed(4))
+    linear = BlockLinear([(q, "q4_0"), (k8, "q8_0"), (v, "q8_0"), (f, None)], bias)
+    assert [p.n for p in linear.parts] == [64, 64, 16]  # k and v, both q8_0, are one GEMV
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5))
-    residual = torch.randn(rows, 128, generator=torch.Generator().manual_seed(6))
-    out = torch.empty(rows, 128)
+    residual = torch.randn(rows, 144, generator=torch.Generator().manual_seed(6))
+    out = torch.empty(rows, 144)
     linear(x, out, residual)
-    w = torch.cat([qv, kv, vv])
+    w = torch.cat([qv, kv, vv, f.double()])
     want = x.double() @ w.t() + bias.double() + residual.double()
     assert torch.all((out.double() - want).abs() <= _bound(x, w, k) + 1e-6 * want.abs())
 
@@ -91,7 +92,9 @@ def test_a_kernel_without_block_reads_gets_the_weight_dequantized_at_bind() -> N
 
 
 def test_block_tables_agree() -> None:
-    assert set(BLOCKS) == set(BLOCK_BYTES) == set(BLOCK_CODES)
+    from npu_runtime.backends.cpu_qgemv import QTYPES
+
+    assert set(BLOCKS) == set(BLOCK_BYTES) == set(BLOCK_CODES) == set(QTYPES)  # every layout has a native GEMV
     assert block_of(_spec("w", [2, 32], "q8_0")) == "q8_0" and block_of(TensorSpec("w", [2, 32], "float32")) is None
     assert _spec("w", [2, 64], "q4_0").storage == ("uint8", [2, 36]) and _spec("w", [2, 64], "q4_0").nbytes == 72
 

@@ -9,14 +9,13 @@ A weight slot marked with a block layout (``npu_compiler.llm.with_block_weights`
   the exactly dequantized weights;
 * EMBEDDING (:class:`BlockEmbedding`) dequantizes only the rows it gathers;
 * any other kernel is given the slot dequantized once, at bind time (:class:`Dequantized`): slower and bigger,
-  never wrong. So is a linear layer whose layout the native kernel does not read (one warning each).
+  never wrong.
 
 Dequantization is ``torch_ir.quant.blocks``', bit-exact with ggml's.
 """
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Sequence
 
@@ -60,25 +59,20 @@ def dequantize(data: Tensor, block: str, shape: Sequence[int], dtype: torch.dtyp
 
 
 class _Part:
-    """Rows ``[n]`` of a linear layer's weight: a quantized GEMV over blocks, or (a layout the native kernel does
-    not read, or a float weight) an fp32 matrix."""
+    """Rows ``[n]`` of a linear layer's weight: the quantized GEMV over its blocks, or an fp32 matrix (a float part
+    of a layer whose other parts are blocks)."""
 
     def __init__(self, weight: Tensor, block: str | None, bias: Tensor | None) -> None:
-        from . import cpu_qgemv
+        from . import cpu_qgemv  # every layout of torch_ir.quant.spec.BLOCKS (tests/runtime/test_cpu_blocks.py)
 
         self.gemv, self.matrix = None, None
         self.bias = bias.float().contiguous() if bias is not None else None
-        if block is not None and block in cpu_qgemv.QTYPES:
+        if block is not None:
             self.gemv = cpu_qgemv.QGemv(weight, block, self.bias)
             self.n = self.gemv.n
-            return
-        if block is not None:
-            k = weight.shape[1] // blocks.block_bytes(block.upper()) * blocks.elements_per_block(block.upper())
-            warnings.warn(f"no native kernel reads {block} blocks: a [{weight.shape[0]}, {k}] weight is "
-                          "dequantized to float32 when bound", stacklevel=4)
-            weight = dequantize(weight, block, (weight.shape[0], k))
-        self.matrix = weight.float().t().contiguous().t()  # [N, K] row-major, read transposed by mm
-        self.n = self.matrix.shape[0]
+        else:
+            self.matrix = weight.float().contiguous()
+            self.n = self.matrix.shape[0]
 
     def __call__(self, x: Tensor, out: Tensor) -> None:
         if self.gemv is not None:
