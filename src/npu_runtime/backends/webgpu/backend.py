@@ -22,6 +22,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.values import dtype_from_name
 
 from ..base import HostKernel, Kernel
+from .contraction.blocks import check_block_call
 from .gpu import GPU, NoAdapterError, get_gpu
 from .wgsl import Call, Shader, UnsupportedCall
 
@@ -104,7 +105,8 @@ class WebGPUBackend:
     def from_bytes(self, data: bytes, spec: TensorSpec) -> GPUTensor:
         padded = bytes(data) + bytes(_round4(len(data)) - len(data))
         buffer = self.device.create_buffer_with_data(data=padded, usage=self._usage)
-        return GPUTensor(buffer, 0, len(data), TensorSpec(spec.name, spec.shape, spec.dtype, spec.layout))
+        return GPUTensor(buffer, 0, len(data), TensorSpec(spec.name, spec.shape, spec.dtype, spec.layout,
+                                                          quant=spec.quant))
 
     def copy(self, dst: GPUTensor, src: GPUTensor) -> None:
         if dst.spec is not None and src.spec is not None and dst.spec.layout != src.spec.layout:
@@ -141,6 +143,7 @@ class WebGPUBackend:
         call = Call(dispatch, record, tuple(specs[n] for n in dispatch.inputs),
                     tuple(specs[n] for n in dispatch.outputs), self.gpu.has_f16)
         self._check_bindable(dispatch, (*call.ins, *call.outs))
+        check_block_call(call)  # GGUF block bytes go only to the kernels that decode them
         shaders = generate(call)
         return ShaderKernel(self, dispatch, shaders if isinstance(shaders, list) else [shaders])
 
@@ -387,6 +390,10 @@ def _to_storage(array: np.ndarray | torch.Tensor, spec: TensorSpec | None) -> by
     t = array.detach().cpu() if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, copy=True))
     if spec is None:
         return t.contiguous().numpy().tobytes()
+    if spec.quant is not None and spec.quant.block:  # GGUF blocks: their bytes as they lie (spec.storage)
+        if t.dtype != torch.uint8:
+            raise ValueError(f"{spec.name!r} holds {spec.quant.block} blocks: give their bytes (uint8), not {t.dtype}")
+        return t.reshape([int(d) for d in spec.storage[1]]).contiguous().numpy().tobytes()
     t = t.to(dtype_from_name(spec.dtype)).reshape([int(d) for d in spec.shape])
     if spec.layout == "NHWC":
         t = t.permute(0, 2, 3, 1)
@@ -398,6 +405,8 @@ def _to_storage(array: np.ndarray | torch.Tensor, spec: TensorSpec | None) -> by
 
 def _from_storage(raw: bytes, spec: TensorSpec) -> np.ndarray:
     """The logical-order host array of storage bytes (bfloat16 widened exactly to float32)."""
+    if spec.quant is not None and spec.quant.block:  # GGUF blocks: their bytes
+        return np.frombuffer(raw, dtype=np.uint8).reshape([int(d) for d in spec.storage[1]]).copy()
     shape = [int(d) for d in spec.shape]
     stored = [shape[0], shape[2], shape[3], shape[1]] if spec.layout == "NHWC" else shape
     dtype = dtype_from_name(spec.dtype)

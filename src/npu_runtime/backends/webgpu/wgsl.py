@@ -71,7 +71,8 @@ class Call:
         if uses_f16:
             parts.append("enable f16;")
         for i, spec in enumerate(self.ins):
-            parts.append(binding(i, f"in{i}", spec.dtype, writable=i in written, f16=self.has_f16))
+            dtype = spec.storage[0] if spec.quant is not None and spec.quant.block else spec.dtype  # GGUF blocks: bytes
+            parts.append(binding(i, f"in{i}", dtype, writable=i in written, f16=self.has_f16))
         for j, spec in enumerate(self.outs):
             parts.append(binding(len(self.ins) + j, f"out{j}", spec.dtype, writable=True, f16=self.has_f16))
         for k, elem in enumerate(scratch):

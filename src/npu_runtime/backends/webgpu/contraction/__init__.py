@@ -13,6 +13,9 @@ residual, activation, the output's index mapping), run by one of two kernels:
   coalesced (two bfloat16/float16 values per u32 word where the layout allows), then a tree reduction in
   workgroup memory.
 
+A weight in GGUF blocks (q8_0, q4_0, q4_K, q6_K; ``blocks``) is read where it lies: the GEMV rows run the block
+GEMV (``qgemv``), the tiled kernel's loads decode it element by element.
+
 A convolution is an implicit GEMM over NHWC (M = output pixels, N = output channels of a group, K = kernel
 window x input channels of the group, channels fastest, so A's loads are contiguous), batched over groups; a
 1x1 convolution of stride 1 is a plain GEMM over the NHWC pixels; depthwise and other narrow-group

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from npu_program.program import TensorSpec
 
 from ..wgsl import FLOAT_DTYPES, Call, UnsupportedCall, activation, logical_strides, shape_of, strides
+from .blocks import Blocks, block_of, block_operand, select_blocks
 
 # -- offsets ------------------------------------------------------------------------------------------------
 
@@ -82,9 +83,12 @@ class Load:
     k_fast: bool = True  # k has storage stride 1: a tile is loaded k-fastest (coalesced)
     batched: bool = False  # depends on b
     deps: str = ""  # WGSL the bodies call
+    blocks: Blocks | None = None  # a GGUF block-quantized weight's group reads (``blocks``)
 
     def code(self, name: str, t: str) -> str:
         text = f"{self.deps}\nfn {name}(b: u32, r: u32, k: u32) -> {t} {{ {self.body} }}"
+        if self.blocks is not None:
+            text += self.blocks.deps
         if self.pair_body is not None:
             text += f"\nfn {name}2(b: u32, r: u32, k: u32) -> vec2<{t}> {{ {self.pair_body} }}"
         return text
@@ -95,6 +99,8 @@ def _tensor_load(call: Call, i: int, t: str, parts: Sequence[tuple[str, Sequence
     """A load of input ``i`` whose logical dims are ``parts`` (flat indices over runs of dims, among them ``k``,
     which is logical dim ``k_dim`` of the input)."""
     spec = call.ins[i]
+    if block_of(spec) is not None:  # never read GGUF block bytes as floats
+        raise UnsupportedCall(f"input {i} ({spec.name!r}) is {block_of(spec)} blocks, read only as a weight [N, K]")
     off = _offset(spec, parts)
     k_stride = logical_strides(spec)[k_dim] if shape_of(spec) else 0
     pair = _pair_loader(call, i, t)
@@ -118,7 +124,8 @@ def _select_load(loads: Sequence[Load], widths: Sequence[int], t: str, name: str
         start += width
     pairs = all(load.pair_body is not None for load in loads)
     return Load(" ".join(body), " ".join(pair_body) if pairs else None, k_fast=all(x.k_fast for x in loads),
-                batched=any(x.batched for x in loads), deps="\n".join(deps))
+                batched=any(x.batched for x in loads), deps="\n".join(deps),
+                blocks=select_blocks([x.blocks for x in loads], widths, name))
 
 
 @dataclass
@@ -170,6 +177,9 @@ def _weight_load(call: Call, i: int, t: str, trans_b: bool, n: int, k: int) -> L
     w = shape_of(call.ins[i])
     if len(w) != 2 or (w != [n, k] if trans_b else w != [k, n]):
         raise UnsupportedCall(f"weight {i} has shape {w}, not {[n, k] if trans_b else [k, n]}")
+    if block_of(call.ins[i]) is not None and trans_b:  # GGUF blocks along K: read them as they lie
+        body, blocks = block_operand(call, i, n, k)
+        return Load(body, blocks=blocks)
     if trans_b:
         return _tensor_load(call, i, t, [("r", [n]), ("k", [k])], 1, k)
     return _tensor_load(call, i, t, [("k", [k]), ("r", [n])], 0, k)
