@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from npu_program.kernel_record import BLOCK_WEIGHT_INPUTS
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import IRValidationError
 from torch_ir.ir import NPU_IR, specialize
@@ -165,31 +166,41 @@ __all__ = ["DEFAULT_CHUNK", "LMPrograms", "compile_lm", "fusion_table", "is_lm",
            "sequence_symbol", "unfused_options"]
 
 
-#: Targets whose backends read block-quantized weight slots (``with_block_weights``).
-BLOCK_WEIGHT_TARGETS = ("cpu",)
+#: Targets whose backends give any dispatch a block-quantized weight (dequantized once where no kernel reads the
+#: blocks); another target keeps a weight in blocks only where ``BLOCK_WEIGHT_INPUTS`` says its kernels read them.
+ANY_READER_TARGETS = ("cpu",)
 
 
-def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str]) -> LMPrograms:
-    """The programs with each weight slot whose state-dict key (or a key tied to it) is in ``layouts`` held in
-    that GGUF block layout (``QuantSpec.block``: ``q8_0``, ``q4_K``, ...), as a GGUF file stores it.
+def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str]) -> dict[str, str]:
+    """Hold each weight slot whose state-dict key (or a key tied to it) is in ``layouts`` in that GGUF block layout
+    (``QuantSpec.block``: ``q8_0``, ``q4_K``, ...), as a GGUF file stores it, in both programs (changed in place).
 
     The slot keeps its float dtype and shape (it is what its blocks dequantize to), so every dispatch reading it
-    means the same thing; its bytes become the blocks (``TensorSpec.storage``). Backends read the blocks where
-    they have kernels for them (the CPU backend's linear layers and embeddings) and dequantize them once at bind
-    time for any other dispatch. A slot the layout does not fit (not 2-D, the last dim not whole blocks) is a
-    ``CompileError`` naming it."""
-    if not layouts:
-        return programs
+    means the same thing; its bytes become the blocks (``TensorSpec.storage``). On the CPU any dispatch may read
+    one (its linear layers and embeddings read the blocks, any other kernel is given them dequantized at bind
+    time); on another target a weight stays blocks only if every dispatch reading it is a contraction reading it
+    as its ``[N, K]`` weight (``npu_program.kernel_record.BLOCK_WEIGHT_INPUTS``). Returns the layouts kept, by
+    key: the caller dequantizes the other tensors. A slot the layout does not fit (not 2-D, the last dim not whole
+    blocks) is a ``CompileError`` naming it."""
+    kept = {k: v for k, v in layouts.items() if all(_reads_blocks(p, k) for p in (programs.prefill, programs.decode))}
     for program in (programs.prefill, programs.decode):
-        if program.target not in BLOCK_WEIGHT_TARGETS:
-            raise CompileError(f"program {program.model_name!r}: its weights are block-quantized "
-                               f"({', '.join(sorted(set(layouts.values())))}) and target {program.target!r} has no "
-                               f"kernels reading them; compile for {' or '.join(BLOCK_WEIGHT_TARGETS)}, or "
-                               "convert the file to float (convert_hf_to_gguf.py --outtype f32)")
         tied = _tied_keys(program)
-        program.weight_specs = [_block_slot(program, spec, layouts, tied) for spec in program.weight_specs]
-    return programs
+        program.weight_specs = [_block_slot(program, spec, kept, tied) for spec in program.weight_specs]
+    return kept
 
+
+def _reads_blocks(program: CompiledProgram, key: str) -> bool:
+    """Whether every dispatch of ``program`` reading the weight of state-dict ``key`` reads it as blocks."""
+    if program.target in ANY_READER_TARGETS:
+        return True
+    group = _tied_keys(program).get(key, {key})
+    slots = {s.name for s in program.weight_specs if program.weight_keys.get(s.name, s.name) in group}
+    for d in program.dispatches:
+        as_blocks = d.host is None and d.params.get("trans_b", True)
+        allowed = BLOCK_WEIGHT_INPUTS.get(d.kernel, ()) if as_blocks else ()
+        if any(name in slots and i not in allowed for i, name in enumerate(d.inputs)):
+            return False
+    return True
 
 def _tied_keys(program: CompiledProgram) -> dict[str, set[str]]:
     """state-dict key -> every key tied to it (``metadata["weight_aliases"]``, both ways)."""

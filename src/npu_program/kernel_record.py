@@ -173,5 +173,9 @@ def gpu(module: str, function: str) -> str:
 CPU_KERNELS = "npu_runtime.backends.cpu_kernels"
 CPU_TRANSFORMER = "npu_runtime.backends.cpu_transformer"
 CPU_BLOCKS = "npu_runtime.backends.cpu_blocks"
+#: The kernels whose weight inputs (by position, ``[N, K]`` with ``trans_b``) every backend with block-quantized
+#: weights reads as GGUF blocks (``npu_compiler.llm.with_block_weights``); the CPU backend also gives any other
+#: dispatch such a weight dequantized.
+BLOCK_WEIGHT_INPUTS = {"GEMM": (1,), "GATE_UP": (1, 2), "QKV_PROJ": (1, 2, 3)}
 #: The dtypes most float kernels' test records run in.
 HALF = ("float32", "bfloat16")

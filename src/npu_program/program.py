@@ -77,6 +77,12 @@ class TensorSpec:
         return nbytes(self.numel, self.dtype)
 
 
+def block_of(spec: TensorSpec | None) -> str | None:
+    """The GGUF block layout a tensor is held in (``q8_0``, ``q4_K``, ...; ``QuantSpec.block``), or None."""
+    quant = getattr(spec, "quant", None)
+    return quant.block if quant is not None else None
+
+
 @dataclass
 class StateSpec:
     """A persistent buffer (a KV cache, say): lives outside the arena, kept across runs, written by dispatches.

@@ -73,9 +73,20 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     step("compile")
     programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target)
     step("weights")
-    tensors, layouts = weights()  # a GGUF file's block-quantized weights stay blocks: their slots say so
-    programs = with_block_weights(programs, layouts)
+    tensors, layouts = weights()  # a GGUF file's block-quantized weights stay blocks where the target reads them
+    kept = with_block_weights(programs, layouts)
+    for key in set(layouts) - set(kept):
+        tensors[key] = dequantize_rows(tensors[key], layouts[key], torch_dtype)
     return LoadedLM(name, programs, tensors, tokenizer, eos, str(torch_dtype).removeprefix("torch."))
+
+
+def dequantize_rows(data: Any, block: str, dtype: Any) -> Any:
+    """A 2-D tensor's GGUF blocks ``uint8 [rows, row bytes]`` as its float values in ``dtype``."""
+    from torch_ir.quant import blocks
+
+    name = block.upper()
+    k = data.shape[1] // blocks.block_bytes(name) * blocks.elements_per_block(name)
+    return blocks.dequantize(data, name, (data.shape[0], k)).to(dtype)
 
 
 def _torch_dtype(name: str | None) -> Any:

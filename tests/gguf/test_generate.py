@@ -16,6 +16,7 @@ from npu_tools.cli import main
 from npu_tools.lm_source import load_lm
 from torch_ir.frontends.gguf import hf_name, hf_state_dict, read_gguf
 
+from ..webgpu.kernels import needs_gpu
 from .test_config import make_model, write_model
 
 PROMPT = [5, 17, 33, 2, 9, 71]
@@ -57,12 +58,22 @@ def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, a
     assert generator.generate(PROMPT, 32).tokens == _hf_greedy(reference.eval(), PROMPT, 32)
 
 
-def test_block_weights_on_a_target_without_their_kernels_are_a_compile_error(tmp_path: Path) -> None:
-    from npu_compiler import CompileError
-
-    path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q.gguf", {"ffn_": "Q8_0"})
-    with pytest.raises(CompileError, match=r"block-quantized \(q8_0\) and target 'webgpu' has no kernels"):
-        load_lm(path, max_cache_len=32, target="webgpu")
+@needs_gpu
+def test_on_webgpu_the_linear_weights_stay_blocks_and_the_tokens_are_the_cpus(tmp_path: Path) -> None:
+    """WebGPU reads blocks as the weights of its contractions only: the Q8_0 embedding (tied to the LM head) is
+    dequantized when loaded, the rest stays blocks, and the greedy tokens are the CPU backend's."""
+    path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q.gguf", {"token_embd": "Q8_0", "blk.": "Q4_0"})
+    lm = load_lm(path, max_cache_len=32, target="webgpu")
+    kept = {lm.programs.decode.weight_keys[s.name]: s.quant.block for s in lm.programs.decode.weight_specs if s.quant}
+    assert kept and all(k.endswith("proj.weight") and v == "q4_0" for k, v in kept.items())
+    assert lm.weights["model.embed_tokens.weight"].dtype == torch.float32
+    device = Device("webgpu")
+    gpu = Generator(lm.programs.prefill, lm.programs.decode, load_weights(lm.weights, lm.programs.prefill, device),
+                    device)
+    cpu_lm = load_lm(path, max_cache_len=32)
+    cpu = Generator(cpu_lm.programs.prefill, cpu_lm.programs.decode,
+                    load_weights(cpu_lm.weights, cpu_lm.programs.prefill, Device()), Device())
+    assert gpu.generate(PROMPT, 8).tokens == cpu.generate(PROMPT, 8).tokens
 
 
 def test_generate_command_takes_a_gguf_file(tmp_path: Path, capsys) -> None:

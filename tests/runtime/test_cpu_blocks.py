@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from npu_program.program import Dispatch, TensorSpec
-from npu_runtime.backends.cpu_blocks import BlockLinear, Dequantized, block_of
+from npu_program.program import Dispatch, TensorSpec, block_of
+from npu_runtime.backends.cpu_blocks import BlockLinear, Dequantized
 from npu_runtime.backends.cpu_kernels import make_kernel
 from torch_ir.quant.spec import BLOCK_BYTES, BLOCK_CODES, BLOCKS, QuantSpec
 

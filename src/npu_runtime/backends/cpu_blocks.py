@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from npu_program.program import Dispatch, TensorSpec
+from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.ops.npu import embedding_id_problem
 from torch_ir.quant import blocks
 
@@ -45,12 +45,6 @@ def stacked(tensors: Sequence[Tensor]) -> Tensor:
         found = _STACKED[key] = torch.cat(list(tensors), dim=0)
         found._sources = tuple(tensors)  # their addresses cannot be reused by other weights while this lives
     return found
-
-
-def block_of(spec: TensorSpec | None) -> str | None:
-    """The block layout a tensor is held in (``q8_0``, ...), or None."""
-    quant = getattr(spec, "quant", None)
-    return quant.block if quant is not None else None
 
 
 def dequantize(data: Tensor, block: str, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
@@ -179,4 +173,4 @@ class Dequantized:
         self.inner.run(inputs, outputs)
 
 
-__all__ = ["BlockEmbedding", "BlockLinear", "Dequantized", "block_of", "dequantize", "stacked"]
+__all__ = ["BlockEmbedding", "BlockLinear", "Dequantized", "dequantize", "stacked"]

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from npu_program.kernels import REFERENCE, get_kernel
-from npu_program.program import Dispatch, TensorSpec
+from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.activations import ACTIVATIONS, get_activation
 
 from .base import Kernel
-from .cpu_blocks import BlockLinear, Dequantized, block_of, stacked
+from .cpu_blocks import BlockLinear, Dequantized, stacked
 
 Tensor = torch.Tensor
 

@@ -30,12 +30,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from npu_program.program import TensorSpec
+from npu_program.kernel_record import BLOCK_WEIGHT_INPUTS
+from npu_program.program import block_of
 
 from ..wgsl import Call, UnsupportedCall, shape_of
-
-#: The dispatches that read a block-quantized weight, and the inputs that may be one (the weights, ``[N, K]``).
-BLOCK_KERNELS = {"GEMM": (1,), "GATE_UP": (1, 2), "QKV_PROJ": (1, 2, 3)}
 
 U8X4 = "vec4<f32>(vec4<u32>({v}, {v} >> 8u, {v} >> 16u, {v} >> 24u) & vec4<u32>(0xffu))"
 S8X4 = "vec4<f32>(bitcast<vec4<i32>>(vec4<u32>({v} << 24u, {v} << 16u, {v} << 8u, {v})) >> vec4<u32>(24u))"
@@ -78,11 +76,6 @@ class Blocks:
     deps: str
 
 
-def block_of(spec: TensorSpec) -> str | None:
-    """The GGUF block layout ``spec`` is stored in, or None."""
-    return spec.quant.block if spec.quant is not None else None
-
-
 def check_block_call(call: Call) -> None:
     """Refuse, before any WGSL is made, a dispatch that would read block bytes as floats: a block-quantized
     tensor may only be a weight ``[N, K]`` of GEMM, GATE_UP or QKV_PROJ (whose loads decode the blocks)."""
@@ -92,10 +85,10 @@ def check_block_call(call: Call) -> None:
             raise UnsupportedCall(f"output {spec.name!r} of {kernel} is {block_of(spec)} blocks; no WebGPU kernel "
                                   "writes block-quantized tensors")
     for i, spec in enumerate(call.ins):
-        if block_of(spec) is not None and i not in BLOCK_KERNELS.get(kernel, ()):
+        if block_of(spec) is not None and i not in BLOCK_WEIGHT_INPUTS.get(kernel, ()):
             raise UnsupportedCall(
                 f"input {i} ({spec.name!r}) of {kernel} is a {block_of(spec)} block-quantized tensor; the WebGPU "
-                f"backend reads GGUF blocks only as the weights of {', '.join(BLOCK_KERNELS)} (dequantize it to "
+                f"backend reads GGUF blocks only as the weights of {', '.join(BLOCK_WEIGHT_INPUTS)} (dequantize it to "
                 "floats at load time, or compile with fallback='cpu')")
 
 

@@ -8,10 +8,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from npu_program.program import TensorSpec
+from npu_program.program import TensorSpec, block_of
 
 from ..wgsl import FLOAT_DTYPES, Call, UnsupportedCall, activation, logical_strides, shape_of, strides
-from .blocks import Blocks, block_of, block_operand, select_blocks
+from .blocks import Blocks, block_operand, select_blocks
 
 # -- offsets ------------------------------------------------------------------------------------------------
 
