@@ -47,10 +47,11 @@ def rope_theta(config: transformers.PretrainedConfig) -> float:
     return params["rope_theta"] if params else config.rope_theta
 
 
-def make_model(arch: str) -> transformers.PreTrainedModel:
+def make_model(arch: str, **sizes: int) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
     common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=128, vocab_size=96, max_position_embeddings=256, rms_norm_eps=1e-6)
+    common.update(sizes)
     if arch == "llama":
         config = transformers.LlamaConfig(**common, rope_theta=500000.0, tie_word_embeddings=False)
         return transformers.LlamaForCausalLM(config).eval()

@@ -14,7 +14,7 @@ from npu_runtime import Device, load_weights
 from npu_runtime.generate import Generator
 from npu_tools.cli import main
 from npu_tools.lm_source import load_lm
-from torch_ir.frontends.gguf import hf_name, hf_state_dict, read_gguf
+from torch_ir.frontends.gguf import hf_name, hf_state_dict, read_gguf, spec_block
 
 from ..webgpu.kernels import needs_gpu
 from .test_config import make_model, write_model
@@ -34,10 +34,17 @@ MIXED = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q8_0", "attn_v": "Q4
          "ffn_gate": "Q8_0", "ffn_up": "Q4_0", "ffn_down": "Q4_0"}
 
 
-@pytest.mark.parametrize("arch, quant", [("qwen2", {}), ("llama", {}),
-                                         ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"}), ("llama", MIXED)])
-def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, arch: str, quant: dict) -> None:
-    path = write_model(make_model(arch), arch, tmp_path / f"{arch}.gguf", quant)
+#: A Q4_K_M-like file: k-quants where rows are whole 256-weight super-blocks (hidden 256), Q6_K for V and down.
+K_QUANTS = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
+            "ffn_up": "Q4_K", "ffn_down": "Q6_K"}
+
+
+@pytest.mark.parametrize("arch, quant, sizes", [("qwen2", {}, {}), ("llama", {}, {}),
+                                                ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"}, {}), ("llama", MIXED, {}),
+                                                ("qwen2", K_QUANTS, {"hidden_size": 256, "intermediate_size": 512})])
+def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, arch: str, quant: dict,
+                                                               sizes: dict) -> None:
+    path = write_model(make_model(arch, **sizes), arch, tmp_path / f"{arch}.gguf", quant)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lm = load_lm(path, max_cache_len=64)
@@ -45,10 +52,10 @@ def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, a
     layouts = {lm.programs.decode.weight_keys[s.name]: s.quant.block
                for s in lm.programs.decode.weight_specs if s.quant is not None}
     f = read_gguf(path)
-    want = {hf_name(n): info.type.name.lower() for n, info in f.tensors.items() if info.type.name != "F32"}
+    want = {hf_name(n): spec_block(info.type) for n, info in f.tensors.items() if info.type.name != "F32"}
     assert layouts == want  # every Q8_0/Q4_0 tensor of the file is a block-quantized slot, nothing else
     assert all(lm.weights[k].dtype == torch.uint8 for k in want)
-    reference = make_model(arch)  # the float model with the file's weights, as the gguf package dequantizes them
+    reference = make_model(arch, **sizes)  # the float model with the file's weights, as gguf dequantizes them
     state = hf_state_dict(read_gguf(path))
     missing, unexpected = reference.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # a tied head is the embedding
