@@ -4,40 +4,56 @@
 
 llama.cpp runs in its own environment (``bench/llm/llamacpp/setup.sh``; ``--llamacpp-python``), one
 ``decode.py`` pass per file and round; the toolkit (``npu_tools.lm_source.load_lm`` of the file, ``Generator``)
-runs in this process, each file loaded and compiled once. Rounds alternate the two on each file so that a
-neighbour's load falls on both alike; medians over the rounds. The floor (the file's weight bytes per token over
-the C stream-read bandwidth of ``bench/gemv/bandwidth.py``) is measured before and after, the faster kept.
+runs in this process. Files are taken one at a time (loaded, checked, timed, freed: a 1.5B f32 model and its
+concatenated QKV/GATE_UP weights need ~11 GB); on each, rounds alternate the two runners so that a neighbour's
+load falls on both alike; medians over the rounds. The floor (the file's weight bytes per token over the C
+stream-read bandwidth of ``bench/gemv/bandwidth.py``) is measured before and after each file, the faster kept.
 
-Block-quantized files (q8_0, q4_*) are dequantized to float on load for now (issue 29: the block kernels are not
-wired into the LLM programs yet), so the toolkit's row for them is a float decode.
+Correctness, per file (``--no-check`` skips it):
+
+* **KLD against llama.cpp**: llama.cpp's prompt and greedy continuation (``decode.py --logits-out``) fed to the
+  toolkit token by token (``Generator.forced_logits``); per step KL(llama.cpp ‖ ours) of the next-token
+  distributions, mean and max over the ``--new-tokens`` + 1 steps;
+* **greedy tokens against a float reference**: transformers running the file's weights dequantized to float32
+  (``npu_tools.lm_gguf.gguf_model_parts``, bit-exact with gguf), greedy, ``--new-tokens`` steps from the same
+  prompt; the number of leading tokens the toolkit's greedy tokens share with it (all of them for float32
+  compute; a bf16 file computes in bf16, so its tokens leave the float32 ones once a rounding flips a near tie).
+
+Block-quantized files (q8_0, q4_0, q4_K_M) run on their blocks (``npu_runtime.backends.cpu_blocks``); the
+tensors of other block types llama.cpp's quantizer mixes in (Q5_0, Q4_1 where rows are not whole 256-blocks)
+are dequantized to float32 on load, said in the output.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "gemv"))
 
 
-def llamacpp(python: str, path: Path, args: argparse.Namespace) -> dict:
+def llamacpp(python: str, path: Path, args: argparse.Namespace, logits_out: Path | None = None) -> dict:
     """One llama.cpp pass of ``decode.py`` (its own venv): {weight_bytes, decode ms/token, prefill ms/token}."""
     cmd = [python, str(ROOT / "bench/llm/llamacpp/decode.py"), str(path), "--threads", str(args.threads),
            "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--repeats", "1",
            "--floor-python", "none"]
+    if logits_out is not None:
+        cmd += ["--logits-out", str(logits_out)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     row = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
-    return {"weight_bytes": row["weight_bytes"], "decode": statistics.median(row["decode"]),
-            "prefill": statistics.median(row["prefill"])}
+    return {"weight_bytes": row["weight_bytes"], "decode": row["decode"][0], "prefill": row["prefill"][0]}
 
 
 class Ours:
@@ -48,11 +64,13 @@ class Ours:
         from npu_runtime.generate import Generator
         from npu_tools.lm_source import load_lm
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the dequantize-on-load warning: said in the docstring
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             lm = load_lm(path, max_cache_len=args.prompt + args.new_tokens + 8, chunk=args.prompt)
+        self.notes = sorted({str(w.message) for w in caught if "dequantized" in str(w.message)})
         device = Device()
         self.dtype = lm.dtype
+        self.blocks = sorted({s.quant.block for s in lm.programs.decode.weight_specs if s.quant is not None})
         self.generator = Generator(lm.programs.prefill, lm.programs.decode,
                                    load_weights(lm.weights, lm.programs.prefill, device), device)
         vocab = lm.programs.decode.output_specs[0].shape[-1]
@@ -66,6 +84,96 @@ class Ours:
         return {"decode": statistics.median(r.decode_s) * 1000, "prefill": r.prefill_s * 1000 / len(self.prompt)}
 
 
+def kld(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """KL(P ‖ Q) per row of two logit matrices, in float64."""
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64)
+        x = x - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return (np.exp(lp) * (lp - lq)).sum(axis=-1)
+
+
+def reference_tokens(path: Path, prompt: list[int], new: int) -> list[int]:
+    """Greedy tokens of transformers running the file's weights dequantized to float32."""
+    from npu_tools.lm_gguf import gguf_model_parts
+
+    model = gguf_model_parts(path)[1]("cpu")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def check(path: Path, ours: Ours, args: argparse.Namespace) -> dict:
+    """KLD of ours against llama.cpp's logits on llama.cpp's tokens, and greedy agreement with the float reference."""
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "logits.npz"
+        llamacpp(args.llamacpp_python, path, args, logits_out=npz)
+        data = np.load(npz)
+        tokens, theirs = [int(t) for t in data["tokens"]], data["logits"]
+    prompt = tokens[:args.prompt]
+    mine = ours.generator.forced_logits(prompt, tokens[args.prompt:])
+    per_step = kld(theirs, mine)
+    greedy = ours.generator.generate(prompt, args.new_tokens).tokens
+    reference = reference_tokens(path, prompt, args.new_tokens)
+    same = next((i for i, (a, b) in enumerate(zip(greedy, reference)) if a != b), len(reference))
+    return {"kld_mean": float(per_step.mean()), "kld_max": float(per_step.max()), "greedy_equal": same,
+            "top1_vs_llamacpp": float(np.mean(theirs.argmax(-1) == mine.argmax(-1)))}
+
+
+def bench_file(path: Path, args: argparse.Namespace, floor_gbs: float) -> dict:
+    from bandwidth import measure_stream_bandwidth
+
+    start = time.perf_counter()
+    ours = Ours(path, args)
+    print(f"{path.name}: loaded and compiled in {time.perf_counter() - start:.0f} s ({ours.dtype}, blocks "
+          f"{', '.join(ours.blocks) or 'none'})", file=sys.stderr)
+    for note in ours.notes:
+        print(f"  note: {note}", file=sys.stderr)
+    row: dict = {"file": path.name, "dtype": ours.dtype, "blocks": ours.blocks, "ours": [], "llama": []}
+    if args.check:
+        row["check"] = check(path, ours, args)
+        print(f"  check: {row['check']}", file=sys.stderr)
+    for _ in range(args.rounds):
+        theirs = llamacpp(args.llamacpp_python, path, args)
+        row["weight_bytes"] = theirs["weight_bytes"]
+        row["llama"].append(theirs)
+        row["ours"].append(ours.run())
+    row["floor_gbs"] = max(floor_gbs, measure_stream_bandwidth(threads=args.threads, reps=10).gbs)
+    del ours
+    gc.collect()
+    return row
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"{args.threads} threads; {args.rounds} alternating rounds per file, prompt {args.prompt}, "
+          f"{args.new_tokens} new tokens; medians [min-max]; floor = weight bytes / C stream-read bandwidth")
+    print("| file | weight MB/token | floor GB/s | floor ms | llama.cpp decode ms | ours decode ms | ours / llama.cpp "
+          "| ours / floor | llama.cpp / floor | llama.cpp prefill ms/token | ours prefill ms/token |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        floor_ms = r["weight_bytes"] / r["floor_gbs"] / 1e6
+        cell = {who: {k: [x[k] for x in r[who]] for k in ("decode", "prefill")} for who in ("ours", "llama")}
+        med = {who: {k: statistics.median(v) for k, v in c.items()} for who, c in cell.items()}
+        ours_ms, llama_ms = med["ours"]["decode"], med["llama"]["decode"]
+        span = {who: f"[{min(cell[who]['decode']):.1f}-{max(cell[who]['decode']):.1f}]" for who in cell}
+        print(f"| {r['file']} | {r['weight_bytes'] / 1e6:.0f} | {r['floor_gbs']:.1f} | {floor_ms:.1f} | "
+              f"{llama_ms:.1f} {span['llama']} | {ours_ms:.1f} {span['ours']} | {ours_ms / llama_ms:.2f} | "
+              f"{ours_ms / floor_ms:.2f} | {llama_ms / floor_ms:.2f} | {med['llama']['prefill']:.2f} | "
+              f"{med['ours']['prefill']:.2f} |")
+    if any("check" in r for r in rows):
+        print("\n| file | KLD vs llama.cpp, mean | max | top-1 = llama.cpp's | greedy tokens = float reference |")
+        print("|---|---:|---:|---:|---:|")
+        for r in rows:
+            c = r.get("check")
+            if c:
+                print(f"| {r['file']} | {c['kld_mean']:.2e} | {c['kld_max']:.2e} | {c['top1_vs_llamacpp']:.0%} | "
+                      f"{c['greedy_equal']}/{args.new_tokens} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", type=Path)
@@ -73,39 +181,23 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-check", dest="check", action="store_false", help="skip the KLD and greedy-token checks")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--llamacpp-python", default=str(ROOT / "bench/llm/llamacpp/.venv/bin/python"))
     args = p.parse_args()
+    missing = [str(f) for f in args.files if not f.is_file()]
+    if missing:
+        p.error(f"no such file(s): {', '.join(missing)}")
     torch.set_num_threads(args.threads)
     from bandwidth import measure_stream_bandwidth
 
-    floor = measure_stream_bandwidth(threads=args.threads, reps=10).gbs
-    ours = {}
+    rows = []
     for f in args.files:
-        t = time.perf_counter()
-        ours[f] = Ours(f, args)
-        print(f"{f.name}: loaded and compiled in {time.perf_counter() - t:.0f} s ({ours[f].dtype})", file=sys.stderr)
-    times: dict[Path, dict[str, list]] = {f: {"ours": [], "llama": []} for f in args.files}
-    weight_bytes = {}
-    for _ in range(args.rounds):
-        for f in args.files:
-            theirs = llamacpp(args.llamacpp_python, f, args)
-            weight_bytes[f] = theirs["weight_bytes"]
-            times[f]["llama"].append(theirs)
-            times[f]["ours"].append(ours[f].run())
-    floor = max(floor, measure_stream_bandwidth(threads=args.threads, reps=10).gbs)
-    print(f"floor {floor:.1f} GB/s (C stream read, {args.threads} threads); {args.rounds} alternating rounds, "
-          f"prompt {args.prompt}, {args.new_tokens} new tokens; medians")
-    print("| file | weight MB/token | floor ms | llama.cpp decode ms | ours decode ms | ours / llama.cpp | "
-          "ours / floor | llama.cpp prefill ms/token | ours prefill ms/token |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for f in args.files:
-        med = {who: {k: statistics.median(r[k] for r in runs) for k in ("decode", "prefill")}
-               for who, runs in times[f].items()}
-        floor_ms = weight_bytes[f] / floor / 1e6
-        ours_ms, llama_ms = med["ours"]["decode"], med["llama"]["decode"]
-        print(f"| {f.name} | {weight_bytes[f] / 1e6:.0f} | {floor_ms:.1f} | {llama_ms:.1f} | {ours_ms:.1f} | "
-              f"{ours_ms / llama_ms:.2f} | {ours_ms / floor_ms:.2f} | {med['llama']['prefill']:.2f} | "
-              f"{med['ours']['prefill']:.2f} |")
+        floor = measure_stream_bandwidth(threads=args.threads, reps=10).gbs
+        rows.append(bench_file(f, args, floor))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+    print_table(rows, args)
     return 0
 
 
