@@ -171,7 +171,8 @@ __all__ = ["DEFAULT_CHUNK", "LMPrograms", "compile_lm", "fusion_table", "is_lm",
 ANY_READER_TARGETS = ("cpu",)
 
 
-def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str]) -> dict[str, str]:
+def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str], *,
+                       int8_activations: bool = False) -> dict[str, str]:
     """Hold each weight slot whose state-dict key (or a key tied to it) is in ``layouts`` in that GGUF block layout
     (``QuantSpec.block``: ``q8_0``, ``q4_K``, ...), as a GGUF file stores it, in both programs (changed in place).
 
@@ -181,12 +182,35 @@ def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str]) -> dict
     time); on another target a weight stays blocks only if every dispatch reading it is a contraction reading it
     as its ``[N, K]`` weight (``npu_program.kernel_record.BLOCK_WEIGHT_INPUTS``). Returns the layouts kept, by
     key: the caller dequantizes the other tensors. A slot the layout does not fit (not 2-D, the last dim not whole
-    blocks) is a ``CompileError`` naming it."""
+    blocks) is a ``CompileError`` naming it.
+
+    ``int8_activations``: the contractions reading blocks round x to int8 in groups of 32 first (their
+    ``x_int8_group`` parameter), as llama.cpp computes its quantized dot products: faster integer kernels (Q4_0,
+    Q4_K), results within that rounding of the float ones. The CPU backend runs it; another target is refused."""
     kept = {k: v for k, v in layouts.items() if all(_reads_blocks(p, k) for p in (programs.prefill, programs.decode))}
     for program in (programs.prefill, programs.decode):
+        if int8_activations and program.target not in X_INT8_TARGETS:
+            raise CompileError(f"int8 activations run on the {' or '.join(X_INT8_TARGETS)} backend, not "
+                               f"{program.target!r}: leave them off (x stays float, the weights stay blocks)")
         tied = _tied_keys(program)
         program.weight_specs = [_block_slot(program, spec, kept, tied) for spec in program.weight_specs]
+        if int8_activations:
+            _round_x_to_int8(program)
     return kept
+
+
+#: Targets whose contraction kernels take ``x_int8_group`` (``with_block_weights(int8_activations=True)``).
+X_INT8_TARGETS = ("cpu",)
+#: llama.cpp's activation groups (its Q8_0 / Q8_K blocks of x are 32 wide per scale).
+X_INT8_GROUP = 32
+
+
+def _round_x_to_int8(program: CompiledProgram) -> None:
+    """``x_int8_group`` on every contraction reading a block-quantized weight."""
+    blocked = {s.name for s in program.weight_specs if s.quant is not None and s.quant.block is not None}
+    for d in program.dispatches:
+        if any(d.inputs[i] in blocked for i in BLOCK_WEIGHT_INPUTS.get(d.kernel, ()) if i < len(d.inputs)):
+            d.params["x_int8_group"] = X_INT8_GROUP
 
 
 def _reads_blocks(program: CompiledProgram, key: str) -> bool:

@@ -55,13 +55,17 @@ _CONV_PARAMS = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups
 
 # -- NPU ops ------------------------------------------------------------------------------------------------
 
+#: llama.cpp's quantized activations for a contraction over block-quantized weights (set by
+#: ``npu_compiler.llm.with_block_weights``): the op's ``x_int8_group`` attribute.
+_X_INT8 = p("x_int8_group", "int|null", None, "null, or x rounded to int8 in groups of this many along K before the "
+            "product (scale max|x|/127 per group): llama.cpp's quantized activations")
 kernel("GEMM", "contraction", "y = act(x · w(ᵀ) + bias [+ residual])", flops=gemm_flops, array=gemm_mapping,
        bias_index=2,
        params=(p("trans_a", "bool", False, "x's last two dims are transposed"),
                p("trans_b", "bool", True, "w is [N, K] (nn.Linear)"), p("has_bias", "bool", doc=_HAS_BIAS),
                p("has_residual", "bool", False, "a residual activation of y's shape is the last input, added "
                                                 "before the activation (inputs [x, w, bias?, residual])"),
-               _activation()),
+               _activation(), _X_INT8),
        impls={"cpu": f"{_CPU}:Gemm", "webgpu": gpu("contraction", "gemm")},
        test=(t("2,5,16", "8,16", "8", params={"trans_b": True, "activation": "gelu"}, weights=(1, 2), dtypes=_HALF),
              t("2,5,16", "8,16", "8", "2,5,8", params={"trans_b": True, "has_bias": True, "has_residual": True},
@@ -103,7 +107,8 @@ kernel("QKV_PROJ", "contraction", "the Q, K and V projections of one input as on
                p("num_heads", "int|null", None, "query heads"), p("num_kv_heads", "int|null", None, "key/value heads"),
                p("head_dim", "int|null", None, "per head"),
                p("heads_first", "bool", False, "outputs head-major [B, heads, T, head_dim] (the head split and "
-                                               "transpose done by the kernel's store) rather than [B, T, width]")),
+                                               "transpose done by the kernel's store) rather than [B, T, width]"),
+               _X_INT8),
        impls={"cpu": f"{_CPU}:QkvProj", "webgpu": gpu("contraction", "qkv_proj")},
        test=(t("1,4,8", "8,8", "4,8", "4,8", weights=(1, 2, 3), dtypes=_HALF,
                params={"splits": [8, 4, 4], "has_bias": False, "trans_b": True, "packed": False,
@@ -150,7 +155,7 @@ kernel("GATE_UP", "fused", "silu(x · w_gateᵀ + b_gate) * (x · w_upᵀ + b_up
        array=gate_up_mapping, bias_index=3,
        dtypes=FLOATS, params=(p("trans_b", "bool", True, "as GEMM"),
                               p("has_bias", "bool", doc="b_gate and b_up follow the weights (lowering counts the "
-                                                        "inputs when the IR leaves it out)")),
+                                                        "inputs when the IR leaves it out)"), _X_INT8),
        impls={"cpu": f"{_CPU}:GateUp", "webgpu": gpu("contraction", "gate_up")},
        test=(t("2,5,16", "12,16", "12,16", params={"trans_b": True, "has_bias": False}, weights=(1, 2),
                atol=1e-4, dtypes=_HALF),

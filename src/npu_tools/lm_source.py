@@ -30,7 +30,7 @@ class LoadedLM:
 
 
 def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cache_len: int = 256,
-            chunk: int = DEFAULT_CHUNK, target: str | Target = "cpu",
+            chunk: int = DEFAULT_CHUNK, target: str | Target = "cpu", int8_activations: bool = False,
             progress: Any = None) -> LoadedLM:
     """Build, extract and compile an LLM from a Hugging Face checkpoint directory (``config.json`` plus
     safetensors weights, as downloaded), a GGUF file (``npu_tools.lm_gguf``: llama, qwen2, mistral) or a zoo name
@@ -38,7 +38,9 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
 
     The model is built on the meta device and only the weights are read; ``dtype`` (``float32``,
     ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
-    in. ``progress(label)`` is called before each stage.
+    in. A GGUF file's block-quantized weights stay blocks (``npu_compiler.llm.with_block_weights``);
+    ``int8_activations`` rounds the activations their contractions read to int8 groups, as llama.cpp does (faster
+    Q4_0/Q4_K kernels; CPU only). ``progress(label)`` is called before each stage.
     """
     import torch
 
@@ -74,7 +76,10 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target)
     step("weights")
     tensors, layouts = weights()  # a GGUF file's block-quantized weights stay blocks where the target reads them
-    kept = with_block_weights(programs, layouts)
+    if int8_activations and not layouts:
+        raise CompileError(f"{name}: int8 activations are for block-quantized weights (a Q8_0, Q4_0, Q4_K or Q6_K "
+                           "GGUF file); this model's weights are float: leave --int8-activations out")
+    kept = with_block_weights(programs, layouts, int8_activations=int8_activations)
     for key in set(layouts) - set(kept):
         tensors[key] = dequantize_rows(tensors[key], layouts[key], torch_dtype)
     return LoadedLM(name, programs, tensors, tokenizer, eos, str(torch_dtype).removeprefix("torch."))

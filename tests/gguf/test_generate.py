@@ -107,3 +107,38 @@ def test_extract_and_verify_take_a_gguf_file(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "ir.json").is_file()
     assert main(["verify", str(path)]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+def test_int8_activations_mark_the_block_layers_and_stay_close_to_float_x(tmp_path: Path) -> None:
+    """``int8_activations``: every contraction reading blocks rounds x to int8 groups of 32 (llama.cpp's dot
+    products); the next-token distributions stay within a small KLD of float x on the same blocks."""
+    from npu_compiler import CompileError
+
+    path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q.gguf", {"blk.": "Q4_0"})
+    runs = {}
+    for int8 in (False, True):
+        lm = load_lm(path, max_cache_len=48, int8_activations=int8)
+        marked = [d.kernel for d in lm.programs.decode.dispatches if d.params.get("x_int8_group") == 32]
+        assert sorted(set(marked)) == (["GATE_UP", "GEMM", "QKV_PROJ"] if int8 else [])
+        assert marked.count("GEMM") == (4 if int8 else 0)  # o_proj and down_proj of 2 layers; not the float head
+        device = Device()
+        runs[int8] = Generator(lm.programs.prefill, lm.programs.decode,
+                               load_weights(lm.weights, lm.programs.prefill, device), device)
+    forced = runs[False].generate(PROMPT, 16).tokens
+    p, q = (torch.from_numpy(runs[k].forced_logits(PROMPT, forced)).double().log_softmax(-1) for k in (False, True))
+    kld = (p.exp() * (p - q)).sum(-1)
+    assert 0 < kld.mean() < 1e-3
+    with pytest.raises(CompileError, match="int8 activations run on the cpu backend, not 'webgpu'"):
+        load_lm(path, max_cache_len=32, target="webgpu", int8_activations=True)
+    float_file = write_model(make_model("qwen2"), "qwen2", tmp_path / "f.gguf", {})
+    with pytest.raises(CompileError, match="int8 activations are for block-quantized weights"):
+        load_lm(float_file, max_cache_len=32, int8_activations=True)
+
+
+def test_generate_int8_activations_flag(tmp_path: Path, capsys) -> None:
+    path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q4.gguf", {"blk.": "Q4_0"})
+    assert main(["generate", str(path), "--prompt-ids", "5,17,33", "--max-new-tokens", "4", "--max-cache-len", "32",
+                 "--int8-activations"]) == 0
+    assert "int8 activations" in capsys.readouterr().err
+    assert main(["generate", "qwen2", "--prompt-ids", "5,17", "--int8-activations"]) != 0
+    assert "--int8-activations is for a GGUF file" in capsys.readouterr().err

@@ -106,3 +106,24 @@ def test_the_prefill_and_decode_kernels_share_one_concatenation_of_the_same_weig
     first = stacked([a, b])
     assert stacked([a, b]) is first and torch.equal(first, torch.cat([a, b]))
     assert stacked([b, a]) is not first and stacked([a]) is a
+
+
+@pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q4_0", "q8_0")])
+def test_int8_activations_compute_the_ops_reference(layouts: tuple[str, ...]) -> None:
+    """``x_int8_group=32``: the Q4_0 kernel's integer dot products (x quantized by the kernel) and the Q8_0 part's
+    exact path on the int8-rounded x both give the GEMM reference's value on the dequantized weights."""
+    from torch_ir.ops.npu import gemm
+
+    k = 256
+    parts = [_blocks(layout, 48, k, 20 + i) for i, layout in enumerate(layouts)]
+    linear = BlockLinear([(raw, layout) for (raw, _), layout in zip(parts, layouts)], None, int8=True)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(21))
+    out = torch.empty(3, 48 * len(layouts))
+    linear(x, out)
+    w = torch.cat([values for _, values in parts]).float()
+    want = gemm(x.double(), w.double(), x_int8_group=32)  # the op's reference, in float64
+    xq = gemm(x, w, x_int8_group=32)  # the same in float32: the rounding of x is decided in x's own type
+    assert torch.allclose(want.float(), xq, rtol=1e-4, atol=1e-4)
+    bound = _bound(x, w.double(), k) * 4 + 1e-6 * want.abs()  # the kernel sums per group, then across groups
+    assert torch.all((out.double() - xq.double()).abs() <= bound)
+    assert (out - gemm(x, w)).abs().max() > 0  # and it is not the float product

@@ -24,6 +24,7 @@ import torch
 from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.ops.npu import embedding_id_problem
 from torch_ir.quant import blocks
+from torch_ir.quant.numerics import int8_groups
 
 from .base import Kernel
 
@@ -56,10 +57,12 @@ class _Part:
     """Rows ``[n]`` of a linear layer's weight: the quantized GEMV over its blocks, or an fp32 matrix (a float part
     of a layer whose other parts are blocks)."""
 
-    def __init__(self, weight: Tensor, block: str | None, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, block: str | None, bias: Tensor | None, int8: bool = False) -> None:
         from . import cpu_qgemv  # every layout of torch_ir.quant.spec.BLOCKS (tests/runtime/test_cpu_blocks.py)
 
         self.gemv, self.matrix = None, None
+        #: this part's native kernel quantizes x itself (llama.cpp's int8 dot product); else it is given x rounded
+        self.int8 = int8 and block in cpu_qgemv.INT8_QTYPES
         self.bias = bias.float().contiguous() if bias is not None else None
         if block is not None:
             self.gemv = cpu_qgemv.QGemv(weight, block, self.bias)
@@ -68,9 +71,11 @@ class _Part:
             self.matrix = weight.float().contiguous()
             self.n = self.matrix.shape[0]
 
-    def __call__(self, x: Tensor, out: Tensor) -> None:
+    def __call__(self, x: Tensor, x_int8: Tensor | None, out: Tensor) -> None:
+        if x_int8 is not None and not self.int8:
+            x = x_int8  # the int8-rounded x, times the exact weights: the same products as the integer sums
         if self.gemv is not None:
-            self.gemv(x, out=out)
+            self.gemv(x, out=out, activations="int8" if self.int8 else "float32")
         elif self.bias is None:
             torch.mm(x, self.matrix.t(), out=out)
         else:
@@ -82,9 +87,11 @@ class BlockLinear:
     v, GATE_UP's gate and up, or one part), each ``(tensor [n_i, ...], block layout or None for a float weight)``.
 
     Parts of one layout next to each other are concatenated once (one GEMV call reads them); x is computed in
-    fp32 (converted at the edges for bf16/fp16 programs, as ggml does)."""
+    fp32 (converted at the edges for bf16/fp16 programs, as ggml does). ``int8``: the ops' ``x_int8_group`` of 32,
+    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which the Q4_0 and Q4_K kernels
+    do themselves with integer dot products (``cpu_qgemv``'s ``activations="int8"``)."""
 
-    def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None) -> None:
+    def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None, int8: bool = False) -> None:
         merged: list[tuple[list[Tensor], str | None]] = []
         for weight, block in parts:
             if merged and merged[-1][1] == block and block is not None:
@@ -96,20 +103,22 @@ class BlockLinear:
         for weights, block in merged:
             w = stacked(weights)
             b = bias[row:row + w.shape[0]] if bias is not None else None
-            self.parts.append(_Part(w.contiguous(), block, b))
+            self.parts.append(_Part(w.contiguous(), block, b, int8))
             row += w.shape[0]
         self.n = row
+        self.int8 = int8
 
     def __call__(self, x2: Tensor, out2: Tensor, residual: Tensor | None = None) -> None:
         x = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
         direct = len(self.parts) == 1 and out2.dtype == torch.float32 and out2.is_contiguous()
         y = out2 if direct else torch.empty(x.shape[0], self.n, dtype=torch.float32)
+        x_int8 = int8_groups(x, 32) if self.int8 and not all(p.int8 for p in self.parts) else None
         if len(self.parts) == 1:
-            self.parts[0](x, y)
+            self.parts[0](x, x_int8, y)
         else:
             col = 0
             for part in self.parts:
-                part(x, tmp := torch.empty(x.shape[0], part.n, dtype=torch.float32))
+                part(x, x_int8, tmp := torch.empty(x.shape[0], part.n, dtype=torch.float32))
                 y[:, col:col + part.n] = tmp
                 col += part.n
         if residual is not None:

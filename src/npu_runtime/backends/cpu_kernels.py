@@ -220,9 +220,18 @@ class _Linear:
             out2.add_(residual)
 
 
+#: The ``x_int8_group`` the linear kernels run (over block-quantized weights: ``cpu_blocks.BlockLinear``).
+X_INT8_GROUP = 32
+
+
 def _blocks_ok(dispatch: Dispatch, specs: dict[str, TensorSpec], weights: list[str]) -> bool:
-    """Block-quantized weights only as ``[N, K]`` (``trans_b``), the way their rows of blocks lie."""
-    return dispatch.params.get("trans_b", True) or not any(block_of(specs.get(n)) for n in weights)
+    """Block-quantized weights only as ``[N, K]`` (``trans_b``), the way their rows of blocks lie; int8-rounded x
+    (``x_int8_group``) only over block-quantized weights, in groups of 32 (any other runs the op's reference)."""
+    blocked = [block_of(specs.get(n)) is not None for n in weights]
+    group = dispatch.params.get("x_int8_group")
+    if group is not None and (group != X_INT8_GROUP or not any(blocked)):
+        return False
+    return bool(dispatch.params.get("trans_b", True)) or not any(blocked)
 
 
 def linear_dtypes_ok(dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
@@ -252,6 +261,7 @@ class Gemm:
         p = dispatch.params
         self.names = dispatch.inputs
         self.block = block_of(specs.get(self.names[1]))
+        self.int8 = p.get("x_int8_group") is not None
         self.trans_b = bool(p.get("trans_b", True))
         self.activation = p.get("activation")
         self.has_residual = bool(p.get("has_residual"))
@@ -261,7 +271,7 @@ class Gemm:
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         w, bias = weights[self.names[1]], weights[self.names[2]] if self.has_bias else None
-        self.linear = BlockLinear([(w, self.block)], bias) if self.block else \
+        self.linear = BlockLinear([(w, self.block)], bias, self.int8) if self.block else \
             _Linear(w if self.trans_b else w.t(), bias)
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
@@ -293,12 +303,13 @@ class GateUp:
         self.has_bias = bool(dispatch.params.get("has_bias", False))
         self.n = int(specs[dispatch.outputs[0]].shape[-1])
         self.blocks = [block_of(specs.get(n)) for n in self.names[1:3]]
+        self.int8 = dispatch.params.get("x_int8_group") is not None
         self.linear: _Linear | BlockLinear | None = None
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         bias = torch.cat([weights[self.names[3]], weights[self.names[4]]]) if self.has_bias else None
         if any(self.blocks):
-            self.linear = BlockLinear([(weights[n], b) for n, b in zip(self.names[1:3], self.blocks)], bias)
+            self.linear = BlockLinear([(weights[n], b) for n, b in zip(self.names[1:3], self.blocks)], bias, self.int8)
             return
         gate, up = (weights[n] if self.trans_b else weights[n].t() for n in self.names[1:3])
         self.linear = _Linear(stacked([gate, up]), bias)
@@ -321,12 +332,14 @@ class QkvProj:
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         return dispatch.params.get("trans_b", True) and not dispatch.params.get("packed") \
-            and all(n in weight_names for n in dispatch.inputs[1:]) and linear_dtypes_ok(dispatch, specs)
+            and all(n in weight_names for n in dispatch.inputs[1:]) and linear_dtypes_ok(dispatch, specs) \
+            and _blocks_ok(dispatch, specs, dispatch.inputs[1:4])
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
         self.names = dispatch.inputs
         self.blocks = [block_of(specs.get(n)) for n in self.names[1:4]]
+        self.int8 = p.get("x_int8_group") is not None
         self.splits = [int(n) for n in p["splits"]]
         flags = p.get("has_bias", False)
         self.bias_flags = list(flags) if isinstance(flags, list) else [bool(flags)] * 3
@@ -340,7 +353,7 @@ class QkvProj:
         biases = [weights[next(given)] if flag else torch.zeros(w.shape[0], dtype=self._dtype(w))
                   for flag, w in zip(self.bias_flags, ws)]
         bias = torch.cat(biases) if any(self.bias_flags) else None
-        self.linear = BlockLinear(list(zip(ws, self.blocks)), bias) if any(self.blocks) else \
+        self.linear = BlockLinear(list(zip(ws, self.blocks)), bias, self.int8) if any(self.blocks) else \
             _Linear(stacked(ws), bias)
 
     def _dtype(self, w: Tensor) -> torch.dtype:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_ir.quant import blocks
+from torch_ir.quant.numerics import int8_groups
 
 from . import cpu_gemv, cpu_gemv_build
 from .cpu_gemv_build import Library
@@ -181,12 +182,8 @@ def torch_qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tenso
 
 def quantize_x(x: Tensor) -> Tensor:
     """``x`` (fp32 ``[M, K]``, K a multiple of 32) as the int8 path sees it: per group of 32, ``dx·round(x / dx)``
-    with ``dx = max|x| / 127`` (fp32, ties to even; non-finite quotients 0), returned as fp32."""
-    g = x.reshape(x.shape[0], -1, 32)
-    dx = g.abs().amax(dim=-1, keepdim=True) / 127
-    q = torch.where(dx > 0, g / dx, torch.zeros_like(g))
-    q = torch.where(q.abs() < 127.5, q, torch.zeros_like(q)).round()
-    return (q * dx).reshape(x.shape)
+    with ``dx = max|x| / 127`` (``torch_ir.quant.numerics.int8_groups``, the ops' reference too)."""
+    return int8_groups(x, 32)
 
 
 def torch_qgemv_int8(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | None = None,

@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-cache-len", type=int, default=256, help="KV cache positions (default: 256)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                    help=f"prefill program length in tokens (default: {DEFAULT_CHUNK})")
+    p.add_argument("--int8-activations", action="store_true",
+                   help="a GGUF file's block-quantized layers round their input to int8 groups of 32 first, as "
+                        "llama.cpp does: faster Q4_0/Q4_K kernels, results within that rounding (CPU backend)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     options.seed(p, default=None)  # the sampling's (none: a fresh draw each run)
@@ -56,6 +59,9 @@ def _check_early(args: argparse.Namespace) -> None:
     from npu_tools.lm_gguf import is_gguf_path
     from torch_ir.frontends.hf_model import is_hf_model_path
 
+    if args.int8_activations and not is_gguf_path(args.source):
+        raise RuntimeInputError(f"--int8-activations is for a GGUF file's block-quantized weights; {args.source!r} "
+                                "is not a .gguf file: leave the flag out")
     if args.prompt is not None and not (is_hf_model_path(args.source) or is_gguf_path(args.source)):
         raise RuntimeInputError(f"{args.source!r} is a zoo model, which has no tokenizer: give --prompt-ids, or a "
                                 "checkpoint directory with tokenizer.json")
@@ -84,7 +90,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = Device(args.backend)  # before minutes of compiling: a backend that cannot start says so now
     lm = load_lm(args.source, dtype=args.dtype, max_cache_len=args.max_cache_len, chunk=args.chunk,
-                 target=device.backend.target, progress=_progress)
+                 target=device.backend.target, int8_activations=args.int8_activations, progress=_progress)
     if args.prompt is not None:
         prompt = lm.tokenizer.encode(args.prompt)
     else:
@@ -98,7 +104,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = generator.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                 seed=args.seed, eos_token_ids=lm.eos_token_ids, on_token=stream)
     stream.end()
-    print(f"\n{lm.name} ({lm.dtype}, {args.backend}): loaded and compiled in {ready:.1f} s", file=sys.stderr)
+    x = ", int8 activations" if args.int8_activations else ""
+    print(f"\n{lm.name} ({lm.dtype}{x}, {args.backend}): loaded and compiled in {ready:.1f} s", file=sys.stderr)
     print(result.summary(), file=sys.stderr)
     return 0
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..activations import activations_doc, activations_markdown, apply_activation
 from ..ir import TensorMeta
+from ..quant.numerics import int8_groups
 from .registry import register_op
 
 Shape = list[int | str]
@@ -119,15 +120,25 @@ def _embedding_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> lis
 _ACT_DOC = f"activation applied to the result, one of {activations_doc()} (torch_ir.activations)"
 
 
+_INT8_DOC = ("null, or x rounded to int8 in groups of this many along K before the product (per group scale "
+             "max|x|/127, ties to even: llama.cpp's quantized activations; torch_ir.quant.numerics.int8_groups)")
+
+
+def _int8_x(x: torch.Tensor, group: int | None) -> torch.Tensor:
+    return x if group is None else int8_groups(x, group)
+
+
 @npu_op("GEMM", inputs="x w bias? residual?", outputs="y", shape=_gemm_shape,
         layouts={"w": "[N,K]", "residual": "[B,T,H]"}, attrs={
             "trans_a": "x's last two dims are transposed first", "trans_b": "w is [N,K] (nn.Linear) rather than [K,N]",
             "activation": _ACT_DOC + ", after the residual add",
             "has_bias": "a bias input follows w (when absent: told by the input count, 3 inputs = a bias)",
             "has_residual": "a residual input of y's shape comes last and is added: y = act(x·w + bias + residual) "
-                            "(a transformer's residual add folded into the GEMM before it)"})
+                            "(a transformer's residual add folded into the GEMM before it)",
+            "x_int8_group": _INT8_DOC})
 def gemm(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, trans_a: bool = False, trans_b: bool = True,
-         activation: str | None = None, has_bias: bool | None = None, has_residual: bool = False) -> torch.Tensor:
+         activation: str | None = None, has_bias: bool | None = None, has_residual: bool = False,
+         x_int8_group: int | None = None) -> torch.Tensor:
     """y = act(x · w(ᵀ) + bias [+ residual]): a linear layer, a matmul by a weight, addmm; batched over x's leading
     dims; with ``has_residual`` the residual add that follows it in a transformer block."""
     rest = tuple(t for t in rest if t is not None)  # gemm(x, w, None): no bias
@@ -136,7 +147,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, trans_a: bool = 
     if len(optional) > 1 or (has_bias is not None and bool(has_bias) != bool(optional)):
         raise ValueError(f"GEMM: has_bias={has_bias}, has_residual={has_residual} but {len(rest)} input(s) after w")
     bias = optional[0] if optional else None
-    a = x.transpose(-1, -2) if trans_a else x
+    a = _int8_x(x.transpose(-1, -2) if trans_a else x, x_int8_group)
     y = a @ (w.t() if trans_b else w)
     if bias is not None:
         y = y + bias
@@ -233,11 +244,12 @@ def softmax(x: torch.Tensor, mask: torch.Tensor | None = None, *, dim: int = -1,
             "num_heads": "query heads (null when unknown)", "num_kv_heads": "key/value heads",
             "head_dim": "width of one head",
             "heads_first": "outputs split into heads, head-major: q [B,H,T,D], k and v [B,Hkv,T,D] (the layout "
-                           "attention and the KV cache read) rather than [B,T,width]; needs head_dim"})
+                           "attention and the KV cache read) rather than [B,T,width]; needs head_dim",
+            "x_int8_group": _INT8_DOC})
 def qkv_proj(x: torch.Tensor, *params: torch.Tensor, splits: list[int], packed: bool = False,
              has_bias: bool | list[bool] = False, trans_b: bool = True, num_heads: int | None = None,
              num_kv_heads: int | None = None, head_dim: int | None = None,
-             heads_first: bool = False) -> tuple[torch.Tensor, ...]:
+             heads_first: bool = False, x_int8_group: int | None = None) -> tuple[torch.Tensor, ...]:
     """q, k, v = the three projections of one input, as one op (one weight read of x); with ``heads_first``
     each is split into heads of ``head_dim`` and written head-major, [B, heads, T, head_dim]."""
     n_w = 1 if packed else 3
@@ -246,7 +258,7 @@ def qkv_proj(x: torch.Tensor, *params: torch.Tensor, splits: list[int], packed: 
         raise ValueError(f"QKV_PROJ: has_bias lists {len(flags)} flags for {n_w} weights")
     given = iter(params[n_w:])
     biases = [next(given) if flag else None for flag in flags]
-    outs = [gemm(x, w, b, trans_b=trans_b) for w, b in zip(params[:n_w], biases)]
+    outs = [gemm(x, w, b, trans_b=trans_b, x_int8_group=x_int8_group) for w, b in zip(params[:n_w], biases)]
     outs = list(torch.split(outs[0], splits, dim=-1)) if packed else outs
     if heads_first:
         if not head_dim:
@@ -319,16 +331,18 @@ def _gate_up_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[
 @npu_op("GATE_UP", inputs="x w_gate w_up b_gate? b_up?", outputs="y", shape=_gate_up_shape,
         layouts={"x": "[B,T,H]", "y": "[B,T,H]", "w_gate": "[N,K]", "w_up": "[N,K]"}, attrs={
             "trans_b": "weights are [N,K] (nn.Linear) rather than [K,N]",
-            "has_bias": "b_gate and b_up follow the weights"})
+            "has_bias": "b_gate and b_up follow the weights", "x_int8_group": _INT8_DOC})
 def gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *biases: torch.Tensor, trans_b: bool = True,
-            has_bias: bool = False) -> torch.Tensor:
+            has_bias: bool = False, x_int8_group: int | None = None) -> torch.Tensor:
     """y = silu(x·w_gateᵀ + b_gate) · (x·w_upᵀ + b_up): the gate and up projections of a gated MLP (Llama,
     Qwen) and their SILU_GATE as one kernel, one contraction over both weights (a kernel may concatenate them
     once, when the weights are bound; they stay two tensors in the weights file)."""
     if len(biases) != (2 if has_bias else 0):
         raise ValueError(f"GATE_UP: has_bias={has_bias} but {len(biases)} bias input(s) given")
     b_gate, b_up = biases if has_bias else (None, None)
-    return silu_gate(gemm(x, w_gate, b_gate, trans_b=trans_b), gemm(x, w_up, b_up, trans_b=trans_b))
+    group = x_int8_group
+    return silu_gate(gemm(x, w_gate, b_gate, trans_b=trans_b, x_int8_group=group),
+                     gemm(x, w_up, b_up, trans_b=trans_b, x_int8_group=group))
 
 
 @npu_op("ROPE", inputs="x cos sin", outputs="y", shape=_same_as_first,

@@ -153,6 +153,20 @@ def requant_multiplier(x_scale: torch.Tensor, w_scale: torch.Tensor, y_scale: to
     return (x_scale.to(f) * w_scale.to(f)) / y_scale.to(f)
 
 
+def int8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x`` rounded to int8 in groups of ``group`` along its last dim, as llama.cpp quantizes the activations of
+    its quantized dot products (its Q8_0 / Q8_K ``x``): per group ``dx = max|x| / 127`` and ``dx · round(x / dx)``
+    in x's float type, ties to even; a group of zeros (``dx = 0``) or a non-finite quotient gives 0. The value a
+    dot product with int8 activations computes, to within the float rounding of its sums."""
+    if group < 1 or x.shape[-1] % group:
+        raise ValueError(f"int8 groups of {group} do not divide the last dim of a {list(x.shape)} tensor")
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    dx = g.abs().amax(dim=-1, keepdim=True) / 127
+    q = torch.where(dx > 0, g / dx, torch.zeros_like(g))
+    q = torch.where(q.abs() < 127.5, q, torch.zeros_like(q)).round()
+    return (q * dx).reshape(x.shape)
+
+
 def dtype_name(t: torch.Tensor) -> str:
     """The table name of a tensor's dtype (``int8``, ``uint8``, ...)."""
     return str(t.dtype).removeprefix("torch.")

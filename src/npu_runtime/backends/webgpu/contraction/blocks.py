@@ -80,6 +80,9 @@ def check_block_call(call: Call) -> None:
     """Refuse, before any WGSL is made, a dispatch that would read block bytes as floats: a block-quantized
     tensor may only be a weight ``[N, K]`` of GEMM, GATE_UP or QKV_PROJ (whose loads decode the blocks)."""
     kernel = call.dispatch.kernel
+    if call.dispatch.params.get("x_int8_group") is not None:
+        raise UnsupportedCall(f"{kernel} rounds x to int8 groups (x_int8_group, llama.cpp's quantized activations); "
+                              "the WebGPU kernels compute with x as it is: load the model without int8 activations")
     for spec in call.outs:
         if block_of(spec) is not None:
             raise UnsupportedCall(f"output {spec.name!r} of {kernel} is {block_of(spec)} blocks; no WebGPU kernel "
