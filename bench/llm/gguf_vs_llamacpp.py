@@ -19,6 +19,11 @@ Correctness, per file (``--no-check`` skips it):
   prompt; the number of leading tokens the toolkit's greedy tokens share with it (all of them for float32
   compute; a bf16 file computes in bf16, so its tokens leave the float32 ones once a rounding flips a near tie).
 
+``--int8-activations`` adds a row per block-quantized file: ours with x rounded to int8 groups of 32 before each
+block contraction (``load_lm(int8_activations=True)``), llama.cpp's own contract, in the same rounds. Its greedy
+tokens are compared with the same float reference, which they leave as llama.cpp's do (its top-1 agreement with
+llama.cpp is the telling column).
+
 Block-quantized files (q8_0, q4_0, q4_K_M) run on their blocks (``npu_runtime.backends.cpu_blocks``); the
 tensors of other block types llama.cpp's quantizer mixes in (Q5_0, Q4_1 where rows are not whole 256-blocks)
 are dequantized to float32 on load, said in the output.
@@ -59,14 +64,15 @@ def llamacpp(python: str, path: Path, args: argparse.Namespace, logits_out: Path
 class Ours:
     """A GGUF file loaded, compiled and bound once; ``run()`` one timed generation (ms/token)."""
 
-    def __init__(self, path: Path, args: argparse.Namespace):
+    def __init__(self, path: Path, args: argparse.Namespace, int8: bool = False):
         from npu_runtime import Device, load_weights
         from npu_runtime.generate import Generator
         from npu_tools.lm_source import load_lm
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            lm = load_lm(path, max_cache_len=args.prompt + args.new_tokens + 8, chunk=args.prompt)
+            lm = load_lm(path, max_cache_len=args.prompt + args.new_tokens + 8, chunk=args.prompt,
+                         int8_activations=int8)
         self.notes = sorted({str(w.message) for w in caught if "dequantized" in str(w.message)})
         device = Device()
         self.dtype = lm.dtype
@@ -124,28 +130,38 @@ def check(path: Path, ours: Ours, args: argparse.Namespace) -> dict:
             "top1_vs_llamacpp": float(np.mean(theirs.argmax(-1) == mine.argmax(-1)))}
 
 
-def bench_file(path: Path, args: argparse.Namespace, floor_gbs: float) -> dict:
+def bench_file(path: Path, args: argparse.Namespace, floor_gbs: float) -> list[dict]:
+    """Rows of one file: ours with float x, and (``--int8-activations``, a file with blocks) with int8 x, each
+    timed in the same alternating rounds as llama.cpp."""
     from bandwidth import measure_stream_bandwidth
 
     start = time.perf_counter()
-    ours = Ours(path, args)
-    print(f"{path.name}: loaded and compiled in {time.perf_counter() - start:.0f} s ({ours.dtype}, blocks "
-          f"{', '.join(ours.blocks) or 'none'})", file=sys.stderr)
-    for note in ours.notes:
+    variants = {"": Ours(path, args)}
+    if args.int8_activations and variants[""].blocks:
+        variants[" (int8 x)"] = Ours(path, args, int8=True)
+    first = variants[""]
+    print(f"{path.name}: loaded and compiled in {time.perf_counter() - start:.0f} s ({first.dtype}, blocks "
+          f"{', '.join(first.blocks) or 'none'})", file=sys.stderr)
+    for note in first.notes:
         print(f"  note: {note}", file=sys.stderr)
-    row: dict = {"file": path.name, "dtype": ours.dtype, "blocks": ours.blocks, "ours": [], "llama": []}
+    rows = {v: {"file": path.name + v, "dtype": o.dtype, "blocks": o.blocks, "ours": [], "llama": []}
+            for v, o in variants.items()}
     if args.check:
-        row["check"] = check(path, ours, args)
-        print(f"  check: {row['check']}", file=sys.stderr)
+        for v, o in variants.items():
+            rows[v]["check"] = check(path, o, args)
+            print(f"  check{v}: {rows[v]['check']}", file=sys.stderr)
     for _ in range(args.rounds):
         theirs = llamacpp(args.llamacpp_python, path, args)
-        row["weight_bytes"] = theirs["weight_bytes"]
-        row["llama"].append(theirs)
-        row["ours"].append(ours.run())
-    row["floor_gbs"] = max(floor_gbs, measure_stream_bandwidth(threads=args.threads, reps=10).gbs)
-    del ours
+        for v, o in variants.items():
+            rows[v]["weight_bytes"] = theirs["weight_bytes"]
+            rows[v]["llama"].append(theirs)
+            rows[v]["ours"].append(o.run())
+    floor_gbs = max(floor_gbs, measure_stream_bandwidth(threads=args.threads, reps=10).gbs)
+    for row in rows.values():
+        row["floor_gbs"] = floor_gbs
+    del variants, first
     gc.collect()
-    return row
+    return list(rows.values())
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -182,6 +198,8 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the KLD and greedy-token checks")
+    p.add_argument("--int8-activations", action="store_true",
+                   help="also time (and check) ours with int8 activations on files with blocks, as llama.cpp runs")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--llamacpp-python", default=str(ROOT / "bench/llm/llamacpp/.venv/bin/python"))
     args = p.parse_args()
@@ -194,7 +212,7 @@ def main() -> int:
     rows = []
     for f in args.files:
         floor = measure_stream_bandwidth(threads=args.threads, reps=10).gbs
-        rows.append(bench_file(f, args, floor))
+        rows += bench_file(f, args, floor)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
     print_table(rows, args)
