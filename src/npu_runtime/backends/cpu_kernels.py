@@ -411,7 +411,7 @@ class Reference:
 # --------------------------------------------------------------------------------------------- choice
 
 #: The modules whose classes the kernel table may name as CPU implementations (``impls["cpu"]``).
-KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer")
+KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer", "npu_runtime.backends.cpu_kvcache")
 
 
 def make_kernel(dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> Kernel:
