@@ -30,7 +30,7 @@ def writes_state(node: OpNode) -> bool:
 
 
 def _state_writers() -> str:
-    return ", ".join(sorted(kernels_where(writes_state=True)))
+    return " or ".join(sorted(kernels_where(writes_state=True), key=lambda k: (len(k), k)))  # KV_UPDATE first
 
 
 def state_slots(ir: NPU_IR) -> dict[str, str]:

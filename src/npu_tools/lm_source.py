@@ -31,17 +31,19 @@ class LoadedLM:
 
 def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cache_len: int = 256,
             chunk: int = DEFAULT_CHUNK, target: str | Target = "cpu",
-            progress: Any = None) -> LoadedLM:
+            progress: Any = None, kv_bits: int | None = None) -> LoadedLM:
     """Build, extract and compile an LLM from a Hugging Face checkpoint directory (``config.json`` plus
     safetensors weights, as downloaded), a GGUF file (``npu_tools.lm_gguf``: llama, qwen2, mistral) or a zoo name
     (random seeded weights, no tokenizer).
 
     The model is built on the meta device and only the weights are read; ``dtype`` (``float32``,
     ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
-    in. ``progress(label)`` is called before each stage.
+    in. ``kv_bits=8`` holds the KV cache as int8 codes and float32 scales (``npu_compiler.kvcache``).
+    ``progress(label)`` is called before each stage.
     """
     import torch
 
+    from npu_compiler.kvcache import kv_code_dtype
     from npu_tools.lm_gguf import gguf_lm, is_gguf_path
     from torch_ir.frontends.hf import extract_lm
     from torch_ir.frontends.hf_checkpoint import load_checkpoint
@@ -49,6 +51,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
 
     step = progress or (lambda label: None)
     torch_dtype = _torch_dtype(dtype)
+    kv_code_dtype(kv_bits)  # an unsupported width refused before the model is read
     step("load")
     # a config.json alone is refused there too: generating needs the weights beside it
     if is_gguf_path(source):
@@ -71,7 +74,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     step("extract")
     ir = extract_lm(meta, max_cache_len, name=name)
     step("compile")
-    programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target)
+    programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target, kv_bits=kv_bits)
     step("weights")
     return LoadedLM(name, programs, weights(), tokenizer, eos, str(torch_dtype).removeprefix("torch."))
 

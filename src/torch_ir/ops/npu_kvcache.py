@@ -103,4 +103,5 @@ def kvq_dequantize(codes: torch.Tensor, scales: torch.Tensor, *, out_dtype: str 
     return dequantize_kv(codes, scales, qn.storage_dtype(out_dtype))
 
 
-__all__ = ["KV_CODE_DTYPES", "as_bytes", "dequantize_kv", "kvq_attention", "kvq_dequantize", "kvq_update", "quantize_kv"]
+__all__ = ["KV_CODE_DTYPES", "as_bytes", "dequantize_kv", "kvq_attention", "kvq_dequantize", "kvq_update",
+           "quantize_kv"]
