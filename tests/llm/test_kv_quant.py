@@ -198,3 +198,19 @@ def test_webgpu_without_the_kernels_refuses_at_compile_time(zoo_qwen2):
     ir, _ = zoo_qwen2
     with pytest.raises(CompileError, match=r"KVQ_UPDATE"):
         compile_lm(ir, chunk=CHUNK, kv_bits=8, target=get_target("webgpu"))
+
+
+def test_webgpu_runs_the_int8_cache_on_the_host_with_fallback(zoo_qwen2):
+    """``fallback="cpu"``: the KVQ dispatches run on the host inside the WebGPU program, the same tokens as the CPU
+    backend's (the rest of the program in WGSL, fp32)."""
+    from npu_runtime.backends.webgpu import adapter_problem
+
+    if adapter_problem():
+        pytest.skip(f"no WebGPU adapter: {adapter_problem()}")
+    ir, weights = zoo_qwen2
+    on_gpu = compile_lm(ir, chunk=CHUNK, kv_bits=8, target="webgpu", fallback="cpu")
+    assert {d.kernel for d in on_gpu.decode.dispatches if d.host} >= {"KVQ_UPDATE", "KVQ_ATTENTION"}
+    _, cpu = generator(ir, weights, 8)
+    device = Device("webgpu")
+    gpu = Generator(on_gpu.prefill, on_gpu.decode, load_weights(weights, on_gpu.prefill, device), device)
+    assert gpu.generate(PROMPT, 6).tokens == cpu.generate(PROMPT, 6).tokens
