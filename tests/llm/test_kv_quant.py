@@ -214,3 +214,21 @@ def test_webgpu_runs_the_int8_cache_on_the_host_with_fallback(zoo_qwen2):
     device = Device("webgpu")
     gpu = Generator(on_gpu.prefill, on_gpu.decode, load_weights(weights, on_gpu.prefill, device), device)
     assert gpu.generate(PROMPT, 6).tokens == cpu.generate(PROMPT, 6).tokens
+
+
+def test_unfused_attention_reads_the_dequantized_cache(zoo_qwen2):
+    """Without the attention fusion, ATTN_SCORE and ATTN_OUTPUT read the cache through KVQ_DEQUANTIZE (codes ·
+    scales, the float cache rebuilt): the same logits as KVQ_ATTENTION's to float32 rounding."""
+    from npu_compiler.llm import unfused_options
+
+    ir, weights = zoo_qwen2
+    programs, fused = generator(ir, weights, 8)
+    unfused_programs = compile_lm(ir, chunk=CHUNK, kv_bits=8, options=unfused_options())
+    kernels = {d.kernel for d in unfused_programs.decode.dispatches}
+    assert {"KVQ_UPDATE", "KVQ_DEQUANTIZE", "ATTN_SCORE", "ATTN_OUTPUT"} <= kernels and "KVQ_ATTENTION" not in kernels
+    device = Device()
+    unfused = Generator(unfused_programs.prefill, unfused_programs.decode,
+                        load_weights(weights, unfused_programs.prefill, device), device)
+    a, b = fused.generate(PROMPT, 6, keep_logits=True), unfused.generate(PROMPT, 6, keep_logits=True)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(np.stack(a.logits), np.stack(b.logits), rtol=1e-4, atol=1e-4)
