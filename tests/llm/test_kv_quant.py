@@ -232,3 +232,18 @@ def test_unfused_attention_reads_the_dequantized_cache(zoo_qwen2):
     a, b = fused.generate(PROMPT, 6, keep_logits=True), unfused.generate(PROMPT, 6, keep_logits=True)
     assert a.tokens == b.tokens
     np.testing.assert_allclose(np.stack(a.logits), np.stack(b.logits), rtol=1e-4, atol=1e-4)
+
+
+def test_a_saved_int8_program_pair_runs_the_same(zoo_qwen2, tmp_path):
+    """The .npubin files carry the int8 and float32 state slots and the KVQ dispatches as any others."""
+    from npu_compiler.compiled_program import CompiledProgram
+
+    ir, weights = zoo_qwen2
+    programs, gen = generator(ir, weights, 8)
+    programs.save(tmp_path)
+    prefill, decode = (CompiledProgram.load(tmp_path / f"{phase}.npubin") for phase in ("prefill", "decode"))
+    assert decode.metadata["llm"]["kv_bits"] == 8
+    assert sorted({s.dtype for s in decode.state_specs}) == ["float32", "int8"]
+    device = Device()
+    loaded = Generator(prefill, decode, load_weights(weights, prefill, device), device)
+    assert loaded.generate(PROMPT, 6).tokens == gen.generate(PROMPT, 6).tokens
