@@ -16,6 +16,7 @@ the programs from ``cache_position``: nothing is done on the host per token but 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -23,13 +24,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from npu_program.kernel_record import BLOCK_WEIGHT_INPUTS
+from npu_program.kernels import KERNELS
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import IRValidationError
 from torch_ir.ir import NPU_IR, specialize
 from torch_ir.quant.spec import BLOCK_CODES, QuantSpec, check_fits
 
 from .compiler import CompileError, CompileOptions, compile, load_source
+from .kvcache import kv_code_dtype, quantize_kv_cache
 from .library import Target
+from .passes import normalize
 
 #: The two inputs of an LLM program.
 LM_INPUTS = ("input_ids", "cache_position")
@@ -112,24 +116,48 @@ def run_dispatches(program: CompiledProgram) -> int:
 
 def compile_lm(ir_or_path: NPU_IR | dict | str | os.PathLike, *, chunk: int = DEFAULT_CHUNK,
                target: str | Target = "cpu", options: CompileOptions | None = None,
-               fallback: str | None = None) -> LMPrograms:
+               fallback: str | None = None, kv_bits: int | None = None) -> LMPrograms:
     """Compile an LLM IR with a KV cache into prefill and decode programs (see the module docstring).
 
-    ``chunk`` is the prefill program's token count (at most the cache length). Raises ``CompileError``
-    when the IR is not such an LLM: other inputs, no symbolic sequence length, no cache.
+    ``chunk`` is the prefill program's token count (at most the cache length). ``kv_bits=8`` holds the cache as
+    int8 codes with a float32 scale per head and position (``npu_compiler.kvcache``); None: the model's float
+    dtype. Raises ``CompileError`` when the IR is not such an LLM: other inputs, no symbolic sequence length, no
+    cache; or for another ``kv_bits``.
     """
+    kv_code_dtype(kv_bits)  # refuses an unsupported width before any work
     ir = load_source(ir_or_path)
     seq = sequence_symbol(ir)
     max_cache_len = _cache_len(ir, seq)
     if not 1 <= chunk <= max_cache_len:
         raise CompileError(f"IR {ir.model_name!r}: prefill chunk {chunk} must be between 1 and the cache length "
                            f"{max_cache_len}")
-    prefill = compile(specialize(ir, {seq: chunk}), target=target, options=options, fallback=fallback)
-    decode = compile(specialize(ir, {seq: 1}), target=target, options=options, fallback=fallback)
+    prefill = _compile_phase(specialize(ir, {seq: chunk}), target, options, fallback, kv_bits)
+    decode = _compile_phase(specialize(ir, {seq: 1}), target, options, fallback, kv_bits)
     for program, phase in ((prefill, "prefill"), (decode, "decode")):
         program.metadata["llm"] = {"phase": phase, "tokens": chunk if phase == "prefill" else 1,
-                                   "max_cache_len": max_cache_len}
-    return LMPrograms(prefill, decode, chunk, max_cache_len, num_layers=len(prefill.state_specs) // 2)
+                                   "max_cache_len": max_cache_len, "kv_bits": kv_bits}
+    # one cache write per key and per value cache and layer (a quantized cache has two slots per cache)
+    num_layers = sum(1 for d in prefill.dispatches if writes_state_kernel(d.kernel)) // 2
+    return LMPrograms(prefill, decode, chunk, max_cache_len, num_layers=num_layers)
+
+
+def _compile_phase(ir: NPU_IR, target: str | Target, options: CompileOptions | None, fallback: str | None,
+                   kv_bits: int | None) -> CompiledProgram:
+    """One phase; with ``kv_bits`` the cache is quantized between normalizing (which makes KV_UPDATE and ATTENTION)
+    and lowering, so the program, its embedded IR and its cost all see the int8 cache."""
+    if kv_bits is None:
+        return compile(ir, target=target, options=options, fallback=fallback)
+    options = options or CompileOptions()
+    if options.normalize:
+        ir = normalize(ir, options.normalize_options)
+    options = dataclasses.replace(options, normalize=False)
+    return compile(quantize_kv_cache(ir, kv_bits), target=target, options=options, fallback=fallback)
+
+
+def writes_state_kernel(kernel: str) -> bool:
+    """Whether dispatches of ``kernel`` write a state slot (a cache write)."""
+    record = KERNELS.get(kernel)
+    return record is not None and record.writes_state
 
 
 def sequence_symbol(ir: NPU_IR) -> str:

@@ -23,14 +23,14 @@ from .lower import spec_of
 
 
 def writes_state(node: OpNode) -> bool:
-    """Whether ``node``'s kernel writes its first input in place, so may write a state slot (its record's
-    ``writes_state``: KV_UPDATE)."""
+    """Whether ``node``'s kernel writes its first inputs in place (output i into input i), so may write state slots
+    (its record's ``writes_state``: KV_UPDATE, KVQ_UPDATE)."""
     record = KERNELS.get(node.op_type)
     return record is not None and record.writes_state
 
 
 def _state_writers() -> str:
-    return ", ".join(sorted(kernels_where(writes_state=True)))
+    return " or ".join(sorted(kernels_where(writes_state=True), key=lambda k: (len(k), k)))  # KV_UPDATE first
 
 
 def state_slots(ir: NPU_IR) -> dict[str, str]:
@@ -46,7 +46,8 @@ def state_slots(ir: NPU_IR) -> dict[str, str]:
         if buffer not in weights or node is None:
             raise CompileError(f"{where} with {value!r}, which no node computes; the IR is inconsistent: "
                                "re-extract the model")
-        if not writes_state(node) or node.inputs[0].name != buffer:
+        position = next(i for i, t in enumerate(node.outputs) if t.name == value)  # output i writes input i
+        if not writes_state(node) or position >= len(node.inputs) or node.inputs[position].name != buffer:
             raise CompileError(
                 f"{where} through {node.op_type} (node {node.name!r}); programs carry state only as a KV cache "
                 f"written in place by {_state_writers()} (index_copy into the buffer). Run the graph with "

@@ -100,8 +100,8 @@ class KernelDef:
     #: Of a kernel with a ``has_bias`` parameter: the inputs before its bias (the bias's index when present), so
     #: that lowering can tell ``has_bias`` from the input count when the IR leaves it out.
     bias_index: int | None = None
-    #: Its output is its first input written in place (a KV cache): the one kind of dispatch that may write a
-    #: program's state slot (``npu_compiler.state``).
+    #: Its outputs are its first inputs written in place, output i into input i (a KV cache; a quantized one's codes
+    #: and scales): the one kind of dispatch that may write a program's state slots (``npu_compiler.state``).
     writes_state: bool = False
     #: ATen ops that normalize into this kernel: an IR node of one of them counts this record's FLOPs
     #: (``node_flops``), before normalization has made the kernel.

@@ -27,6 +27,7 @@ from typing import Any
 # as it is imported
 from . import npu_kernels  # noqa: F401  # isort: skip
 from . import quant_kernels  # noqa: F401  # isort: skip
+from . import kv_kernels  # noqa: F401  # isort: skip
 from . import aten_kernels  # noqa: F401  # isort: skip
 from .cost_formulas import KernelCost, Spec, per_output
 from .kernel_record import (

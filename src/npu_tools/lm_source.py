@@ -31,7 +31,7 @@ class LoadedLM:
 
 def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cache_len: int = 256,
             chunk: int = DEFAULT_CHUNK, target: str | Target = "cpu", int8_activations: bool = False,
-            progress: Any = None) -> LoadedLM:
+            progress: Any = None, kv_bits: int | None = None) -> LoadedLM:
     """Build, extract and compile an LLM from a Hugging Face checkpoint directory (``config.json`` plus
     safetensors weights, as downloaded), a GGUF file (``npu_tools.lm_gguf``: llama, qwen2, mistral) or a zoo name
     (random seeded weights, no tokenizer).
@@ -40,10 +40,12 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
     in. A GGUF file's block-quantized weights stay blocks (``npu_compiler.llm.with_block_weights``);
     ``int8_activations`` rounds the activations their contractions read to int8 groups, as llama.cpp does (faster
-    Q4_0/Q4_K kernels; CPU only). ``progress(label)`` is called before each stage.
+    Q4_0/Q4_K kernels; CPU only). ``kv_bits=8`` holds the KV cache as int8 codes and float32 scales
+    (``npu_compiler.kvcache``). ``progress(label)`` is called before each stage.
     """
     import torch
 
+    from npu_compiler.kvcache import kv_code_dtype
     from npu_tools.lm_gguf import gguf_lm, is_gguf_path
     from torch_ir.frontends.hf import extract_lm
     from torch_ir.frontends.hf_checkpoint import load_checkpoint
@@ -51,6 +53,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
 
     step = progress or (lambda label: None)
     torch_dtype = _torch_dtype(dtype)
+    kv_code_dtype(kv_bits)  # an unsupported width refused before the model is read
     step("load")
     # a config.json alone is refused there too: generating needs the weights beside it
     if is_gguf_path(source):
@@ -73,7 +76,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     step("extract")
     ir = extract_lm(meta, max_cache_len, name=name)
     step("compile")
-    programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target)
+    programs = compile_lm(ir, chunk=min(chunk, max_cache_len), target=target, kv_bits=kv_bits)
     step("weights")
     tensors, layouts = weights()  # a GGUF file's block-quantized weights stay blocks where the target reads them
     if int8_activations and not layouts:

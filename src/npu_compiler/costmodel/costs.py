@@ -111,6 +111,9 @@ class CostReport:
     #: The positions of the program's KV cache (None without one) and the live ones costed (None: all of them).
     cache_length: int | None = None
     context: int | None = None
+    #: The KV cache's bytes (its state slots together) and their dtypes (``int8 + float32``: a quantized cache).
+    cache_bytes: int | None = None
+    cache_dtypes: str = ""
     #: The ``precision`` costed at (``precision.PRECISIONS``), None without one.
     precision: str | None = None
 
@@ -189,9 +192,11 @@ class CostReport:
     @property
     def context_note(self) -> str:
         """For a program with a KV cache: how many of its positions attention was costed as reading."""
+        held = f"; it holds {self.cache_bytes:,} bytes ({self.cache_dtypes})" if self.cache_bytes is not None else ""
         if self.context is None:
-            return f"KV cache: attention reads all {self.cache_length} positions (the whole cache: the slowest run)"
-        return f"KV cache: attention reads the {self.context} live positions of {self.cache_length} (the context)"
+            return (f"KV cache: attention reads all {self.cache_length} positions (the whole cache: the slowest "
+                    f"run){held}")
+        return f"KV cache: attention reads the {self.context} live positions of {self.cache_length} (the context){held}"
 
     def to_csv_rows(self) -> list[dict[str, Any]]:
         """One dict per NPU dispatch with the ``CSV_COLUMNS`` (for ``csv.DictWriter``)."""

@@ -14,6 +14,8 @@ CACHE_AXES: dict[str, tuple[tuple[str, int, int], ...]] = {
     "ATTENTION": (("in", 1, -2), ("in", 2, -2), ("in", 3, -1)),  # k and v rows, the mask's columns
     "ATTN_SCORE": (("in", 1, -2), ("in", 2, -1), ("out", 0, -1)),  # k rows, the mask's and the scores' columns
     "ATTN_OUTPUT": (("in", 0, -1), ("in", 1, -2)),  # the scores' columns, v rows
+    # a quantized cache (npu_compiler.kvcache): k and v codes' rows, their scales, the mask's columns
+    "KVQ_ATTENTION": (("in", 1, -2), ("in", 2, -1), ("in", 3, -2), ("in", 4, -1), ("in", 5, -1)),
 }
 
 

@@ -31,6 +31,11 @@ class LMCost:
         return self.chunk / (self.prefill.latency_ms / 1e3) if self.prefill.latency_ms else 0.0
 
     @property
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache's bytes as the programs hold it (int8 codes and float32 scales when quantized)."""
+        return self.decode.cache_bytes
+
+    @property
     def decode_tokens_per_s(self) -> float:
         return 1e3 / self.decode.latency_ms if self.decode.latency_ms else 0.0
 
@@ -40,6 +45,8 @@ class LMCost:
             f"({self.prefill_tokens_per_s:,.1f} tokens/s)",
             f"decode: {self.decode.latency_ms:.3f} ms/token ({self.decode_tokens_per_s:,.1f} tokens/s)"
             + (f" at context {self.context}" if self.context else ""),
+            *([f"KV cache: {self.kv_cache_bytes:,} bytes ({self.decode.cache_dtypes})"]
+              if self.kv_cache_bytes is not None else []),
             "", "== prefill ==", self.prefill.summary(top=top), "", "== decode ==", self.decode.summary(top=top)])
 
 

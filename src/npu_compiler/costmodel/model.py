@@ -90,7 +90,7 @@ results (``DispatchCost``, ``CostReport``).
 
 from __future__ import annotations
 
-from npu_program.program import CompiledProgram, Dispatch, TensorSpec
+from npu_program.program import CompiledProgram, Dispatch, TensorSpec, dtype_size
 
 from .array import ArrayRun, gemm_on_array
 from .costs import CSV_COLUMNS, CostModelError, CostReport, DispatchCost, HostDispatch, LayerCost, plain_line
@@ -129,6 +129,9 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
     keys = program.weight_keys
     bits = Bits(override, how, frozenset(weights) | frozenset(program.constants))
     report = CostReport(hw, program.model_name, [], cache_length=length, context=context, precision=precision)
+    if length is not None:  # the cache's bytes as held (a quantized cache: int8 codes and float32 scales)
+        report.cache_bytes = program.state_bytes
+        report.cache_dtypes = " + ".join(sorted({s.dtype for s in program.state_specs}, key=_by_width))
     for index, d in enumerate(program.dispatches):
         if d.host is not None:
             report.host.append(HostDispatch(index, d.node, d.kernel, d.host))
@@ -140,6 +143,10 @@ def cost_program(program: CompiledProgram, hw: Hardware, dtype: str | None = Non
         row = _cost_dispatch(index, d, ins, outs, hw, bits, weights, _layer(d, weights, keys))
         (report.bind if d.at_bind else report.rows).append(row)
     return report
+
+
+def _by_width(dtype: str) -> tuple[int, str]:
+    return dtype_size(dtype), dtype
 
 
 def resolve_dtype(dtype: str | None) -> str | None:

@@ -449,7 +449,8 @@ class Reference:
 # --------------------------------------------------------------------------------------------- choice
 
 #: The modules whose classes the kernel table may name as CPU implementations (``impls["cpu"]``).
-KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer", "npu_runtime.backends.cpu_blocks")
+KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer", "npu_runtime.backends.cpu_blocks",
+                  "npu_runtime.backends.cpu_kvcache")
 
 
 

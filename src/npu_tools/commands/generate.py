@@ -2,6 +2,7 @@
 
     torch-ir generate ./Qwen2.5-0.5B --prompt "The capital of France is" --max-new-tokens 32
     torch-ir generate qwen2 --prompt-ids 5,17,42 --max-new-tokens 16 --dtype bfloat16
+    torch-ir generate qwen2 --prompt-ids 5,17,42 --max-new-tokens 16 --kv-bits 8     # an int8 KV cache
 
 It builds the model on the meta device, extracts it with a static KV cache, compiles the prefill and
 decode programs (``npu_compiler.compile_lm``), reads the weights, and runs ``npu_runtime.Generator``:
@@ -39,10 +40,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--int8-activations", action="store_true",
                    help="a GGUF file's block-quantized layers round their input to int8 groups of 32 first, as "
                         "llama.cpp does: faster Q4_0/Q4_K kernels, results within that rounding (CPU backend)")
+    p.add_argument("--kv-bits", type=_kv_bits, default=None, metavar="BITS",
+                   help="hold the KV cache quantized: 8 = int8 codes with one float32 scale per head and position "
+                        "(default: the model's float dtype)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     options.seed(p, default=None)  # the sampling's (none: a fresh draw each run)
     p.set_defaults(func=cmd_generate)
+
+
+def _kv_bits(text: str) -> int:
+    """``--kv-bits``: one of ``npu_compiler.kvcache.KV_BITS`` (the one list of the widths a cache is held at)."""
+    from npu_compiler.kvcache import KV_BITS
+
+    widths = ", ".join(map(str, KV_BITS))
+    if not text.strip().isdigit() or int(text) not in KV_BITS:
+        raise argparse.ArgumentTypeError(f"{text!r}: the KV cache is quantized to {widths} bits only (int8 codes, a "
+                                         "float32 scale per head and position); leave --kv-bits out for the float "
+                                         "cache")
+    return int(text)
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -90,7 +106,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = Device(args.backend)  # before minutes of compiling: a backend that cannot start says so now
     lm = load_lm(args.source, dtype=args.dtype, max_cache_len=args.max_cache_len, chunk=args.chunk,
-                 target=device.backend.target, int8_activations=args.int8_activations, progress=_progress)
+                 target=device.backend.target, int8_activations=args.int8_activations, progress=_progress,
+                 kv_bits=args.kv_bits)
     if args.prompt is not None:
         prompt = lm.tokenizer.encode(args.prompt)
     else:
