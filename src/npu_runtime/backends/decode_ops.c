@@ -45,10 +45,11 @@ ALWAYS void st(void *p, const int dt, int64_t i, float v) {
 /* v rounded to the tensor's dtype, as a PyTorch op of that dtype rounds each result */
 ALWAYS float rnd(const int dt, float v) { return dt == DT_F32 ? v : bf16_to_f32(f32_to_bf16(v)); }
 
-ALWAYS float lanes_sum(float *acc) {  /* a tree, halving: four vector adds rather than 15 dependent ones */
-    for (int w = GL / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
+ALWAYS float lanes_sum(const float *acc) {  /* a tree, halving: 4 levels rather than 15 dependent adds */
+    float h8[8], h4[4];
+    for (int l = 0; l < 8; l++) h8[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) h4[l] = h8[l] + h8[l + 4];
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 ALWAYS float dot(const float *a, const float *b, int64_t n) {
     float acc[GL] = {0};
