@@ -3,10 +3,11 @@
     python bench/llm/decode_ops.py [--dtype float32|bfloat16] [--position 128] [--rounds 3]
 
 A Qwen2.5-0.5B-shaped model (seeded random weights) is saved as a checkpoint in a temporary folder, loaded with
-``npu_tools.lm_source.load_lm`` and run by a ``Generator`` up to ``--position``; then the decode program is
-profiled there (``Executor.profile``), alternating the native decode kernels (``cpu_decode_ops``) off and on
-``--rounds`` times, and the medians are printed: ms by kernel kind, the non-GEMV share, the runtime's own time
-per dispatch. Timings of a shared machine: compare only the two columns of one run.
+``npu_tools.lm_source.load_lm`` and run by a ``Generator`` up to ``--position``. There the decode program is
+profiled (``Executor.profile``, at ``--threads`` or torch's count) and its steps timed as ``Generator`` runs them
+(``Executor.run``, which picks one thread or all per run), with the native decode kernels (``cpu_decode_ops``)
+off and on, alternating, ``--rounds`` times; the medians are printed: ms by kernel kind, the non-GEMV share, the
+runtime's own time per dispatch. Timings of a shared machine: compare only the two columns of one run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 GEMV_KINDS = ("GEMM", "QKV_PROJ", "GATE_UP")
+STEPS = 15
 
 
 def save_model(folder: Path, dtype: torch.dtype) -> None:
@@ -38,10 +40,12 @@ def profile_once(generator, position: int, native: bool) -> dict:
 
     cpu_decode_ops.set_native_enabled(native)
     inputs = {"input_ids": np.array([[7]]), "cache_position": np.array([position])}
-    t0 = time.perf_counter()
-    for _ in range(8):
+    steps = []
+    for _ in range(STEPS):  # decode steps as Generator runs them (its thread choice included)
+        t0 = time.perf_counter()
         generator.decode_exec.run(inputs)
-    step_ms = (time.perf_counter() - t0) / 8 * 1e3
+        steps.append((time.perf_counter() - t0) * 1e3)
+    step_ms = statistics.median(steps)
     prof = generator.decode_exec.profile(inputs, runs=10, warmup=None)
     kinds = {k: us / 1e3 for k, _, us, _ in prof.by_kernel()}
     gemv = sum(v for k, v in kinds.items() if k.split()[0] in GEMV_KINDS)
@@ -88,7 +92,8 @@ def main() -> None:
     for label, f in (("kernels", lambda r: r["kernel_ms"]), ("GEMV kinds", lambda r: r["gemv_ms"]),
                      ("non-GEMV kernels", lambda r: r["kernel_ms"] - r["gemv_ms"]),
                      ("runtime's own (timed runs)", lambda r: r["own_ms"]),
-                     ("run (profile median)", lambda r: r["run_ms"]), ("executor.run ms/step", lambda r: r["step_ms"])):
+                     ("run (profile median)", lambda r: r["run_ms"]),
+                     ("decode step ms (Executor.run)", lambda r: r["step_ms"])):
         print(f"{label:<30} {med(results[False], f):>9.3f} {med(results[True], f):>9.3f}")
     for native in (False, True):
         rows = results[native]

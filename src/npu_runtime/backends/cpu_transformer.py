@@ -66,7 +66,9 @@ class RmsNorm:
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         self.eps = float(dispatch.params.get("eps", 1e-6))
         x = specs[dispatch.inputs[0]]
-        self.native = x.dtype in NATIVE_DTYPES and math.prod(x.shape[:-1]) == 1  # one row: a decode step
+        weight = [specs[n].shape for n in dispatch.inputs[1:2] if n in specs]
+        self.native = x.dtype in NATIVE_DTYPES and len(x.shape) > 0 and math.prod(x.shape[:-1]) == 1 and \
+            weight in ([], [[x.shape[-1]]])  # one row (a decode step), a weight of the row's length if any
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
@@ -96,10 +98,11 @@ class Rope:
             all(specs[n].shape[-1] % 2 == 0 for n in dispatch.outputs)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        q, cos = specs[dispatch.inputs[0]], specs[dispatch.inputs[-2]]
+        shapes = [specs[n].shape for n in [*dispatch.inputs, *dispatch.outputs]]
         # ROPE_QK of one token: q, k and one row of cos and sin (ROPE, of one tensor, keeps the torch code)
-        self.native = len(dispatch.inputs) == 4 and q.dtype in NATIVE_DTYPES and len(q.shape) >= 2 and \
-            _one_token(q.shape, -2) and math.prod(cos.shape) == q.shape[-1]
+        self.native = len(shapes) == 6 and specs[dispatch.inputs[0]].dtype in NATIVE_DTYPES and \
+            all(len(x) >= 2 for x in shapes[:2]) and _one_token(shapes[0], -2) and shapes[0][-1] == shapes[1][-1] \
+            and math.prod(shapes[2]) == math.prod(shapes[3]) == shapes[0][-1] and shapes[4:] == shapes[:2]
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
@@ -146,9 +149,10 @@ class Attention:
         mask = specs[dispatch.inputs[3]].shape if len(dispatch.inputs) > 3 else [s]
         # one query token, no causal mask (a decode step: its mask is an input), a mask of the cache's positions
         # broadcast over heads or per head; the working memory of the C kernel allocated once
-        self.native = t == 1 and not self.causal and specs[dispatch.inputs[0]].dtype in NATIVE_DTYPES and \
-            1 <= len(mask) <= 4 and int(mask[-1]) == s and h // hkv <= cpu_decode_ops.MAX_GROUP
         d = specs[dispatch.inputs[0]].shape[-1]
+        self.native = t == 1 and not self.causal and specs[dispatch.inputs[0]].dtype in NATIVE_DTYPES and \
+            1 <= len(mask) <= 4 and int(mask[-1]) == s and h // hkv <= cpu_decode_ops.MAX_GROUP and \
+            all(specs[n].shape == [b, hkv, s, d] for n in dispatch.inputs[1:3])
         self.scratch = cpu_decode_ops.attention_scratch(int(h), int(hkv), int(s), int(d)) if self.native else None
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
