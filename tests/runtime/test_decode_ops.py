@@ -249,6 +249,24 @@ def test_checks_before_the_pointers(library):
                      torch.empty(1, 2, 1, 16))
 
 
+def test_held_tensors_are_checked_when_first_seen_and_when_they_change(library):
+    held = (dops.Held(), dops.Held(), dops.Held())
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    out = torch.empty(1, 1, 64)
+    with pytest.raises(ValueError, match="contiguous"):
+        dops.attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, out, 1.0, held=held)
+    assert dops.attention(q, k, v, None, out, 1.0, dops.attention_scratch(4, 2, 8, 16), held=held)
+    with pytest.raises(ValueError, match="v has shape"):  # another cache length: v is checked again
+        dops.attention(q, torch.randn(1, 2, 9, 16), v, None, out, 1.0, held=held)
+    with pytest.raises(ValueError, match="scratch holds"):  # another scratch: checked again
+        dops.attention(q, k, v, None, out, 1.0, torch.empty(3), held=held)
+    weight_held = dops.Held()
+    x, y = torch.randn(1, 1, 16), torch.empty(1, 1, 16)
+    assert dops.rms_norm(x, torch.ones(16), y, 1e-6, weight_held)
+    with pytest.raises(TypeError, match="float32/bfloat16"):
+        dops.rms_norm(x, torch.ones(16, dtype=torch.float64), y, 1e-6, weight_held)
+
+
 # ------------------------------------------------------------------------------------------ the fallback
 
 

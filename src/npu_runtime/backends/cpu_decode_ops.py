@@ -135,6 +135,33 @@ def _shape(t: Tensor, op: str, what: str, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{op}: {what} has shape {tuple(t.shape)}, expected {shape}")
 
 
+class Held:
+    """A tensor a kernel passes again on every call (a weight, the KV cache, its working memory): checked the first
+    time, then trusted while the same object comes back for the same shape, as :class:`.cpu_gemv.Gemv` trusts its
+    weight after one check. Resizing its storage in place meanwhile is not supported. Why: after the GEMVs have
+    streamed the weights through the caches, each tensor accessor a check calls costs ~5-10 µs (measured), as
+    much as the op's arithmetic; activations are still checked on every call."""
+
+    __slots__ = ("arg", "shape", "tensor")
+
+    def __init__(self) -> None:
+        self.tensor: Tensor | None = None
+        self.shape: tuple[int, ...] | None = None
+        self.arg = (0, 0, 0)
+
+
+def _held_arg(held: Held | None, t: Tensor, op: str, what: str, shape: tuple[int, ...],
+              dtypes: dict[torch.dtype, int]) -> tuple[int, int, int]:
+    """:func:`_arg` and the shape check of ``t``, unless ``held`` saw this tensor for this shape before."""
+    if held is not None and t is held.tensor and shape == held.shape:
+        return held.arg
+    _shape(t, op, what, shape)
+    arg = _arg(t, op, what, dtypes)
+    if held is not None:
+        held.tensor, held.shape, held.arg = t, shape, arg
+    return arg
+
+
 def _disjoint(op: str, out: tuple[int, int, int], out_name: str, others: dict[str, tuple[int, int, int]],
               same_ok: str | None = None) -> None:
     """Refuse an output that overlaps an input (the kernel would read what it already wrote), except the input
@@ -149,10 +176,10 @@ def _disjoint(op: str, out: tuple[int, int, int], out_name: str, others: dict[st
 # ---------------------------------------------------------------------------------------------- ops
 
 
-def rms_norm(x: Tensor, weight: Tensor | None, out: Tensor, eps: float) -> bool:
+def rms_norm(x: Tensor, weight: Tensor | None, out: Tensor, eps: float, held: Held | None = None) -> bool:
     """``out = rnd(x · 1/sqrt(mean(x², -1) + eps)) · weight`` (``rnd``: rounded to x's dtype; without weight, not
-    rounded twice); x, weight ``[n]`` and out of one dtype, out x's shape or x itself. False: not run (see the
-    module's docstring)."""
+    rounded twice); x, weight ``[n]`` and out of one dtype, out x's shape or x itself; ``held`` keeps the weight's
+    check (:class:`Held`). False: not run (see the module's docstring)."""
     found = _library()
     if found is None:
         return False
@@ -164,8 +191,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, out: Tensor, eps: float) -> bool:
     args = {"x": (xp, dt, xn)}
     wp = 0
     if weight is not None:
-        _shape(weight, op, "weight", (n,))
-        args["weight"] = w = _arg(weight, op, "weight", DTYPE_CODES)
+        args["weight"] = w = _held_arg(held, weight, op, "weight", (n,), DTYPE_CODES)
         wp = w[0]
     if any(code != dt for _, code, _ in (yp, *args.values())):
         raise TypeError(f"{op}: x, weight and out must have one dtype")
@@ -225,12 +251,12 @@ def _mask_arg(mask: Tensor | None, op: str, b: int, h: int, s: int) -> tuple[tup
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
-              scratch: Tensor | None = None) -> bool:
+              scratch: Tensor | None = None, held: tuple[Held, Held, Held] | None = None) -> bool:
     """``out = softmax(q·kᵀ·scale + mask)·v`` for one query token: q ``[B, H, 1, D]``, the cache k and v
     ``[B, Hkv, S, D]`` (H a multiple of Hkv: grouped-query heads), mask None, bool (False hides a position) or
     additive fp32/bf16, broadcasting to ``[B, H, 1, S]``; out ``[B, 1, H·D]`` (heads merged) or ``[B, H, 1, D]``
     (the same memory for one token). q, k, v and out of one dtype; ``scratch`` from :func:`attention_scratch`
-    (allocated here when None). False: not run."""
+    (allocated here when None); ``held`` keeps the checks of k, v and scratch (:class:`Held`). False: not run."""
     found = _library()
     if found is None:
         return False
@@ -239,22 +265,28 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor,
         raise ValueError(f"{op}: q must be [B, H, 1, D] and k [B, Hkv, S, D], got {tuple(q.shape)}, {tuple(k.shape)}")
     b, h, _, d = (int(n) for n in q.shape)
     hkv, s = int(k.shape[1]), int(k.shape[2])
-    if hkv < 1 or h % hkv or h // hkv > MAX_GROUP or tuple(k.shape) != (b, hkv, s, d) or s >= 2**31:
+    if hkv < 1 or h % hkv or h // hkv > MAX_GROUP or s >= 2**31:
         raise ValueError(f"{op}: k {tuple(k.shape)} does not fit q {tuple(q.shape)} (heads a multiple of its heads, "
                          f"at most {MAX_GROUP} per key head; under 2³¹ positions)")
-    _shape(v, op, "v", (b, hkv, s, d))
     if tuple(out.shape) not in ((b, 1, h * d), (b, h, 1, d)):
         raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {(b, 1, h * d)} or {(b, h, 1, d)}")
-    ins = {name: _arg(t, op, name, DTYPE_CODES) for name, t in (("q", q), ("k", k), ("v", v))}
+    kv_held, scratch_held = (held[:2], held[2]) if held is not None else ((None, None), None)
+    ins = {"q": _arg(q, op, "q", DTYPE_CODES), "k": _held_arg(kv_held[0], k, op, "k", (b, hkv, s, d), DTYPE_CODES),
+           "v": _held_arg(kv_held[1], v, op, "v", (b, hkv, s, d), DTYPE_CODES)}
     yp = _arg(out, op, "out", DTYPE_CODES)
     dt = ins["q"][1]
     if any(code != dt for _, code, _ in (yp, *ins.values())):
         raise TypeError(f"{op}: q, k, v and out must have one dtype")
     (mp, kind, mn), msb, msh = _mask_arg(mask, op, b, h, s)
     scratch = attention_scratch(h, hkv, s, d) if scratch is None else scratch
-    sp = _arg(scratch, op, "scratch", {torch.float32: 0})
-    if scratch.numel() < (h // hkv) * (s + 2 * d) + d + s:
-        raise ValueError(f"{op}: scratch holds {scratch.numel()} floats, needs {(h // hkv) * (s + 2 * d) + d + s}")
+    need = (h // hkv) * (s + 2 * d) + d + s
+    if scratch_held is None or scratch is not scratch_held.tensor or scratch_held.shape != (need,):
+        if scratch.numel() < need:
+            raise ValueError(f"{op}: scratch holds {scratch.numel()} floats, needs {need}")
+        scratch_held = scratch_held or Held()
+        scratch_held.tensor, scratch_held.shape = scratch, (need,)
+        scratch_held.arg = _arg(scratch, op, "scratch", {torch.float32: 0})
+    sp = scratch_held.arg
     ins["mask"] = (mp, kind, mn)
     _disjoint(op, yp, "out", {**ins, "scratch": sp})
     _disjoint(op, sp, "scratch", ins)
@@ -264,5 +296,5 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor,
     return True
 
 
-__all__ = ["DTYPE_CODES", "MASK_CODES", "MAX_GROUP", "SOURCE_NAME", "attention", "attention_scratch",
+__all__ = ["DTYPE_CODES", "MASK_CODES", "MAX_GROUP", "SOURCE_NAME", "Held", "attention", "attention_scratch",
            "native_status", "rms_norm", "rope_qk", "set_isa", "set_native_enabled"]

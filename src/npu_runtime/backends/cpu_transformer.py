@@ -69,13 +69,15 @@ class RmsNorm:
         weight = [specs[n].shape for n in dispatch.inputs[1:2] if n in specs]
         self.native = x.dtype in NATIVE_DTYPES and len(x.shape) > 0 and math.prod(x.shape[:-1]) == 1 and \
             weight in ([], [[x.shape[-1]]])  # one row (a decode step), a weight of the row's length if any
+        self.held = cpu_decode_ops.Held()  # the weight, checked once
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x, out = inputs[0], outputs[0]
-        if self.native and cpu_decode_ops.rms_norm(x, inputs[1] if len(inputs) > 1 else None, out, self.eps):
+        if self.native and cpu_decode_ops.rms_norm(x, inputs[1] if len(inputs) > 1 else None, out, self.eps,
+                                                   self.held):
             return
         xf = x.float()  # x itself for float32, else a float32 copy that may be scaled in place
         scale = xf.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
@@ -154,13 +156,14 @@ class Attention:
             1 <= len(mask) <= 4 and int(mask[-1]) == s and h // hkv <= cpu_decode_ops.MAX_GROUP and \
             all(specs[n].shape == [b, hkv, s, d] for n in dispatch.inputs[1:3])
         self.scratch = cpu_decode_ops.attention_scratch(int(h), int(hkv), int(s), int(d)) if self.native else None
+        self.held = (cpu_decode_ops.Held(), cpu_decode_ops.Held(), cpu_decode_ops.Held())  # k, v (state), scratch
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         if self.native and cpu_decode_ops.attention(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3
-                                                    else None, outputs[0], self.scale, self.scratch):
+                                                    else None, outputs[0], self.scale, self.scratch, self.held):
             return
         (b, h, t, hkv, s), g = self.dims, self.dims[1] // self.dims[3]
         q, k, v = (x.float() for x in inputs[:3])  # scores and softmax in float32 (no copy for float32)
