@@ -215,10 +215,15 @@ ALWAYS void attn_body(const AttnArgs *a, const int dt) {
     static void NAME##_c(const ARGS *a) { if (a->dt == DT_F32) NAME##_body(a, DT_F32); else NAME##_body(a, DT_BF16); } \
     X86_VARIANTS(NAME, ARGS)
 #ifdef DOPS_X86
+#if defined(__clang__)  /* clang takes no vector-width preference in a target attribute */
+#define AVX512_TARGET "avx512f,avx512bw,avx512vl,avx2,fma"
+#else                   /* gcc would otherwise keep to 256-bit vectors for AVX-512 code */
+#define AVX512_TARGET "avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512"
+#endif
 #define X86_VARIANTS(NAME, ARGS)                                                                                \
     __attribute__((target("avx2,fma"))) static void NAME##_avx2(const ARGS *a) {                               \
         if (a->dt == DT_F32) NAME##_body(a, DT_F32); else NAME##_body(a, DT_BF16); }                            \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))                      \
+    __attribute__((target(AVX512_TARGET)))                                                                    \
     static void NAME##_avx512(const ARGS *a) { if (a->dt == DT_F32) NAME##_body(a, DT_F32); else NAME##_body(a, DT_BF16); }
 #define DISPATCH(NAME, a)                                                                                       \
     do { if ((a)->isa == ISA_AVX512) NAME##_avx512(a); else if ((a)->isa == ISA_AVX2) NAME##_avx2(a); else NAME##_c(a); } while (0)
