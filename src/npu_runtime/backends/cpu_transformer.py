@@ -154,6 +154,7 @@ class Attention:
         d = specs[dispatch.inputs[0]].shape[-1]
         self.native = t == 1 and not self.causal and specs[dispatch.inputs[0]].dtype in NATIVE_DTYPES and \
             1 <= len(mask) <= 4 and int(mask[-1]) == s and h // hkv <= cpu_decode_ops.MAX_GROUP and \
+            all(m in (1, n) for m, n in zip(reversed(mask[:-1]), (1, h, b))) and \
             all(specs[n].shape == [b, hkv, s, d] for n in dispatch.inputs[1:3])
         self.scratch = cpu_decode_ops.attention_scratch(int(h), int(hkv), int(s), int(d)) if self.native else None
         self.held = (cpu_decode_ops.Held(), cpu_decode_ops.Held(), cpu_decode_ops.Held())  # k, v (state), scratch
