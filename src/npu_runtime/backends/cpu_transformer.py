@@ -1,17 +1,31 @@
 """CPU kernels of the transformer NPU ops: ``RMS_NORM``, ``ROPE``/``ROPE_QK``, ``ATTENTION`` over a KV cache, and
 ``KV_UPDATE``, the cache written in place. The same ``prepare``/``run`` pairs as :mod:`.cpu_kernels`, whose
 ``make_kernel`` picks them by the kernel table's ``impls["cpu"]``.
+
+For one token (a decode step) ``RMS_NORM``, ``ROPE_QK`` and ``ATTENTION`` run as one C call each
+(:mod:`.cpu_decode_ops`) where it can be had; several tokens (prefill), other dtypes, and every case when the
+C kernels are off or cannot be built run the PyTorch code below.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from npu_program.program import Dispatch, TensorSpec
 
+from . import cpu_decode_ops
 from .cpu_kernels import LINEAR_DTYPES, linear_dtypes_ok
 
 Tensor = torch.Tensor
+#: the dtypes of the native decode kernels (their ``DTYPE_CODES``), by the program's dtype names
+NATIVE_DTYPES = ("float32", "bfloat16")
+
+
+def _one_token(shape: list[int], token_dim: int) -> bool:
+    """Whether a tensor of ``shape`` holds one token (the decode shape the native kernels are for)."""
+    return len(shape) >= -token_dim and int(shape[token_dim]) == 1
 
 
 class KvUpdate:
@@ -51,12 +65,20 @@ class RmsNorm:
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         self.eps = float(dispatch.params.get("eps", 1e-6))
+        x = specs[dispatch.inputs[0]]
+        weight = [specs[n].shape for n in dispatch.inputs[1:2] if n in specs]
+        self.native = x.dtype in NATIVE_DTYPES and len(x.shape) > 0 and math.prod(x.shape[:-1]) == 1 and \
+            weight in ([], [[x.shape[-1]]])  # one row (a decode step), a weight of the row's length if any
+        self.held = cpu_decode_ops.Held()  # the weight, checked once
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         x, out = inputs[0], outputs[0]
+        if self.native and cpu_decode_ops.rms_norm(x, inputs[1] if len(inputs) > 1 else None, out, self.eps,
+                                                   self.held):
+            return
         xf = x.float()  # x itself for float32, else a float32 copy that may be scaled in place
         scale = xf.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
         if xf is x:
@@ -78,13 +100,19 @@ class Rope:
             all(specs[n].shape[-1] % 2 == 0 for n in dispatch.outputs)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        pass
+        shapes = [specs[n].shape for n in [*dispatch.inputs, *dispatch.outputs]]
+        # ROPE_QK of one token: q, k and one row of cos and sin (ROPE, of one tensor, keeps the torch code)
+        self.native = len(shapes) == 6 and specs[dispatch.inputs[0]].dtype in NATIVE_DTYPES and \
+            all(len(x) >= 2 for x in shapes[:2]) and _one_token(shapes[0], -2) and shapes[0][-1] == shapes[1][-1] \
+            and math.prod(shapes[2]) == math.prod(shapes[3]) == shapes[0][-1] and shapes[4:] == shapes[:2]
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         cos, sin = inputs[-2], inputs[-1]
+        if self.native and cpu_decode_ops.rope_qk(inputs[0], inputs[1], cos, sin, outputs[0], outputs[1]):
+            return
         half = cos.shape[-1] // 2
         for x, out in zip(inputs[:-2], outputs):
             torch.mul(x, cos, out=out)
@@ -120,11 +148,24 @@ class Attention:
         hkv, s = specs[dispatch.inputs[1]].shape[1:3]
         self.dims = (int(b), int(h), int(t), int(hkv), int(s))
         self.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if self.causal else None
+        mask = specs[dispatch.inputs[3]].shape if len(dispatch.inputs) > 3 else [s]
+        # one query token, no causal mask (a decode step: its mask is an input), a mask of the cache's positions
+        # broadcast over heads or per head; the working memory of the C kernel allocated once
+        d = specs[dispatch.inputs[0]].shape[-1]
+        self.native = t == 1 and not self.causal and specs[dispatch.inputs[0]].dtype in NATIVE_DTYPES and \
+            1 <= len(mask) <= 4 and int(mask[-1]) == s and h // hkv <= cpu_decode_ops.MAX_GROUP and \
+            all(m in (1, n) for m, n in zip(reversed(mask[:-1]), (1, h, b))) and \
+            all(specs[n].shape == [b, hkv, s, d] for n in dispatch.inputs[1:3])
+        self.scratch = cpu_decode_ops.attention_scratch(int(h), int(hkv), int(s), int(d)) if self.native else None
+        self.held = (cpu_decode_ops.Held(), cpu_decode_ops.Held(), cpu_decode_ops.Held())  # k, v (state), scratch
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        if self.native and cpu_decode_ops.attention(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3
+                                                    else None, outputs[0], self.scale, self.scratch, self.held):
+            return
         (b, h, t, hkv, s), g = self.dims, self.dims[1] // self.dims[3]
         q, k, v = (x.float() for x in inputs[:3])  # scores and softmax in float32 (no copy for float32)
         scores = torch.matmul(q.reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2)).view(b, h, t, s)
