@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -86,6 +87,17 @@ INT8_QTYPES = ("q4_0", "q4_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations
 _ARGS = struct.Struct("<11q")
+#: ``qdeq_rows_packed``'s (``gemv_q_deq.c``): w type K n0 n1 out threads isa
+_DEQ_ARGS = struct.Struct("<8q")
+
+#: rows of x from which a float-x call multiplies tile by tile (:meth:`QGemv.__call__`); below, the GEMV. The
+#: GEMV decodes every weight once per 8 rows of x and is compute-bound from ~16 rows; a tile costs one decode of
+#: its weights whatever M, then torch.mm's blocked GEMM (bench/gemv/qprefill.py measures the crossover)
+PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
+#: rows of W per tile of the prefill path: torch.mm's GEMM (MKL, oneDNN, OpenBLAS) is efficient from ~64 columns
+#: of output, and per tile there are fixed costs (a ctypes call, the GEMM packing x anew: M·K of M·K·rows)
+TILE_ROWS = 128
+_scratch = threading.local()
 
 _kernel = cpu_gemv_build.NativeKernel(
     "quantized GEMV", cpu_gemv_build.load_q, lambda library: _ISA_NAMES[min(library.isa, _isa_cap())],
@@ -193,6 +205,49 @@ def torch_qgemv_int8(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: 
     return torch_qgemv(quantize_x(x), weight, qtype, bias, out)
 
 
+# ------------------------------------------------------------------------------------- rows to fp32
+
+
+def _tile_buffer(values: int) -> Tensor:
+    """This thread's scratch for prefill tiles, grown to ``values`` fp32 (one per thread: the prefill of any layer
+    reuses it, rather than each layer holding a tile of its own)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < values:
+        buf = _scratch.buf = torch.empty(values, dtype=torch.float32)
+    return buf
+
+
+def dequantize_rows(weight: Tensor, qtype: str | int | QType, n0: int = 0, n1: int | None = None,
+                    out: Tensor | None = None, threads: int | None = None, isa: str | None = None) -> Tensor:
+    """Rows ``[n0, n1)`` of ``weight`` (``uint8 [N, K / block · bytes]``) as fp32 ``[n1 - n0, K]``, bit-exact with
+    :func:`dequantize` (ggml's values), by the native kernel (``gemv_q_deq.c``: AVX-512, AVX2 or C; ``threads``
+    of torch's pool, all by default), or torch when it cannot be had. ``0 <= n0 <= n1 <= N``."""
+    q = qtype_of(qtype)
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] % q.nbytes:
+        raise ValueError(f"qgemv: weight must be a 2-D uint8 tensor of whole {q.name} blocks ({q.nbytes} bytes)")
+    n, k = int(weight.shape[0]), int(weight.shape[1]) // q.nbytes * q.block
+    n1 = n if n1 is None else n1
+    if not (isinstance(n0, int) and isinstance(n1, int) and 0 <= n0 <= n1 <= n):
+        raise ValueError(f"qgemv: rows [{n0}, {n1}) are not a range of the weight's {n} rows")
+    wp, _ = _arg(weight, "weight", torch.uint8, tuple(weight.shape))
+    if out is None:
+        out = torch.empty(n1 - n0, k, dtype=torch.float32)
+    yp, yn = _arg(out, "out", torch.float32, (n1 - n0, k))
+    if _overlap(yp, yn, wp, weight.nbytes):
+        raise ValueError("qgemv: out overlaps weight")
+    cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
+    if cap < 0:
+        raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
+    library = _kernel.for_call()
+    if library is None:
+        return out.copy_(dequantize(weight[n0:n1], q))
+    threads = max(1, torch.get_num_threads() if threads is None else threads)
+    status = library.lib.qdeq_rows_packed(_DEQ_ARGS.pack(wp, q.code, k, n0, n1, yp, threads, min(library.isa, cap)))
+    if status != 0:
+        raise RuntimeError(f"qgemv: the kernel refused type {q.name} (status {status})")
+    return out
+
+
 # ------------------------------------------------------------------------------------------- qgemv
 
 
@@ -246,6 +301,8 @@ class QGemv:
             if act:
                 return torch_qgemv_int8(x, self.weight, self.qtype, self.bias, out)
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
+        if self.tiled(m, activations):
+            return self._tiled(library, x, out, threads, min(library.isa, cap))
         policy = None
         if threads is None:
             policy = _policy if self._w[1] >= cpu_gemv.SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
@@ -262,6 +319,34 @@ class QGemv:
             raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
         return out
 
+    def tiled(self, m: int, activations: str = "float32") -> bool:
+        """Whether a call with ``m`` rows of x takes the prefill path (when the kernel is built): float x and at least
+        :data:`PREFILL_ROWS` rows. The int8 path keeps the GEMV: its integer dot products are its contract."""
+        return activations == "float32" and m >= PREFILL_ROWS
+
+    def _tiled(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int) -> Tensor:
+        """The prefill path: tile by tile, rows of W dequantized (exactly) into a scratch buffer kept in cache,
+        then ``x · tileᵀ (+ bias)`` by torch.mm into the tile's columns of ``out`` (no copy: a column slice of a
+        row-major ``out`` is a matrix with a leading dimension). An fp32 product of the exact weights, as the
+        GEMV's, summed in another order."""
+        rows = max(1, min(self.n, TILE_ROWS))
+        buf = _tile_buffer(rows * self.k)
+        yp, yn = out.data_ptr(), out.nbytes
+        if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):
+            raise ValueError("qgemv: out or x overlaps the prefill's scratch buffer")
+        threads = max(1, torch.get_num_threads() if threads is None else threads)
+        for n0 in range(0, self.n, rows):
+            n1 = min(self.n, n0 + rows)
+            tile = buf[:(n1 - n0) * self.k].view(n1 - n0, self.k)
+            status = library.lib.qdeq_rows_packed(_DEQ_ARGS.pack(self._w[0], self.qtype.code, self.k, n0, n1,
+                                                                 buf.data_ptr(), threads, isa))
+            if status != 0:
+                raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
+            if self.bias is None:
+                torch.mm(x, tile.t(), out=out[:, n0:n1])
+            else:
+                torch.addmm(self.bias[n0:n1], x, tile.t(), out=out[:, n0:n1])
+        return out
 
     def _activations(self, activations: str) -> int:
         if activations not in ACTIVATIONS:
@@ -278,5 +363,6 @@ def qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | No
     return QGemv(weight, qtype, bias)(x, out=out, activations=activations)
 
 
-__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "QTYPES", "QGemv", "QType", "dequantize", "native_available",
+__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "PREFILL_ROWS", "QTYPES", "QGemv", "QType", "dequantize",
+           "dequantize_rows", "native_available",
            "native_status", "qgemv", "qtype_of", "quantize_x", "set_native_enabled", "torch_qgemv", "torch_qgemv_int8"]
