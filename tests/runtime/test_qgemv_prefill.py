@@ -103,7 +103,7 @@ def test_tiled_product_within_fp32_bound(isa, tiles, qtype, m):
     bias = np.random.default_rng(m + 2).standard_normal(n).astype(np.float32)
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype, torch.from_numpy(bias))
     assert plan.tiled(m)
-    y = plan(torch.from_numpy(x), isa=isa)
+    y = plan(torch.from_numpy(x), isa=isa, path="tiled")
     check_close(y, *reference(raw, qtype, x, bias.astype(np.float64)), k)
 
 
@@ -119,21 +119,45 @@ def test_tiled_product_exact_where_the_arithmetic_is(qlib, tiles, qtype):
     want, scale = reference(raw, qtype, x)
     assert scale.max() < 2.0**22
     out = torch.full((m, n), float("nan"))
-    cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), out=out)
+    cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), out=out, path="tiled")
     np.testing.assert_array_equal(out.numpy().astype(np.float64), want)
 
 
 def test_which_calls_are_tiled(qlib):
-    """From PREFILL_ROWS rows of float x; int8 activations keep the GEMV (their contract is its integer sums)."""
+    """From PREFILL_ROWS rows of float x, whichever path measured faster (each call right either way); int8
+    activations keep the GEMV (their contract is its integer sums), even when the tiles are asked for."""
     raw = random_blocks("q4_0", 7, 512, seed=4)
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), "q4_0")
     m = cpu_qgemv.PREFILL_ROWS
     assert plan.tiled(m) and not plan.tiled(m - 1) and not plan.tiled(m, "int8")
     x = np.random.default_rng(5).standard_normal((m, 512)).astype(np.float32)
+    for _ in range(6):  # both paths explored by the policy
+        check_close(plan(torch.from_numpy(x)), *reference(raw, "q4_0", x), 512)
     want, bound = int8_contract(raw, "q4_0", x)
-    y = plan(torch.from_numpy(x), activations="int8")
     steps = 2 * (512 // 32) + 16
-    assert (np.abs(y.numpy() - want) <= steps * U / (1 - steps * U) * bound).all()
+    for path in (None, "tiled"):
+        y = plan(torch.from_numpy(x), activations="int8", path=path)
+        assert (np.abs(y.numpy() - want) <= steps * U / (1 - steps * U) * bound).all()
+    with pytest.raises(ValueError, match="path 'mm' is not one of gemv, tiled"):
+        plan(torch.from_numpy(x), path="mm")
+
+
+def test_the_path_policy_runs_the_faster_and_probes_the_other():
+    """Synthetic times (ns per row), not measured ones: two of each first, then the lower mean, the other again
+    once its probe interval has passed."""
+    policy, key = cpu_qgemv._PathPolicy(), ("q8_0", 896, 4864, 6, 2)
+    firsts = []
+    for _ in range(4):
+        firsts.append(policy.pick(key))
+        policy.record(key, firsts[-1], 1000.0 if firsts[-1] else 3000.0)
+    assert sorted(firsts) == [False, False, True, True]
+    assert policy.pick(key) is True and policy.pick(key) is True
+    policy.probed[key] -= policy.PROBE_NS
+    assert policy.pick(key) is False and policy.pick(key) is True
+    assert policy.interval[key] == 2 * policy.PROBE_NS
+    for _ in range(4):
+        policy.record(key, True, 9000.0)
+    assert policy.pick(key) is False
 
 
 def test_tiled_refuses_out_over_x(qlib, tiles):

@@ -46,9 +46,11 @@ must hold exactly ``N · K / block · block bytes`` bytes, and ``out`` may not o
 from __future__ import annotations
 
 import os
+import statistics
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -90,13 +92,17 @@ _ARGS = struct.Struct("<11q")
 #: ``qdeq_rows_packed``'s (``gemv_q_deq.c``): w type K n0 n1 out threads isa
 _DEQ_ARGS = struct.Struct("<8q")
 
-#: rows of x from which a float-x call multiplies tile by tile (:meth:`QGemv.__call__`); below, the GEMV. The
+#: rows of x from which a float-x call may multiply tile by tile (:meth:`QGemv.__call__`); below, the GEMV. The
 #: GEMV decodes every weight once per 8 rows of x and is compute-bound from ~16 rows; a tile costs one decode of
-#: its weights whatever M, then torch.mm's blocked GEMM (bench/gemv/qprefill.py measures the crossover)
+#: its weights whatever M, then torch.mm's blocked GEMM. One thread, bench/gemv/qprefill.py: the tiles are faster
+#: from 12-16 rows where K >= 1536, from ~32 where K = 896 (the GEMV's 8 rows of x then fit in L1); with two
+#: threads on a shared machine the GEMV often stays faster (it balances its chunks dynamically, torch.mm does not),
+#: so from here on :class:`_PathPolicy` times both per shape and runs the faster
 PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
-#: rows of W per tile of the prefill path: torch.mm's GEMM (MKL, oneDNN, OpenBLAS) is efficient from ~64 columns
-#: of output, and per tile there are fixed costs (a ctypes call, the GEMM packing x anew: M·K of M·K·rows)
-TILE_ROWS = 128
+#: rows of W per tile of the prefill path: torch.mm's GEMM is efficient from ~64 columns of output, and per tile
+#: there are fixed costs (a ctypes call, the GEMM packing x anew: M·K of M·K·rows); 256 measured a little faster
+#: than 128 (bench/gemv/qprefill.py), 32-64 clearly slower. The tile (K·1 KiB) is in L2 for K <= ~1536, else L3
+TILE_ROWS = 256
 _scratch = threading.local()
 
 _kernel = cpu_gemv_build.NativeKernel(
@@ -251,6 +257,41 @@ def dequantize_rows(weight: Tensor, qtype: str | int | QType, n0: int = 0, n1: i
 # ------------------------------------------------------------------------------------------- qgemv
 
 
+class _PathPolicy:
+    """GEMV or tiles, per shape class (layout, N, K, rows of x as a power of two, threads), by recent times per row
+    of x: two calls of each first, then the one with the lower mean, the other tried again after ``PROBE_NS``, then
+    twice as long after each try (up to ``MAX_PROBE_NS``), so that a neighbour's load changing sides is noticed
+    at a cost of a fraction of a percent (the same scheme as :class:`cpu_gemv._ThreadPolicy`)."""
+
+    SAMPLES = 4
+    PROBE_NS = 500_000_000
+    MAX_PROBE_NS = 8_000_000_000
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple, deque[float]] = {}  # (key, tiled) -> ns per row of x, latest
+        self.probed: dict[tuple, int] = {}
+        self.interval: dict[tuple, int] = {}
+
+    def pick(self, key: tuple) -> bool:
+        times = {c: self.samples.get((key, c), ()) for c in (True, False)}
+        for choice, seen in times.items():
+            if len(seen) < 2:
+                return choice
+        best = statistics.fmean(times[True]) <= statistics.fmean(times[False])
+        now = time.perf_counter_ns()
+        if now - self.probed.setdefault(key, now) >= self.interval.get(key, self.PROBE_NS):
+            self.probed[key] = now
+            self.interval[key] = min(2 * self.interval.get(key, self.PROBE_NS), self.MAX_PROBE_NS)
+            return not best
+        return best
+
+    def record(self, key: tuple, tiled: bool, ns_per_row: float) -> None:
+        self.samples.setdefault((key, tiled), deque(maxlen=self.SAMPLES)).append(ns_per_row)
+
+
+_paths = _PathPolicy()
+
+
 class QGemv:
     """``y = x · dequant(W)ᵀ (+ bias)`` for a packed weight checked once (decode: the same weight every token),
     then each call checks ``x`` and ``out``. ``weight``: ``uint8 [N, K / block · block bytes]``, contiguous;
@@ -271,11 +312,13 @@ class QGemv:
         self._b = _arg(bias, "bias", torch.float32, (n,)) if bias is not None else (0, 0)
 
     def __call__(self, x: Tensor, out: Tensor | None = None, threads: int | None = None,
-                 isa: str | None = None, activations: str = "float32") -> Tensor:
+                 isa: str | None = None, activations: str = "float32", path: str | None = None) -> Tensor:
         """``x`` fp32 ``[M, K]`` -> ``out`` fp32 ``[M, N]`` (new when None). ``threads``: one or all, whichever ran
         faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
         ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
-        weights) or ``"int8"`` (x quantized per group of 32, Q4_0 and Q4_K; see the module's docstring)."""
+        weights) or ``"int8"`` (x quantized per group of 32, Q4_0 and Q4_K; see the module's docstring).
+        ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced; None: the GEMV below
+        :data:`PREFILL_ROWS` rows, from there whichever :class:`_PathPolicy` measured faster for this shape."""
         act = self._activations(activations)
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError("qgemv: x must be a 2-D float32 tensor [M, K]")
@@ -301,14 +344,29 @@ class QGemv:
             if act:
                 return torch_qgemv_int8(x, self.weight, self.qtype, self.bias, out)
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
-        if self.tiled(m, activations):
+        if path not in (None, "gemv", "tiled"):
+            raise ValueError(f"qgemv: path {path!r} is not one of gemv, tiled")
+        tiled = self.tiled(m, activations) if path is None else path == "tiled" and not act
+        if tiled and path is None:
+            key = (self.qtype.code, self.n, self.k, m.bit_length(), torch.get_num_threads())
+            tiled, start = _paths.pick(key), time.perf_counter_ns()
+            if tiled:
+                self._tiled(library, x, out, threads, min(library.isa, cap))
+            else:
+                self._gemv(library, x, out, threads, min(library.isa, cap), act)
+            _paths.record(key, tiled, (time.perf_counter_ns() - start) / m)
+            return out
+        if tiled:
             return self._tiled(library, x, out, threads, min(library.isa, cap))
-        policy = None
+        return self._gemv(library, x, out, threads, min(library.isa, cap), act)
+
+    def _gemv(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int, act: int) -> Tensor:
+        m, policy = int(x.shape[0]), None
         if threads is None:
             policy = _policy if self._w[1] >= cpu_gemv.SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
             threads = policy.pick(self._w[1], torch.get_num_threads()) if policy is not None else 1
-        args = _ARGS.pack(m, self.n, self.k, xp, self._w[0], self.qtype.code, self._b[0], yp, max(1, threads),
-                          min(library.isa, cap), act)
+        args = _ARGS.pack(m, self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0], out.data_ptr(),
+                          max(1, threads), isa, act)
         start = time.perf_counter_ns()
         status = library.lib.qgemv_packed(args)
         if policy is not None:
@@ -320,8 +378,8 @@ class QGemv:
         return out
 
     def tiled(self, m: int, activations: str = "float32") -> bool:
-        """Whether a call with ``m`` rows of x takes the prefill path (when the kernel is built): float x and at least
-        :data:`PREFILL_ROWS` rows. The int8 path keeps the GEMV: its integer dot products are its contract."""
+        """Whether a call with ``m`` rows of x may take the prefill path (when the kernel is built): float x and at
+        least :data:`PREFILL_ROWS` rows. The int8 path keeps the GEMV: its integer dot products are its contract."""
         return activations == "float32" and m >= PREFILL_ROWS
 
     def _tiled(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int) -> Tensor:
