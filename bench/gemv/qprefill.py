@@ -57,13 +57,14 @@ def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int]) -> tuple[di
     floats = ring(wf.clone, wf.nbytes, pool)
 
     def tiled(g: cpu_qgemv.QGemv, tile: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        cpu_qgemv.TILE_ROWS = tile
+        cpu_qgemv.TILE_ROWS = tile or None
         g(x, out=y, path="tiled")
 
     calls = {"gemv": [lambda x, y, g=g: g(x, out=y, path="gemv") for g in gemvs]}
     for tile in tiles:
         calls[f"tiled {tile}"] = [lambda x, y, g=g, t=tile: tiled(g, t, x, y) for g in gemvs]
-    calls["default"] = [lambda x, y, g=g, t=tiles[0]: (setattr(cpu_qgemv, "TILE_ROWS", t), g(x, out=y)) for g in gemvs]
+    calls["default"] = [lambda x, y, g=g, t=tiles[0]: (setattr(cpu_qgemv, "TILE_ROWS", t or None), g(x, out=y))
+                        for g in gemvs]
     calls["mm fp32"] = [lambda x, y, f=f: torch.mm(x, f.t(), out=y) for f in floats]
     ref = wf.double()
     return calls, lambda x: x.double() @ ref.t()
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 128], help="rows of x (M)")
     parser.add_argument("--types", nargs="+", default=["q8_0", "q4_0", "q4_K"], choices=list(cpu_qgemv.QTYPES))
-    parser.add_argument("--tile-rows", type=int, nargs="+", default=[cpu_qgemv.TILE_ROWS],
-                        help="TILE_ROWS of the tiled path (several: one column each)")
+    parser.add_argument("--tile-rows", type=int, nargs="+", default=[0],
+                        help="TILE_ROWS of the tiled path (several: one column each; 0: by K, the default)")
     parser.add_argument("--reps", type=int, default=9, help="timed calls per method and case (median)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (the kernels use it)")
     parser.add_argument("--pool-mb", type=int, default=64, help="each method's ring of weight copies, MiB")

@@ -26,6 +26,14 @@ memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first 
   chosen per call by :class:`cpu_gemv._ThreadPolicy <npu_runtime.backends.cpu_gemv._ThreadPolicy>`
   (the same design and reasons as :mod:`.cpu_gemv`).
 
+Prefill (many rows of x, float x): the GEMV decodes every weight once per 8 rows of x, so from ~16 rows it is
+bound by that arithmetic. From :data:`PREFILL_ROWS` rows ``QGemv`` may instead go tile by tile: :data:`TILE_ROWS`
+rows of W dequantized by C (:func:`dequantize_rows`, ``gemv_q_deq.c``, bit-exact with ggml's values) into a scratch
+buffer reused by every call of the thread, then ``torch.mm`` into those columns of ``out``: still an fp32 product of
+the exactly dequantized weights, summed in torch.mm's order. Which path runs is measured per shape
+(:class:`_PathPolicy`: one thread favours the tiles, two threads on a loaded machine often the GEMV); ``path=``
+forces one (``bench/gemv/qprefill.py`` times them).
+
 ``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; Q4_0 and Q4_K only) is llama.cpp's dot product, faster
 than unpacking codes to fp32 but different numerics: ``x`` is quantized once per call, per group of 32, to
 ``q = round(x / dx)`` (fp32 division, ties to even), ``dx = max|x| / 127`` (fp32); each group's sum of codes
@@ -99,10 +107,12 @@ _DEQ_ARGS = struct.Struct("<8q")
 #: threads on a shared machine the GEMV often stays faster (it balances its chunks dynamically, torch.mm does not),
 #: so from here on :class:`_PathPolicy` times both per shape and runs the faster
 PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
-#: rows of W per tile of the prefill path: torch.mm's GEMM is efficient from ~64 columns of output, and per tile
-#: there are fixed costs (a ctypes call, the GEMM packing x anew: M·K of M·K·rows); 256 measured a little faster
-#: than 128 (bench/gemv/qprefill.py), 32-64 clearly slower. The tile (K·1 KiB) is in L2 for K <= ~1536, else L3
-TILE_ROWS = 256
+#: rows of W per tile of the prefill path (None: 256 while the fp32 tile is at most TILE_BYTES, else 128). torch.mm's
+#: GEMM is efficient from ~64 columns of output, and per tile there are fixed costs (a ctypes call, the GEMM packing
+#: x anew: M·K of M·K·rows). Measured (bench/gemv/qprefill.py, one thread): 256 rows best for K = 896, 128 for
+#: K = 4864 and 8960 (their 256-row tiles, 5-9 MiB, leave L2), 32-64 clearly slower
+TILE_ROWS: int | None = None
+TILE_BYTES = 3 << 19
 _scratch = threading.local()
 
 _kernel = cpu_gemv_build.NativeKernel(
@@ -387,7 +397,8 @@ class QGemv:
         then ``x · tileᵀ (+ bias)`` by torch.mm into the tile's columns of ``out`` (no copy: a column slice of a
         row-major ``out`` is a matrix with a leading dimension). An fp32 product of the exact weights, as the
         GEMV's, summed in another order."""
-        rows = max(1, min(self.n, TILE_ROWS))
+        rows = TILE_ROWS or (256 if 256 * 4 * self.k <= TILE_BYTES else 128)
+        rows = max(1, min(self.n, rows))
         buf = _tile_buffer(rows * self.k)
         yp, yn = out.data_ptr(), out.nbytes
         if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):
