@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 SOURCE_NAME = "gemv.c"
 #: the weight-only quantized (GGUF Q8_0 / Q4_0 / Q4_K / Q6_K blocks) GEMV kernel's source, loaded by :func:`load_q`
 Q_SOURCE_NAME = "gemv_q.c"
-#: appended to it (one translation unit): the x-quantized-to-int8 path
-Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q_i8.c")
+#: appended to it (one translation unit): the x-quantized-to-int8 path, the rows' dequantization (prefill tiles)
+Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q_i8.c", "gemv_q_deq.c")
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
 
@@ -173,6 +173,8 @@ def load_q() -> Library:
     lib.qgemv_isa.restype = ctypes.c_int
     lib.qgemv_openmp.restype = ctypes.c_int
     lib.qgemv_vnni.restype = ctypes.c_int
+    lib.qdeq_rows_packed.argtypes = [ctypes.c_char_p]
+    lib.qdeq_rows_packed.restype = ctypes.c_int
     log.debug("quantized GEMV kernel: %s", path)
     return Library(lib, path, int(lib.qgemv_isa()), bool(lib.qgemv_openmp()))
 

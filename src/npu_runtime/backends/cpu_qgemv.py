@@ -26,6 +26,14 @@ memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first 
   chosen per call by :class:`cpu_gemv._ThreadPolicy <npu_runtime.backends.cpu_gemv._ThreadPolicy>`
   (the same design and reasons as :mod:`.cpu_gemv`).
 
+Prefill (many rows of x, float x): the GEMV decodes every weight once per 8 rows of x, so from ~16 rows it is
+bound by that arithmetic. From :data:`PREFILL_ROWS` rows ``QGemv`` may instead go tile by tile: :data:`TILE_ROWS`
+rows of W dequantized by C (:func:`dequantize_rows`, ``gemv_q_deq.c``, bit-exact with ggml's values) into a scratch
+buffer reused by every call of the thread, then ``torch.mm`` into those columns of ``out``: still an fp32 product of
+the exactly dequantized weights, summed in torch.mm's order. Which path runs is measured per shape
+(:class:`_PathPolicy`: one thread favours the tiles, two threads on a loaded machine often the GEMV); ``path=``
+forces one (``bench/gemv/qprefill.py`` times them).
+
 ``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; Q4_0 and Q4_K only) is llama.cpp's dot product, faster
 than unpacking codes to fp32 but different numerics: ``x`` is quantized once per call, per group of 32, to
 ``q = round(x / dx)`` (fp32 division, ties to even), ``dx = max|x| / 127`` (fp32); each group's sum of codes
@@ -46,8 +54,11 @@ must hold exactly ``N · K / block · block bytes`` bytes, and ``out`` may not o
 from __future__ import annotations
 
 import os
+import statistics
 import struct
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +97,23 @@ INT8_QTYPES = ("q4_0", "q4_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations
 _ARGS = struct.Struct("<11q")
+#: ``qdeq_rows_packed``'s (``gemv_q_deq.c``): w type K n0 n1 out threads isa
+_DEQ_ARGS = struct.Struct("<8q")
+
+#: rows of x from which a float-x call may multiply tile by tile (:meth:`QGemv.__call__`); below, the GEMV. The
+#: GEMV decodes every weight once per 8 rows of x and is compute-bound from ~16 rows; a tile costs one decode of
+#: its weights whatever M, then torch.mm's blocked GEMM. One thread, bench/gemv/qprefill.py: the tiles are faster
+#: from 12-16 rows where K >= 1536, from ~32 where K = 896 (the GEMV's 8 rows of x then fit in L1); with two
+#: threads on a shared machine the GEMV often stays faster (it balances its chunks dynamically, torch.mm does not),
+#: so from here on :class:`_PathPolicy` times both per shape and runs the faster
+PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
+#: rows of W per tile of the prefill path (None: 256 while the fp32 tile is at most TILE_BYTES, else 128). torch.mm's
+#: GEMM is efficient from ~64 columns of output, and per tile there are fixed costs (a ctypes call, the GEMM packing
+#: x anew: M·K of M·K·rows). Measured (bench/gemv/qprefill.py, one thread): 256 rows best for K = 896, 128 for
+#: K = 4864 and 8960 (their 256-row tiles, 5-9 MiB, leave L2), 32-64 clearly slower
+TILE_ROWS: int | None = None
+TILE_BYTES = 3 << 19
+_scratch = threading.local()
 
 _kernel = cpu_gemv_build.NativeKernel(
     "quantized GEMV", cpu_gemv_build.load_q, lambda library: _ISA_NAMES[min(library.isa, _isa_cap())],
@@ -193,7 +221,85 @@ def torch_qgemv_int8(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: 
     return torch_qgemv(quantize_x(x), weight, qtype, bias, out)
 
 
+# ------------------------------------------------------------------------------------- rows to fp32
+
+
+def _tile_buffer(values: int) -> Tensor:
+    """This thread's scratch for prefill tiles, grown to ``values`` fp32 (one per thread: the prefill of any layer
+    reuses it, rather than each layer holding a tile of its own)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < values:
+        buf = _scratch.buf = torch.empty(values, dtype=torch.float32)
+    return buf
+
+
+def dequantize_rows(weight: Tensor, qtype: str | int | QType, n0: int = 0, n1: int | None = None,
+                    out: Tensor | None = None, threads: int | None = None, isa: str | None = None) -> Tensor:
+    """Rows ``[n0, n1)`` of ``weight`` (``uint8 [N, K / block · bytes]``) as fp32 ``[n1 - n0, K]``, bit-exact with
+    :func:`dequantize` (ggml's values), by the native kernel (``gemv_q_deq.c``: AVX-512, AVX2 or C; ``threads``
+    of torch's pool, all by default), or torch when it cannot be had. ``0 <= n0 <= n1 <= N``."""
+    q = qtype_of(qtype)
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] % q.nbytes:
+        raise ValueError(f"qgemv: weight must be a 2-D uint8 tensor of whole {q.name} blocks ({q.nbytes} bytes)")
+    n, k = int(weight.shape[0]), int(weight.shape[1]) // q.nbytes * q.block
+    n1 = n if n1 is None else n1
+    if not (isinstance(n0, int) and isinstance(n1, int) and 0 <= n0 <= n1 <= n):
+        raise ValueError(f"qgemv: rows [{n0}, {n1}) are not a range of the weight's {n} rows")
+    wp, _ = _arg(weight, "weight", torch.uint8, tuple(weight.shape))
+    if out is None:
+        out = torch.empty(n1 - n0, k, dtype=torch.float32)
+    yp, yn = _arg(out, "out", torch.float32, (n1 - n0, k))
+    if _overlap(yp, yn, wp, weight.nbytes):
+        raise ValueError("qgemv: out overlaps weight")
+    cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
+    if cap < 0:
+        raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
+    library = _kernel.for_call()
+    if library is None:
+        return out.copy_(dequantize(weight[n0:n1], q))
+    threads = max(1, torch.get_num_threads() if threads is None else threads)
+    status = library.lib.qdeq_rows_packed(_DEQ_ARGS.pack(wp, q.code, k, n0, n1, yp, threads, min(library.isa, cap)))
+    if status != 0:
+        raise RuntimeError(f"qgemv: the kernel refused type {q.name} (status {status})")
+    return out
+
+
 # ------------------------------------------------------------------------------------------- qgemv
+
+
+class _PathPolicy:
+    """GEMV or tiles, per shape class (layout, N, K, rows of x as a power of two, threads), by recent times per row
+    of x: two calls of each first, then the one with the lower mean, the other tried again after ``PROBE_NS``, then
+    twice as long after each try (up to ``MAX_PROBE_NS``), so that a neighbour's load changing sides is noticed
+    at a cost of a fraction of a percent (the same scheme as :class:`cpu_gemv._ThreadPolicy`)."""
+
+    SAMPLES = 4
+    PROBE_NS = 500_000_000
+    MAX_PROBE_NS = 8_000_000_000
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple, deque[float]] = {}  # (key, tiled) -> ns per row of x, latest
+        self.probed: dict[tuple, int] = {}
+        self.interval: dict[tuple, int] = {}
+
+    def pick(self, key: tuple) -> bool:
+        times = {c: self.samples.get((key, c), ()) for c in (True, False)}
+        for choice, seen in times.items():
+            if len(seen) < 2:
+                return choice
+        best = statistics.fmean(times[True]) <= statistics.fmean(times[False])
+        now = time.perf_counter_ns()
+        if now - self.probed.setdefault(key, now) >= self.interval.get(key, self.PROBE_NS):
+            self.probed[key] = now
+            self.interval[key] = min(2 * self.interval.get(key, self.PROBE_NS), self.MAX_PROBE_NS)
+            return not best
+        return best
+
+    def record(self, key: tuple, tiled: bool, ns_per_row: float) -> None:
+        self.samples.setdefault((key, tiled), deque(maxlen=self.SAMPLES)).append(ns_per_row)
+
+
+_paths = _PathPolicy()
 
 
 class QGemv:
@@ -216,11 +322,13 @@ class QGemv:
         self._b = _arg(bias, "bias", torch.float32, (n,)) if bias is not None else (0, 0)
 
     def __call__(self, x: Tensor, out: Tensor | None = None, threads: int | None = None,
-                 isa: str | None = None, activations: str = "float32") -> Tensor:
+                 isa: str | None = None, activations: str = "float32", path: str | None = None) -> Tensor:
         """``x`` fp32 ``[M, K]`` -> ``out`` fp32 ``[M, N]`` (new when None). ``threads``: one or all, whichever ran
         faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
         ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
-        weights) or ``"int8"`` (x quantized per group of 32, Q4_0 and Q4_K; see the module's docstring)."""
+        weights) or ``"int8"`` (x quantized per group of 32, Q4_0 and Q4_K; see the module's docstring).
+        ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced; None: the GEMV below
+        :data:`PREFILL_ROWS` rows, from there whichever :class:`_PathPolicy` measured faster for this shape."""
         act = self._activations(activations)
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError("qgemv: x must be a 2-D float32 tensor [M, K]")
@@ -246,12 +354,29 @@ class QGemv:
             if act:
                 return torch_qgemv_int8(x, self.weight, self.qtype, self.bias, out)
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
-        policy = None
+        if path not in (None, "gemv", "tiled"):
+            raise ValueError(f"qgemv: path {path!r} is not one of gemv, tiled")
+        tiled = self.tiled(m, activations) if path is None else path == "tiled" and not act
+        if tiled and path is None:
+            key = (self.qtype.code, self.n, self.k, m.bit_length(), torch.get_num_threads())
+            tiled, start = _paths.pick(key), time.perf_counter_ns()
+            if tiled:
+                self._tiled(library, x, out, threads, min(library.isa, cap))
+            else:
+                self._gemv(library, x, out, threads, min(library.isa, cap), act)
+            _paths.record(key, tiled, (time.perf_counter_ns() - start) / m)
+            return out
+        if tiled:
+            return self._tiled(library, x, out, threads, min(library.isa, cap))
+        return self._gemv(library, x, out, threads, min(library.isa, cap), act)
+
+    def _gemv(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int, act: int) -> Tensor:
+        m, policy = int(x.shape[0]), None
         if threads is None:
             policy = _policy if self._w[1] >= cpu_gemv.SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
             threads = policy.pick(self._w[1], torch.get_num_threads()) if policy is not None else 1
-        args = _ARGS.pack(m, self.n, self.k, xp, self._w[0], self.qtype.code, self._b[0], yp, max(1, threads),
-                          min(library.isa, cap), act)
+        args = _ARGS.pack(m, self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0], out.data_ptr(),
+                          max(1, threads), isa, act)
         start = time.perf_counter_ns()
         status = library.lib.qgemv_packed(args)
         if policy is not None:
@@ -262,6 +387,35 @@ class QGemv:
             raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
         return out
 
+    def tiled(self, m: int, activations: str = "float32") -> bool:
+        """Whether a call with ``m`` rows of x may take the prefill path (when the kernel is built): float x and at
+        least :data:`PREFILL_ROWS` rows. The int8 path keeps the GEMV: its integer dot products are its contract."""
+        return activations == "float32" and m >= PREFILL_ROWS
+
+    def _tiled(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int) -> Tensor:
+        """The prefill path: tile by tile, rows of W dequantized (exactly) into a scratch buffer kept in cache,
+        then ``x · tileᵀ (+ bias)`` by torch.mm into the tile's columns of ``out`` (no copy: a column slice of a
+        row-major ``out`` is a matrix with a leading dimension). An fp32 product of the exact weights, as the
+        GEMV's, summed in another order."""
+        rows = TILE_ROWS or (256 if 256 * 4 * self.k <= TILE_BYTES else 128)
+        rows = max(1, min(self.n, rows))
+        buf = _tile_buffer(rows * self.k)
+        yp, yn = out.data_ptr(), out.nbytes
+        if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):
+            raise ValueError("qgemv: out or x overlaps the prefill's scratch buffer")
+        threads = max(1, torch.get_num_threads() if threads is None else threads)
+        for n0 in range(0, self.n, rows):
+            n1 = min(self.n, n0 + rows)
+            tile = buf[:(n1 - n0) * self.k].view(n1 - n0, self.k)
+            status = library.lib.qdeq_rows_packed(_DEQ_ARGS.pack(self._w[0], self.qtype.code, self.k, n0, n1,
+                                                                 buf.data_ptr(), threads, isa))
+            if status != 0:
+                raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
+            if self.bias is None:
+                torch.mm(x, tile.t(), out=out[:, n0:n1])
+            else:
+                torch.addmm(self.bias[n0:n1], x, tile.t(), out=out[:, n0:n1])
+        return out
 
     def _activations(self, activations: str) -> int:
         if activations not in ACTIVATIONS:
@@ -278,5 +432,6 @@ def qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | No
     return QGemv(weight, qtype, bias)(x, out=out, activations=activations)
 
 
-__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "QTYPES", "QGemv", "QType", "dequantize", "native_available",
+__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "PREFILL_ROWS", "QTYPES", "QGemv", "QType", "dequantize",
+           "dequantize_rows", "native_available",
            "native_status", "qgemv", "qtype_of", "quantize_x", "set_native_enabled", "torch_qgemv", "torch_qgemv_int8"]

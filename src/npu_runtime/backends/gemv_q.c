@@ -23,7 +23,8 @@
    made as ggml's dequantize makes them: D = d*sc and M = dmin*m are exact (11 x 6 or 11 x 8 bits), D*q too
    (<= 23 bits), so value = D*q - M has one rounding (Q4_K's subtraction) whether or not it is fused; they
    are then dotted with x in fp32 lanes, again an fp32 dot product of the exactly dequantized weights.
-   gemv_q_i8.c (appended to this file by the loader) holds the x-quantized-to-int8 path. */
+   gemv_q_i8.c (appended to this file by the loader) holds the x-quantized-to-int8 path, gemv_q_deq.c the
+   dequantization of rows into fp32 (a prefill's tiles). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -293,6 +294,25 @@ static inline __attribute__((always_inline)) AVX2 void kq_codes_avx2(const uint8
     }
 }
 
+/* A super-block's 256 weights into w (any alignment) as kq_weights_c makes them (fmadd(D, q, -M) rounds once, as
+   D*q - M does: D*q is exact); the GEMV and the rows' dequantization (gemv_q_deq.c) share them. */
+static inline __attribute__((always_inline)) AVX2 void kq_weights_avx2(const uint8_t *blk, const int qt, float *w) {
+    int8_t q[QKK]; float D[16], Mn[16];
+    kq_codes_avx2(blk, qt, q); kq_scales(blk, qt, D, Mn);
+    for (int g = 0; g < 32; g++) {
+        const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * g))));
+        _mm256_storeu_ps(w + 8 * g, _mm256_fmadd_ps(_mm256_set1_ps(D[g / 2]), c, _mm256_set1_ps(-Mn[g / 2])));
+    }
+}
+static inline __attribute__((always_inline)) AVX512 void kq_weights_avx512(const uint8_t *blk, const int qt, float *w) {
+    int8_t q[QKK]; float D[16], Mn[16];
+    kq_codes_avx2(blk, qt, q); kq_scales(blk, qt, D, Mn);
+    for (int g = 0; g < 16; g++) {
+        const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * g))));
+        _mm512_storeu_ps(w + 16 * g, _mm512_fmadd_ps(_mm512_set1_ps(D[g]), c, _mm512_set1_ps(-Mn[g])));
+    }
+}
+
 static inline __attribute__((always_inline)) AVX2 __m256 dot8x4(const float *w, const float *x) {
     __m256 s[4];
     for (int t = 0; t < 4; t++) s[t] = _mm256_mul_ps(_mm256_load_ps(w + 8 * t), _mm256_loadu_ps(x + 8 * t));
@@ -311,14 +331,8 @@ void kblock_avx2(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t str
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + QG_AHEAD + 64, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + QG_AHEAD + 128, _MM_HINT_T0);
-            int8_t q[QKK];
-            float D[16], Mn[16], w[QKK] __attribute__((aligned(64)));
-            kq_codes_avx2(blk, qt, q);
-            kq_scales(blk, qt, D, Mn);
-            for (int g = 0; g < 32; g++) {
-                const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * g))));
-                _mm256_store_ps(w + 8 * g, _mm256_fmadd_ps(_mm256_set1_ps(D[g / 2]), c, _mm256_set1_ps(-Mn[g / 2])));
-            }
+            float w[QKK] __attribute__((aligned(64)));
+            kq_weights_avx2(blk, qt, w);
             for (int m = 0; m < M; m++)
                 acc[m][r] = _mm256_add_ps(acc[m][r], dot8x4(w, j->x + (m0 + m) * j->K + b * QKK));
         }
@@ -345,14 +359,8 @@ void kblock_avx512(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t s
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + QG_AHEAD + 64, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + QG_AHEAD + 128, _MM_HINT_T0);
-            int8_t q[QKK];
-            float D[16], Mn[16], w[QKK] __attribute__((aligned(64)));
-            kq_codes_avx2(blk, qt, q);
-            kq_scales(blk, qt, D, Mn);
-            for (int g = 0; g < 16; g++) {
-                const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * g))));
-                _mm512_store_ps(w + 16 * g, _mm512_fmadd_ps(_mm512_set1_ps(D[g]), c, _mm512_set1_ps(-Mn[g])));
-            }
+            float w[QKK] __attribute__((aligned(64)));
+            kq_weights_avx512(blk, qt, w);
             for (int m = 0; m < M; m++)
                 acc[m][r] = _mm512_add_ps(acc[m][r], dot16x4(w, j->x + (m0 + m) * j->K + b * QKK));
         }
@@ -436,13 +444,11 @@ int qgemv_isa(void) {
 #endif
 }
 
-int qgemv_openmp(void) {
 #ifdef _OPENMP
-    return 1;
+int qgemv_openmp(void) { return 1; }
 #else
-    return 0;
+int qgemv_openmp(void) { return 0; }
 #endif
-}
 
 #ifndef QG_CHUNK_BYTES
 #define QG_CHUNK_BYTES 262144
