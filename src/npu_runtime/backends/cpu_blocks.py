@@ -26,6 +26,7 @@ from torch_ir.ops.npu import embedding_id_problem
 from torch_ir.quant import blocks
 from torch_ir.quant.numerics import int8_groups
 
+from . import cpu_qgemv
 from .base import Kernel
 
 Tensor = torch.Tensor
@@ -58,8 +59,6 @@ class _Part:
     of a layer whose other parts are blocks)."""
 
     def __init__(self, weight: Tensor, block: str | None, bias: Tensor | None, int8: bool = False) -> None:
-        from . import cpu_qgemv  # every layout of torch_ir.quant.spec.BLOCKS (tests/runtime/test_cpu_blocks.py)
-
         self.gemv, self.matrix = None, None
         #: this part's native kernel quantizes x itself (llama.cpp's int8 dot product); else it is given x rounded
         self.int8 = int8 and block in cpu_qgemv.INT8_QTYPES
@@ -152,8 +151,12 @@ class BlockEmbedding:
             if problem is not None:
                 raise IndexError(f"EMBEDDING: {problem}")
         ids = torch.where(ids < 0, ids + self.rows, ids)
-        rows = dequantize(table.index_select(0, ids), self.block, (ids.numel(), self.cols), outputs[0].dtype)
-        outputs[0].view(-1, self.cols).copy_(rows)
+        out = outputs[0].view(-1, self.cols)
+        if out.dtype == torch.float32 and out.is_contiguous():  # a decode step: one row, one native call
+            for i, row in enumerate(ids.tolist()):
+                cpu_qgemv.dequantize_rows(table, self.block, row, row + 1, out=out[i:i + 1], threads=1)
+            return
+        out.copy_(dequantize(table.index_select(0, ids), self.block, (ids.numel(), self.cols), out.dtype))
 
 
 class Dequantized:
