@@ -20,6 +20,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.npu_kvcache import KV_CODE_DTYPES, as_bytes, quantize_kv
 
 from .cpu_kernels import LINEAR_DTYPES
+from .cpu_transformer import read_attention
 
 Tensor = torch.Tensor
 
@@ -72,14 +73,7 @@ class KvqAttention:
             v.dtype == k.dtype and ks.dtype == vs.dtype == "float32" and specs[dispatch.outputs[0]].dtype == q.dtype
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        params = dispatch.params
-        self.scale = float(params["scale"])
-        self.causal = bool(params.get("causal", False))
-        self.merge_heads = bool(params.get("merge_heads", True))
-        b, h, t, _ = specs[dispatch.inputs[0]].shape
-        hkv, s = specs[dispatch.inputs[1]].shape[1:3]
-        self.dims = (int(b), int(h), int(t), int(hkv), int(s))
-        self.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if self.causal else None
+        read_attention(self, dispatch, specs)
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass

@@ -120,6 +120,19 @@ class Rope:
             out[..., half:].addcmul_(x[..., :half], sin[..., half:])
 
 
+def read_attention(kernel: object, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+    """An attention kernel's parameters and shapes (q ``[B, H, T, D]`` first, the keys ``[B, Hkv, S, ...]``
+    second): ``scale``, ``causal``, ``merge_heads``, ``dims`` = (B, H, T, Hkv, S) and the causal mask ``future``."""
+    params = dispatch.params
+    kernel.scale = float(params["scale"])
+    kernel.causal = bool(params.get("causal", False))
+    kernel.merge_heads = bool(params.get("merge_heads", True))
+    b, h, t, _ = specs[dispatch.inputs[0]].shape
+    hkv, s = specs[dispatch.inputs[1]].shape[1:3]
+    kernel.dims = (int(b), int(h), int(t), int(hkv), int(s))
+    kernel.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if kernel.causal else None
+
+
 class Attention:
     """``ATTENTION``: ``softmax(q·kᵀ·scale + mask)·v`` over a KV cache without copying it.
 
@@ -140,14 +153,8 @@ class Attention:
             (len(dispatch.inputs) == 3 or specs[dispatch.inputs[3]].dtype in ("bool", specs[names[0]].dtype))
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
-        params = dispatch.params
-        self.scale = float(params["scale"])
-        self.causal = bool(params.get("causal", False))
-        self.merge_heads = bool(params.get("merge_heads", True))
-        b, h, t, _ = specs[dispatch.inputs[0]].shape
-        hkv, s = specs[dispatch.inputs[1]].shape[1:3]
-        self.dims = (int(b), int(h), int(t), int(hkv), int(s))
-        self.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if self.causal else None
+        read_attention(self, dispatch, specs)
+        b, h, t, hkv, s = self.dims
         mask = specs[dispatch.inputs[3]].shape if len(dispatch.inputs) > 3 else [s]
         # one query token, no causal mask (a decode step: its mask is an input), a mask of the cache's positions
         # broadcast over heads or per head; the working memory of the C kernel allocated once
