@@ -50,6 +50,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     from torch_ir.frontends.hf import extract_lm
     from torch_ir.frontends.hf_checkpoint import load_checkpoint
     from torch_ir.frontends.hf_model import is_hf_model_path
+    from torch_ir.quant import blocks
 
     step = progress or (lambda label: None)
     torch_dtype = _torch_dtype(dtype)
@@ -83,18 +84,9 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
         raise CompileError(f"{name}: int8 activations are for block-quantized weights (a Q8_0, Q4_0, Q4_K or Q6_K "
                            "GGUF file); this model's weights are float: leave --int8-activations out")
     kept = with_block_weights(programs, layouts, int8_activations=int8_activations)
-    for key in set(layouts) - set(kept):
-        tensors[key] = dequantize_rows(tensors[key], layouts[key], torch_dtype)
+    for key in set(layouts) - set(kept):  # blocks the target reads nowhere: their values
+        tensors[key] = blocks.dequantize_rows(tensors[key], layouts[key].upper()).to(torch_dtype)
     return LoadedLM(name, programs, tensors, tokenizer, eos, str(torch_dtype).removeprefix("torch."))
-
-
-def dequantize_rows(data: Any, block: str, dtype: Any) -> Any:
-    """A 2-D tensor's GGUF blocks ``uint8 [rows, row bytes]`` as its float values in ``dtype``."""
-    from torch_ir.quant import blocks
-
-    name = block.upper()
-    k = data.shape[1] // blocks.block_bytes(name) * blocks.elements_per_block(name)
-    return blocks.dequantize(data, name, (data.shape[0], k)).to(dtype)
 
 
 def _torch_dtype(name: str | None) -> Any:

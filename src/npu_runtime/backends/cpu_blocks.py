@@ -3,10 +3,11 @@
 A weight slot marked with a block layout (``npu_compiler.llm.with_block_weights``) holds its GGUF blocks,
 ``uint8 [N, K / elements · bytes]``, and means the float values they dequantize to. Three kinds of kernel read it:
 
-* the linear layers (GEMM, QKV_PROJ, GATE_UP: :class:`BlockLinear`) multiply with the blocks as they lie through
-  the quantized GEMV of :mod:`.cpu_qgemv` (rows of x in passes of up to 8 over the weights, so a prefill chunk
-  reads them a few times rather than widening them), fp32 accumulation, the result an fp32 dot product of
-  the exactly dequantized weights;
+* the linear layers (GEMM, QKV_PROJ, GATE_UP: :class:`BlockLinear`) multiply with the blocks through
+  :class:`cpu_qgemv.QGemv <npu_runtime.backends.cpu_qgemv.QGemv>`: a decode step's GEMV reads them as they lie; a
+  prefill chunk runs either that GEMV (up to 8 rows of x per pass over the weights) or tiles of rows dequantized
+  into a small buffer and multiplied by BLAS, whichever runs faster for the shape; either way an fp32 product of
+  the exactly dequantized weights (or, with the ops' ``x_int8_group``, llama.cpp's int8 activations);
 * EMBEDDING (:class:`BlockEmbedding`) dequantizes only the rows it gathers;
 * any other kernel is given the slot dequantized once, at bind time (:class:`Dequantized`): slower and bigger,
   never wrong.

@@ -165,6 +165,16 @@ _DEQUANT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 DEQUANTIZABLE: tuple[str, ...] = tuple(_DEQUANT)
 
 
+def dequantize_rows(raw: torch.Tensor, t: int | str | GGMLType) -> torch.Tensor:
+    """A 2-D block tensor, ``uint8 [rows, row bytes]`` (whole blocks per row, as GGUF stores a weight), as float32
+    ``[rows, row bytes / block bytes · elements]``."""
+    gt = ggml_type(t)
+    if raw.dim() != 2 or raw.shape[1] % gt.nbytes:
+        raise IRValidationError(f"a {gt.name} tensor's rows are whole blocks of {gt.nbytes} bytes; got "
+                                f"{list(raw.shape)}")
+    return dequantize(raw, gt, (raw.shape[0], raw.shape[1] // gt.nbytes * gt.block))
+
+
 def dequantize(raw: torch.Tensor, t: int | str | GGMLType, shape: Sequence[int]) -> torch.Tensor:
     """The float32 values of a tensor of logical (torch-order) ``shape`` stored as GGML type ``t`` in ``raw``
     (uint8 bytes of any shape for a block type; the values themselves for F32/F16/BF16)."""
