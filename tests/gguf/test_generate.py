@@ -142,3 +142,22 @@ def test_generate_int8_activations_flag(tmp_path: Path, capsys) -> None:
     assert "int8 activations" in capsys.readouterr().err
     assert main(["generate", "qwen2", "--prompt-ids", "5,17", "--int8-activations"]) != 0
     assert "--int8-activations is for a GGUF file" in capsys.readouterr().err
+
+
+def test_the_cost_model_reads_block_weights_at_their_stored_bytes(tmp_path: Path) -> None:
+    """A Q4_0 layer costs 18 bytes per 32 weights in DRAM, not 4 per weight: the decode step's DRAM bytes drop by
+    exactly the difference over the file's Q4_0 tensors; int8 activations compute at the int8 rate."""
+    from npu_compiler.costmodel import cost_lm, load_hardware
+
+    hw = load_hardware("tpu_v1")
+    model = make_model("qwen2")
+    costs = {}
+    for name, quant, int8 in (("f", {}, False), ("q", {"blk.": "Q4_0"}, False), ("q", {"blk.": "Q4_0"}, True)):
+        lm = load_lm(write_model(model, "qwen2", tmp_path / f"{name}.gguf", quant), max_cache_len=32,
+                     int8_activations=int8)
+        costs[name, int8] = cost_lm(lm.programs.prefill, lm.programs.decode, hw).decode
+    f = read_gguf(tmp_path / "q.gguf")
+    saved = sum(info.nbytes // 18 * 32 * 4 - info.nbytes for info in f.tensors.values() if info.type.name == "Q4_0")
+    assert costs["f", False].dram_bytes - costs["q", False].dram_bytes == saved
+    widths = {(r.kernel, r.dtype) for r in costs["q", True].rows if r.kernel in ("GEMM", "QKV_PROJ", "GATE_UP")}
+    assert widths == {("GEMM", "int8"), ("QKV_PROJ", "int8"), ("GATE_UP", "int8"), ("GEMM", "fp32")}  # fp32: the head

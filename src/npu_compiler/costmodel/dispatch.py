@@ -104,6 +104,8 @@ def _bits(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], bi
     first = outs[0] if outs else (ins[0] if ins else None)
     if first is None:
         return None, "", AS_COMPILED, False
+    if (d.params or {}).get("x_int8_group") is not None:  # int8 activations x block weights' codes
+        return "int8", f"int8 x {first.dtype} blocks", AS_COMPILED, True
     return RATE_CLASS.get(first.dtype), first.dtype, AS_COMPILED, False
 
 

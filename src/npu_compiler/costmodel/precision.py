@@ -17,6 +17,10 @@ A dispatch's tensors are sized by one of these, the first that applies:
 * ``dtype``: every floating tensor resized to that one type (the older override);
 * else each tensor's own dtype.
 
+A weight held in GGUF blocks (``QuantSpec.block``: an LLM from a GGUF file) is always its blocks' bytes, 32 weights
+in 34 bytes for q8_0 and so on, under any of these. A contraction whose ``x_int8_group`` rounds its activations to
+int8 (llama.cpp's dot products over blocks) computes at the int8 rate, as compiled.
+
 The width a dispatch computes in (``DispatchCost.dtype``, the rate of ``Hardware.mac_rate``): QCONV and QGEMM
 multiply their operands' integer codes, at the wider operand's rate (int8 x int8: int8; int16 activations x int8 or
 int4 weights: int16; int8 x int4: int8); DQGEMM dequantizes its weights inside and multiplies in its activations'
@@ -33,8 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from npu_program.program import Dispatch, TensorSpec
+from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.dtypes import nbytes as dtype_nbytes
+from torch_ir.quant.spec import BLOCK_BYTES, BLOCKS
 
 #: The quantized NPU ops (``torch_ir.ops.npu_quant``): costed from their tensors' own types, always.
 QUANT_KERNELS = frozenset({"QUANTIZE", "DEQUANTIZE", "QCONV", "QGEMM", "DQGEMM"})
@@ -123,6 +128,8 @@ class Sizer:
     retyped: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, t: TensorSpec, elements: int) -> int:
+        if block_of(t) is not None:  # GGUF blocks: already quantized, always their stored bytes
+            return -(-elements // BLOCKS[t.quant.block]) * BLOCK_BYTES[t.quant.block]
         if t.dtype in FLOAT_DTYPES:
             if t.name in self.codes:
                 return self.codes[t.name].nbytes(elements)
