@@ -75,14 +75,7 @@ def test_bpe_round_trip(tmp_path: Path, pre: str) -> None:
 
 
 def test_unsupported_tokenizers(tmp_path: Path) -> None:
-    def spm(w: gguf.GGUFWriter) -> None:
-        w.add_tokenizer_model("llama")
-        w.add_token_list(["<unk>", "a"])
-
-    f = read_gguf(write_gguf(tmp_path / "spm.gguf", "llama", {}, spm))
-    with pytest.raises(IRValidationError, match="SentencePiece .* not supported yet; supported: 'gpt2'"):
-        build_tokenizer(f)
-
+    # SentencePiece ("llama") vocabularies: test_tokenizer_spm.py
     def bad_pre(w: gguf.GGUFWriter) -> None:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("deepseek-llm")
