@@ -31,7 +31,8 @@ def is_gguf_path(source: str | os.PathLike[str]) -> bool:
 class GGUFTokenizer:
     """``encode(text) -> ids`` / ``decode(ids) -> text`` of the file's tokenizer, without added special tokens (a
     prompt is the text's tokens, as the checkpoint tokenizer gives them). A tokenizer the reader cannot build yet
-    (SentencePiece) is an error when text is encoded or decoded, not when the model loads: token ids still run."""
+    (an unknown ``tokenizer.ggml.model``) is an error when text is encoded or decoded, not when the model loads:
+    token ids still run."""
 
     def __init__(self, fast: Any = None, unsupported: str | None = None) -> None:
         self.fast, self.unsupported = fast, unsupported
@@ -55,7 +56,7 @@ def _tokenizer(f: Any) -> GGUFTokenizer | None:
         return None
     try:
         return GGUFTokenizer(build_fast_tokenizer(f))
-    except IRValidationError as e:  # e.g. a SentencePiece vocabulary: not built yet
+    except IRValidationError as e:  # e.g. a tokenizer model the reader does not build
         return GGUFTokenizer(unsupported=str(e))
 
 
