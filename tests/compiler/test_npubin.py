@@ -47,7 +47,8 @@ def make_program() -> CompiledProgram:
             Dispatch("aten.reshape.default", "flatten", ["conv_out"], ["flat"], {"shape": [1, 256]}),
             Dispatch("aten.relu.default", "relu", ["flat"], ["relu_out"]),
             Dispatch("GEMM", "gemm", ["relu_out", "w_fc"], ["fc_out"], {
-                "trans_a": False, "trans_b": True, "has_bias": False, "has_residual": False, "activation": None}),
+                "trans_a": False, "trans_b": True, "has_bias": False, "has_residual": False, "activation": None,
+                "x_int8_group": None}),
             Dispatch("aten.mul.Tensor", "mül ünïcode", ["fc_out", "scale"], ["y"]),
         ],
         memory=MemoryPlan(arena_bytes=2048, offsets={"x": 0, "conv_out": 1024, "relu_out": 0, "fc_out": 1024,

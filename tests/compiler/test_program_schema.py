@@ -211,7 +211,7 @@ def test_a_format_1_3_file_with_tagged_params_loads_upgraded_and_runs_as_before(
     assert params["aten._to_copy.default"] == {"dtype": "float32", "layout": None, "device": None,
                                                "pin_memory": None, "non_blocking": False, "memory_format": None}
     assert params["GEMM"] == {"trans_a": False, "trans_b": True, "has_bias": True, "has_residual": False,
-                              "activation": None}
+                              "activation": None, "x_int8_group": None}  # a parameter added since: its default
     # the upgraded program is the one the compiler makes today, and saves as a 2.0 file that reads back the same
     with torch.device("meta"):
         meta = Tagged()
