@@ -1,5 +1,5 @@
 """The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0 /
-Q4_K / Q6_K blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against
+Q5_0 / Q4_K / Q6_K blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against
 ``gguf.quants.dequantize`` (the reference package) and a float64 matmul, exactly where the arithmetic is
 exact, and the checks that stand between a tensor and a raw pointer."""
 
@@ -16,13 +16,16 @@ from gguf.quants import dequantize as gguf_dequantize
 from npu_runtime.backends import cpu_gemv_build, cpu_qgemv
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-        "q4_K": gguf.GGMLQuantizationType.Q4_K, "q6_K": gguf.GGMLQuantizationType.Q6_K}
-BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210}
-ELEMS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
-#: where each layout keeps its fp16 scales (Q4_K: d and dmin; the 6- and 8-bit sub-scales stay random bytes)
-FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
+        "q5_0": gguf.GGMLQuantizationType.Q5_0, "q4_K": gguf.GGMLQuantizationType.Q4_K,
+        "q6_K": gguf.GGMLQuantizationType.Q6_K}
+BYTES = {"q8_0": 34, "q4_0": 18, "q5_0": 22, "q4_K": 144, "q6_K": 210}
+ELEMS = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_K": 256, "q6_K": 256}
+#: where each layout keeps its fp16 scales (Q4_K: d and dmin; the 6- and 8-bit sub-scales, Q5_0's fifth bits, stay
+#: random bytes)
+FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
 #: the exact test's scale exponents and |x| bound: every product and partial sum a multiple of 2^-2 below 2^22
-EXACT = {"q8_0": ((-2, 2), 8), "q4_0": ((-2, 2), 8), "q4_K": ((-2, 0), 8), "q6_K": ((-2, 0), 2)}
+EXACT = {"q8_0": ((-2, 2), 8), "q4_0": ((-2, 2), 8), "q5_0": ((-2, 2), 8), "q4_K": ((-2, 0), 8),
+         "q6_K": ((-2, 0), 2)}
 U = 2.0**-24  # fp32's unit roundoff
 
 
@@ -92,7 +95,7 @@ def check_close(y: torch.Tensor, want: np.ndarray, scale: np.ndarray, k: int) ->
     assert (err <= tol).all(), f"max error {err.max():.3g}, tolerance there {tol.flat[err.argmax()]:.3g}"
 
 
-CASES = [(q, *shape) for q in ("q8_0", "q4_0") for shape in
+CASES = [(q, *shape) for q in ("q8_0", "q4_0", "q5_0") for shape in
          [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128), (9, 17, 64)]]
 # the k-quants on the Qwen2.5-0.5B/1.5B rows they can hold (K = 4864, 1536, 8960; 896 is refused, below)
 CASES += [(q, *shape) for q in ("q4_K", "q6_K") for shape in
@@ -106,6 +109,19 @@ def test_every_kernel_against_gguf(isa, qtype, m, n, k):
     want, scale = reference(raw, qtype, x)
     y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
     check_close(y, want, scale, k)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_0"])
+def test_weights_quantized_by_gguf(isa, qtype):
+    """Blocks as llama.cpp's quantizer writes them (``gguf.quants.quantize``), on Qwen2.5-0.5B's K = 896, the rows a
+    "Q4_K_M" file stores as Q5_0 because they are not whole 256-weight super-blocks."""
+    n, k = 40, 896
+    w = np.random.default_rng(31).standard_normal((n, k)).astype(np.float32)
+    raw = gguf.quants.quantize(w, GGML[qtype])
+    assert raw.shape == (n, k // 32 * BYTES[qtype])
+    x = np.random.default_rng(32).standard_normal((3, k)).astype(np.float32)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
+    check_close(y, *reference(raw, qtype, x), k)
 
 
 @pytest.mark.parametrize("qtype", list(GGML))
@@ -201,7 +217,8 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
         cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q8_0", 5, 128, 0))[:, :68], "q8_0")
     with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor, got torch.int8"):
         cpu_qgemv.QGemv(w.view(torch.int8), "q8_0")
-    with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q4_K, q6_K \(GGML ids 8, 2, 12, 14\)"):
+    with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q5_0, q4_K, q6_K \(GGML ids 8, 2, 6, 12, "
+                                         r"14\)"):
         cpu_qgemv.QGemv(w, "q5_1")
     with pytest.raises(ValueError, match="x must be contiguous"):
         plan(torch.zeros(2, 128)[:, ::2])
