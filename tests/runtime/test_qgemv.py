@@ -249,8 +249,8 @@ def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
     """The int8 path's contract in numpy, independently of the module: x per group of 32 to ``q = round(x / dx)``
     (fp32, ties to even), ``dx = max|x| / 127`` (fp32); per group the exact integer ``isum = Σ code·q`` (int64)
     and ``sx = Σ q``; ``y = Σ dx·(D·isum − M·sx)`` in float64, D/M the group's scale/min as ggml makes them
-    (Q4_K: gguf's get_scale_min). Returns y and ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding
-    of any lane order is relative to that."""
+    (Q4_K: gguf's get_scale_min; Q5_0: code = (nibble | bit e of qh << 4) − 16, ggml's block_q5_0). Returns y and
+    ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding of any lane order is relative to that."""
     m, k = x.shape
     g = x.reshape(m, k // 32, 32)
     dx = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
@@ -261,6 +261,12 @@ def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
     if qtype == "q4_0":
         nib = blocks[..., 2:18]
         codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) - 8  # [n, G, 32]
+        sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
+    elif qtype == "q5_0":
+        qh = blocks[..., 2:6].copy().view("<u4")  # [n, G, 1]
+        fifth = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int64)  # bit e for element e
+        nib = blocks[..., 6:22]
+        codes = (np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) | (fifth << 4)) - 16
         sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
     else:
         sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))
@@ -279,6 +285,7 @@ def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
 
 
 @pytest.mark.parametrize(("qtype", "m", "n", "k"), [("q4_0", 1, 37, 896), ("q4_0", 3, 21, 4864), ("q4_0", 2, 9, 32),
+                                                    ("q5_0", 1, 37, 896), ("q5_0", 3, 21, 4864), ("q5_0", 2, 9, 32),
                                                     ("q4_K", 1, 37, 1536), ("q4_K", 2, 9, 4864), ("q4_K", 1, 5, 8960)])
 def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     """Exact integer group sums, scaled in fp32: within γ(2G + 16) of the bound (G groups; each term passes
@@ -294,7 +301,7 @@ def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     print(f"{qtype} int8 vs exact weights, random data: {np.abs(want - exact).max() / np.abs(exact).max():.2e}")
 
 
-@pytest.mark.parametrize("qtype", ["q4_0", "q4_K"])
+@pytest.mark.parametrize("qtype", ["q4_0", "q5_0", "q4_K"])
 def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
     """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
     power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
@@ -319,7 +326,7 @@ def test_int8_activations_fallback_and_refusals(fallback):
         y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), "q4_K", activations="int8")
     assert (np.abs(y.numpy() - want) <= 600 * U * bound).all()
     plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q6_K", 2, 256, 0)), "q6_K")
-    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q4_K weights, not q6_K"):
+    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q5_0, q4_K weights, not q6_K"):
         plan(torch.zeros(1, 256), activations="int8")
     with pytest.raises(ValueError, match="activations 'fp16' is not one of float32, int8"):
         plan(torch.zeros(1, 256), activations="fp16")
