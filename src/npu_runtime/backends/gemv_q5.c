@@ -7,9 +7,11 @@
                     uint8 qs[16];  value j = d * (((qs[j] & 15) | (bit j of qh) << 4) - 16),
                                    value j + 16 = d * (((qs[j] >> 4) | (bit j + 16 of qh) << 4) - 16), j < 16
    The codes, -16..15, are small integers as Q4_0's are, and d * code is exact in fp32 (11 x 5 bits): so Q5_0 runs
-   the 32-element kernels of gemv_q.c (qblock_c / _avx2 / _avx512, whose codes_i8 and portable code extraction call
-   the two functions below), with the same contract, an fp32 dot product of the exactly dequantized weights; and
-   gemv_q_deq.c's rows are bit-exact with ggml's dequantize. */
+   the 32-element kernels of gemv_q.c (qblock_c / _avx2 / _avx512, whose code extraction calls q5_codes_c and
+   q5_codes_avx2 below) with the same contract, an fp32 dot product of the exactly dequantized weights;
+   gemv_q_deq.c's rows are bit-exact with ggml's dequantize, and gemv_q_i8.c's int8 path takes the codes + 16
+   (q5_unsigned_avx2; with AVX-512 VNNI, q5_unsigned_vnni). An AVX-512 BW variant of q5_codes_avx2 (qh as a byte
+   mask) measured within noise of it in the float GEMV (bench: q5_0 ~1.25x Q4_0's time either way): not kept. */
 
 /* The 32 codes of a block, -16..15, in element order. */
 static inline __attribute__((always_inline)) void q5_codes_c(const uint8_t *blk, int8_t c[QK]) {
@@ -21,20 +23,31 @@ static inline __attribute__((always_inline)) void q5_codes_c(const uint8_t *blk,
 }
 
 #ifdef QG_X86
-/* The same as int8 vectors, elements 0..15 in lo, 16..31 in hi: qh's bit i becomes byte i (its byte i / 8 spread over
-   8 lanes by a shuffle, each lane's bit tested against 1 << (i % 8)), 16 where it is set. */
-static inline __attribute__((always_inline)) AVX2 void q5_codes_avx2(const uint8_t *blk, __m128i *lo, __m128i *hi) {
+/* The 32 codes + 16 (0..31, unsigned: the int8 path's operand) as one vector, element e in byte e: qh's byte e / 8
+   spread over 8 lanes by a shuffle, lane e's bit tested by OR-ing in every other bit (all ones iff set: llama.cpp's
+   bytes_from_bits_32), the nibbles of qs low then high. */
+static inline __attribute__((always_inline)) AVX2 __m256i q5_fifth_avx2(const uint8_t *blk) {
     uint32_t qh;
     memcpy(&qh, blk + 2, 4);
-    const __m128i h = _mm_set1_epi32((int)qh), bit = _mm_set1_epi64x(0x8040201008040201LL);
-    const __m128i sixteen = _mm_set1_epi8(16), low4 = _mm_set1_epi8(15);
-    const __m128i hl = _mm_shuffle_epi8(h, _mm_set_epi64x(0x0101010101010101LL, 0));
-    const __m128i hh = _mm_shuffle_epi8(h, _mm_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL));
-    const __m128i bl = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hl, bit), bit), sixteen);
-    const __m128i bh = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hh, bit), bit), sixteen);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), _mm256_set_epi64x(
+        0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    return _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)), _mm256_set1_epi64x(-1));
+}
+static inline __attribute__((always_inline)) AVX2 __m256i q5_nibbles_avx2(const uint8_t *blk) {
     const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 6));
-    *lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, low4), bl), sixteen);
-    *hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), low4), bh), sixteen);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+}
+static inline __attribute__((always_inline)) AVX2 __m256i q5_unsigned_avx2(const uint8_t *blk) {
+    return _mm256_or_si256(q5_nibbles_avx2(blk), _mm256_and_si256(q5_fifth_avx2(blk), _mm256_set1_epi8(16)));
+}
+
+/* The codes as int8, elements 0..15 in lo, 16..31 in hi: a nibble with its fifth bit clear is nibble - 16, that is
+   nibble | 0xf0 as int8; with it set, the nibble itself. */
+static inline __attribute__((always_inline)) AVX2 void q5_codes_avx2(const uint8_t *blk, __m128i *lo, __m128i *hi) {
+    const __m256i c = _mm256_or_si256(q5_nibbles_avx2(blk),
+                                      _mm256_andnot_si256(q5_fifth_avx2(blk), _mm256_set1_epi8((char)0xf0)));
+    *lo = _mm256_castsi256_si128(c);
+    *hi = _mm256_extracti128_si256(c, 1);
 }
 #endif
 

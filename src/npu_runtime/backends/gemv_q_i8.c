@@ -1,7 +1,7 @@
 /* The x-quantized-to-int8 path of the quantized GEMV (activations="int8" in cpu_qgemv.py): Q4_0, Q5_0 and Q4_K.
 
    Appended to gemv_q.c and gemv_q5.c by the loader (one translation unit: QJob, SPREAD, chunk_rows, kq_scales,
-   q5_codes_*).
+   q5_unsigned_avx2, q5_codes_c).
    llama.cpp's trade: x is quantized once per call, per group of 32, to int8 q = round(x / dx) (fp32
    division, ties to even) with dx = max|x| / 127 (fp32); then each group's dot product with the weight
    codes is an exact integer, and only its scaling is fp32:
@@ -96,8 +96,16 @@ static void iblock_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
 #define DOT_AVX2(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), \
                                                                        _mm256_set1_epi16(1)))
 
-/* R rows of W (n0 + r * stride) against row m of x. */
-#define IBLOCK(NAME, ATTR, DOT) \
+/* Q5_0's codes + 16 where AVX-512 BW/VL is at hand: qh itself the mask of the fifth bits (q5_unsigned_avx2 spreads
+   and tests them in 5 instructions). */
+static inline __attribute__((always_inline)) VNNI __m256i q5_unsigned_vnni(const uint8_t *blk) {
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    return _mm256_or_si256(q5_nibbles_avx2(blk), _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(16)));
+}
+
+/* R rows of W (n0 + r * stride) against row m of x; Q5U: Q5_0's codes + 16. */
+#define IBLOCK(NAME, ATTR, DOT, Q5U) \
 static inline __attribute__((always_inline)) ATTR \
 void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, const int qt) { \
     const QJob *j = ij->j; \
@@ -115,10 +123,7 @@ void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, co
             const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * bs; \
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0); \
             if (qt == QT_Q5_0) { /* the codes + 16 (0..31, unsigned); -16 * the sum of each 4 q = 2 * corr */ \
-                __m128i lo, hi; \
-                q5_codes_avx2(blk, &lo, &hi); \
-                const __m128i o = _mm_set1_epi8(16); \
-                const __m256i u = _mm256_set_m128i(_mm_add_epi8(hi, o), _mm_add_epi8(lo, o)); \
+                const __m256i u = Q5U(blk); \
                 const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(corr + 8 * b)), 1), u, \
                                       _mm256_loadu_si256((const __m256i *)(qx + QK * b))); \
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(blk)) * dx[b]), \
@@ -153,8 +158,8 @@ void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, co
     } \
     for (int r = 0; r < R; r++) store(j, m, n0 + r * stride, hsum8(acc[r]) - macc[r]); \
 }
-IBLOCK(iblock_avx2, AVX2, DOT_AVX2)
-IBLOCK(iblock_vnni, VNNI, DOT_VNNI)
+IBLOCK(iblock_avx2, AVX2, DOT_AVX2, q5_unsigned_avx2)
+IBLOCK(iblock_vnni, VNNI, DOT_VNNI, q5_unsigned_vnni)
 #endif
 
 /* Rows [n0, n1) against every row of x: 4 far-apart streams per row of x, the type a constant in each copy. */
