@@ -29,7 +29,7 @@ def test_type_table_matches_gguf() -> None:
 
 
 def test_spec_block_names_match_quant_spec() -> None:
-    assert {spec_block(name) for name in ("Q8_0", "Q4_0", "Q4_K", "Q6_K")} == set(BLOCKS)
+    assert {spec_block(name) for name in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")} == set(BLOCKS)
     for name, elems in BLOCKS.items():
         assert elements_per_block(name.upper()) == elems
 

@@ -1,6 +1,6 @@
 """``load_lm`` / ``torch-ir generate`` on a GGUF file: tiny seeded Llama and Qwen2 checkpoints written as llama.cpp
-writes them (F32, and Q8_0/Q4_0 layers), compiled into prefill and decode programs; their greedy tokens equal
-transformers' on the same weights (the file's, dequantized by the gguf package's rules)."""
+writes them (F32, and Q8_0/Q4_0/Q5_0/k-quant layers), compiled into prefill and decode programs; their greedy tokens
+equal transformers' on the same weights (the file's, dequantized by the gguf package's rules)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ K_QUANTS = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output":
 
 @pytest.mark.parametrize("arch, quant, sizes", [("qwen2", {}, {}), ("llama", {}, {}),
                                                 ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"}, {}), ("llama", MIXED, {}),
+                                                ("qwen2", {"attn_": "Q5_0", "ffn_": "Q5_0"}, {}),
                                                 ("qwen2", K_QUANTS, {"hidden_size": 256, "intermediate_size": 512})])
 def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, arch: str, quant: dict,
                                                                sizes: dict) -> None:

@@ -14,7 +14,8 @@ from npu_runtime.backends.cpu_blocks import BlockLinear, Dequantized
 from npu_runtime.backends.cpu_kernels import make_kernel
 from torch_ir.quant.spec import BLOCK_BYTES, BLOCK_CODES, BLOCKS, QuantSpec
 
-GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q5_0": gguf.GGMLQuantizationType.Q5_0}
 
 
 def _blocks(layout: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,10 +109,10 @@ def test_the_prefill_and_decode_kernels_share_one_concatenation_of_the_same_weig
     assert stacked([b, a]) is not first and stacked([a]) is a
 
 
-@pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q4_0", "q8_0")])
+@pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q5_0",), ("q4_0", "q8_0"), ("q5_0", "q8_0")])
 def test_int8_activations_compute_the_ops_reference(layouts: tuple[str, ...]) -> None:
-    """``x_int8_group=32``: the Q4_0 kernel's integer dot products (x quantized by the kernel) and the Q8_0 part's
-    exact path on the int8-rounded x both give the GEMM reference's value on the dequantized weights."""
+    """``x_int8_group=32``: the Q4_0 / Q5_0 kernels' integer dot products (x quantized by the kernel) and the Q8_0
+    part's exact path on the int8-rounded x both give the GEMM reference's value on the dequantized weights."""
     from torch_ir.ops.npu import gemm
 
     k = 256

@@ -1,5 +1,5 @@
 """The weight-only quantized decode GEMV (``npu_runtime.backends.cpu_qgemv``, ``gemv_q.c``) on GGUF Q8_0 / Q4_0 /
-Q4_K / Q6_K blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against
+Q5_0 / Q4_K / Q6_K blocks: every kernel (portable C, AVX2, AVX-512) and the torch fallback against
 ``gguf.quants.dequantize`` (the reference package) and a float64 matmul, exactly where the arithmetic is
 exact, and the checks that stand between a tensor and a raw pointer."""
 
@@ -16,13 +16,16 @@ from gguf.quants import dequantize as gguf_dequantize
 from npu_runtime.backends import cpu_gemv_build, cpu_qgemv
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-        "q4_K": gguf.GGMLQuantizationType.Q4_K, "q6_K": gguf.GGMLQuantizationType.Q6_K}
-BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210}
-ELEMS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
-#: where each layout keeps its fp16 scales (Q4_K: d and dmin; the 6- and 8-bit sub-scales stay random bytes)
-FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
+        "q5_0": gguf.GGMLQuantizationType.Q5_0, "q4_K": gguf.GGMLQuantizationType.Q4_K,
+        "q6_K": gguf.GGMLQuantizationType.Q6_K}
+BYTES = {"q8_0": 34, "q4_0": 18, "q5_0": 22, "q4_K": 144, "q6_K": 210}
+ELEMS = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_K": 256, "q6_K": 256}
+#: where each layout keeps its fp16 scales (Q4_K: d and dmin; the 6- and 8-bit sub-scales, Q5_0's fifth bits, stay
+#: random bytes)
+FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
 #: the exact test's scale exponents and |x| bound: every product and partial sum a multiple of 2^-2 below 2^22
-EXACT = {"q8_0": ((-2, 2), 8), "q4_0": ((-2, 2), 8), "q4_K": ((-2, 0), 8), "q6_K": ((-2, 0), 2)}
+EXACT = {"q8_0": ((-2, 2), 8), "q4_0": ((-2, 2), 8), "q5_0": ((-2, 2), 8), "q4_K": ((-2, 0), 8),
+         "q6_K": ((-2, 0), 2)}
 U = 2.0**-24  # fp32's unit roundoff
 
 
@@ -92,7 +95,7 @@ def check_close(y: torch.Tensor, want: np.ndarray, scale: np.ndarray, k: int) ->
     assert (err <= tol).all(), f"max error {err.max():.3g}, tolerance there {tol.flat[err.argmax()]:.3g}"
 
 
-CASES = [(q, *shape) for q in ("q8_0", "q4_0") for shape in
+CASES = [(q, *shape) for q in ("q8_0", "q4_0", "q5_0") for shape in
          [(1, 37, 256), (4, 67, 896), (1, 9, 4864), (3, 1, 32), (8, 19, 128), (9, 17, 64)]]
 # the k-quants on the Qwen2.5-0.5B/1.5B rows they can hold (K = 4864, 1536, 8960; 896 is refused, below)
 CASES += [(q, *shape) for q in ("q4_K", "q6_K") for shape in
@@ -106,6 +109,19 @@ def test_every_kernel_against_gguf(isa, qtype, m, n, k):
     want, scale = reference(raw, qtype, x)
     y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
     check_close(y, want, scale, k)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_0"])
+def test_weights_quantized_by_gguf(isa, qtype):
+    """Blocks as llama.cpp's quantizer writes them (``gguf.quants.quantize``), on Qwen2.5-0.5B's K = 896, the rows a
+    "Q4_K_M" file stores as Q5_0 because they are not whole 256-weight super-blocks."""
+    n, k = 40, 896
+    w = np.random.default_rng(31).standard_normal((n, k)).astype(np.float32)
+    raw = gguf.quants.quantize(w, GGML[qtype])
+    assert raw.shape == (n, k // 32 * BYTES[qtype])
+    x = np.random.default_rng(32).standard_normal((3, k)).astype(np.float32)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa)
+    check_close(y, *reference(raw, qtype, x), k)
 
 
 @pytest.mark.parametrize("qtype", list(GGML))
@@ -201,7 +217,8 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
         cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q8_0", 5, 128, 0))[:, :68], "q8_0")
     with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor, got torch.int8"):
         cpu_qgemv.QGemv(w.view(torch.int8), "q8_0")
-    with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q4_K, q6_K \(GGML ids 8, 2, 12, 14\)"):
+    with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q5_0, q4_K, q6_K \(GGML ids 8, 2, 6, 12, "
+                                         r"14\)"):
         cpu_qgemv.QGemv(w, "q5_1")
     with pytest.raises(ValueError, match="x must be contiguous"):
         plan(torch.zeros(2, 128)[:, ::2])
@@ -232,8 +249,8 @@ def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
     """The int8 path's contract in numpy, independently of the module: x per group of 32 to ``q = round(x / dx)``
     (fp32, ties to even), ``dx = max|x| / 127`` (fp32); per group the exact integer ``isum = Σ code·q`` (int64)
     and ``sx = Σ q``; ``y = Σ dx·(D·isum − M·sx)`` in float64, D/M the group's scale/min as ggml makes them
-    (Q4_K: gguf's get_scale_min). Returns y and ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding
-    of any lane order is relative to that."""
+    (Q4_K: gguf's get_scale_min; Q5_0: code = (nibble | bit e of qh << 4) − 16, ggml's block_q5_0). Returns y and
+    ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding of any lane order is relative to that."""
     m, k = x.shape
     g = x.reshape(m, k // 32, 32)
     dx = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
@@ -244,6 +261,12 @@ def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
     if qtype == "q4_0":
         nib = blocks[..., 2:18]
         codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) - 8  # [n, G, 32]
+        sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
+    elif qtype == "q5_0":
+        qh = blocks[..., 2:6].copy().view("<u4")  # [n, G, 1]
+        fifth = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int64)  # bit e for element e
+        nib = blocks[..., 6:22]
+        codes = (np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) | (fifth << 4)) - 16
         sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
     else:
         sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))
@@ -262,6 +285,7 @@ def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
 
 
 @pytest.mark.parametrize(("qtype", "m", "n", "k"), [("q4_0", 1, 37, 896), ("q4_0", 3, 21, 4864), ("q4_0", 2, 9, 32),
+                                                    ("q5_0", 1, 37, 896), ("q5_0", 3, 21, 4864), ("q5_0", 2, 9, 32),
                                                     ("q4_K", 1, 37, 1536), ("q4_K", 2, 9, 4864), ("q4_K", 1, 5, 8960)])
 def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     """Exact integer group sums, scaled in fp32: within γ(2G + 16) of the bound (G groups; each term passes
@@ -277,7 +301,7 @@ def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     print(f"{qtype} int8 vs exact weights, random data: {np.abs(want - exact).max() / np.abs(exact).max():.2e}")
 
 
-@pytest.mark.parametrize("qtype", ["q4_0", "q4_K"])
+@pytest.mark.parametrize("qtype", ["q4_0", "q5_0", "q4_K"])
 def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
     """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
     power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
@@ -302,7 +326,7 @@ def test_int8_activations_fallback_and_refusals(fallback):
         y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), "q4_K", activations="int8")
     assert (np.abs(y.numpy() - want) <= 600 * U * bound).all()
     plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q6_K", 2, 256, 0)), "q6_K")
-    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q4_K weights, not q6_K"):
+    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q5_0, q4_K weights, not q6_K"):
         plan(torch.zeros(1, 256), activations="int8")
     with pytest.raises(ValueError, match="activations 'fp16' is not one of float32, int8"):
         plan(torch.zeros(1, 256), activations="fp16")

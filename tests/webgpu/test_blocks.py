@@ -1,5 +1,5 @@
 """GGUF block-quantized weights on the WebGPU backend (``webgpu/contraction/blocks.py``, ``qgemv.py``): GEMM,
-GATE_UP and QKV_PROJ over q8_0, q4_0, q4_K and q6_K blocks read where they lie, at decode rows (the block GEMV)
+GATE_UP and QKV_PROJ over q8_0, q4_0, q5_0, q4_K and q6_K blocks read where they lie, at decode rows (the block GEMV)
 and prefill rows (the tiled kernel), against llama.cpp's own Python dequantization (``gguf.quants``) and a
 float64 product; a small model compiled with block-quantized weights against the CPU backend on the dequantized
 floats; and the refusal of any other kernel given block bytes.
@@ -29,8 +29,8 @@ from .kernels import needs_gpu
 
 pytestmark = needs_gpu
 
-GROUP = {"q8_0": 32, "q4_0": 32, "q4_K": 32, "q6_K": 16}  # elements sharing a scale (and a min)
-SCALE_OFFSETS = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
+GROUP = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_K": 32, "q6_K": 16}  # elements sharing a scale (and a min)
+SCALE_OFFSETS = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
 EPS32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff
 
 
@@ -88,6 +88,8 @@ def run_one(kernel: str, x: np.ndarray, weights: dict[str, tuple[np.ndarray, str
 @pytest.mark.parametrize(("block", "m", "n", "k"), [
     ("q8_0", 1, 20, 96),  # N no multiple of the 8 outputs of a workgroup; odd blocks per row (2-byte aligned rows)
     ("q4_0", 3, 9, 160),
+    ("q5_0", 3, 9, 160),  # 22-byte blocks: qh at addresses ≡ 2 and ≡ 0 (mod 4)
+    ("q5_0", 6, 10, 96),  # prefill rows: the tiled kernel
     ("q4_K", 4, 16, 512),
     ("q6_K", 2, 11, 256),  # groups of 16; rows 2-byte aligned
     ("q4_K", 6, 10, 256),  # prefill rows: the tiled kernel
@@ -107,7 +109,8 @@ def test_gemm_blocks_with_bias_and_residual(block, m, n, k):
     assert np.all(np.abs(got - want) <= bound(x, w, block) + 4 * EPS32 * np.abs(want)), np.abs(got - want).max()
 
 
-@pytest.mark.parametrize(("m", "blocks"), [(1, ("q4_K", "q6_K")), (2, ("q8_0", "q8_0")), (5, ("q4_0", "q4_K"))])
+@pytest.mark.parametrize(("m", "blocks"), [(1, ("q4_K", "q6_K")), (2, ("q8_0", "q8_0")), (5, ("q4_0", "q4_K")),
+                                         (1, ("q5_0", "q8_0"))])
 def test_gate_up_blocks(m, blocks):
     k, n = 256, 12
     rng = np.random.default_rng(m)

@@ -88,7 +88,7 @@ class BlockLinear:
 
     Parts of one layout next to each other are concatenated once (one GEMV call reads them); x is computed in
     fp32 (converted at the edges for bf16/fp16 programs, as ggml does). ``int8``: the ops' ``x_int8_group`` of 32,
-    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which the Q4_0 and Q4_K kernels
+    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which the Q4_0, Q5_0 and Q4_K kernels
     do themselves with integer dot products (``cpu_qgemv``'s ``activations="int8"``)."""
 
     def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None, int8: bool = False) -> None:

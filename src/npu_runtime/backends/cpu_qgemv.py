@@ -1,16 +1,18 @@
 """Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0, Q4_0,
-Q4_K or Q6_K.
+Q5_0, Q4_K or Q6_K.
 
 A decode step reads every weight once, so its time is the weights' bytes over the memory bandwidth: Q8_0
 (34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x,
-Q4_K (144 bytes per 256) 0.14x / 0.28x, Q6_K (210 bytes per 256) 0.21x / 0.41x.
+Q5_0 (22 bytes) 0.17x / 0.34x, Q4_K (144 bytes per 256) 0.14x / 0.28x, Q6_K (210 bytes per 256) 0.21x / 0.41x.
 This module multiplies with the packed blocks as a GGUF file holds them (``W``: a ``uint8`` tensor
 ``[N, K / block · block bytes]``, row ``n`` being the blocks of output ``n``), never widening W in
 memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first use:
 
 * layouts as GGML defines them (``gguf.quants`` is the reference the tests use): Q8_0 = fp16 ``d`` then
   32 int8 codes, value ``d·q``; Q4_0 = fp16 ``d`` then 16 bytes, element ``j`` in the low nibble of byte
-  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``; the k-quants Q4_K and Q6_K are
+  ``j`` and ``j + 16`` in its high nibble, value ``d·(nibble − 8)``; Q5_0 = fp16 ``d``, a little-endian u32 ``qh``
+  of fifth bits (bit ``j`` for element ``j``), then Q4_0's 16 bytes of nibbles, value ``d·((nibble | bit << 4) −
+  16)`` (``gemv_q5.c``: the codes; the kernels are Q4_0's); the k-quants Q4_K and Q6_K are
   super-blocks of 256 (so ``K`` must be a multiple of 256: GGUF files hold rows of other lengths, such as
   Qwen2.5's K = 896, in other types), with a scale per 32 (Q4_K, and a min: ``d·sc·q − dmin·m``) or per 16
   weights (Q6_K: ``d·sc·(q − 32)``), their weights made as ggml's dequantize makes them (``d·sc`` and
@@ -34,7 +36,7 @@ the exactly dequantized weights, summed in torch.mm's order. Which path runs is 
 (:class:`_PathPolicy`: one thread favours the tiles, two threads on a loaded machine often the GEMV); ``path=``
 forces one (``bench/gemv/qprefill.py`` times them).
 
-``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; Q4_0 and Q4_K only) is llama.cpp's dot product, faster
+``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; Q4_0, Q5_0 and Q4_K) is llama.cpp's dot product, faster
 than unpacking codes to fp32 but different numerics: ``x`` is quantized once per call, per group of 32, to
 ``q = round(x / dx)`` (fp32 division, ties to even), ``dx = max|x| / 127`` (fp32); each group's sum of codes
 times ``q`` is an exact integer (AVX-512 VNNI ``vpdpbusd`` where the CPU has it, else AVX2 ``maddubs``/``madd``,
@@ -84,8 +86,8 @@ class QType:
 
 #: the layouts the kernel reads, by the names of ``torch_ir.quant.spec.BLOCKS``; ids and sizes from GGML's type
 #: table (``torch_ir.quant.blocks``)
-QTYPES: dict[str, QType] = {name: QType(name, t.id, t.block, t.nbytes)
-                            for name, t in ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0", "q4_K", "q6_K"))}
+QTYPES: dict[str, QType] = {name: QType(name, t.id, t.block, t.nbytes) for name, t in
+                            ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K"))}
 #: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
@@ -93,7 +95,7 @@ _ISA_NAMES = {code: name for name, code in ISAS.items()}
 #: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
 ACTIVATIONS: dict[str, int] = {"float32": 0, "int8": 1}
 #: the layouts the int8 path takes
-INT8_QTYPES = ("q4_0", "q4_K")
+INT8_QTYPES = ("q4_0", "q5_0", "q4_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations
 _ARGS = struct.Struct("<11q")
@@ -326,7 +328,7 @@ class QGemv:
         """``x`` fp32 ``[M, K]`` -> ``out`` fp32 ``[M, N]`` (new when None). ``threads``: one or all, whichever ran
         faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
         ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
-        weights) or ``"int8"`` (x quantized per group of 32, Q4_0 and Q4_K; see the module's docstring).
+        weights) or ``"int8"`` (x quantized per group of 32, Q4_0, Q5_0 and Q4_K; see the module's docstring).
         ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced; None: the GEMV below
         :data:`PREFILL_ROWS` rows, from there whichever :class:`_PathPolicy` measured faster for this shape."""
         act = self._activations(activations)

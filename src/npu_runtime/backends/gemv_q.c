@@ -5,26 +5,24 @@
    Python side checks every pointer and size before a call: this code trusts them. Keep in step with
    cpu_qgemv.py: the type codes (GGML's ids, QTYPES) and qgemv_packed's argument block (_ARGS).
 
-   Block layouts (GGML's ggml-common.h; gguf-py's quants.py is the reference the tests use), one row of W
-   is K / 32 blocks, little-endian:
+   Block layouts (ggml-common.h; gguf-py's quants.py is the tests' reference), K / 32 blocks a row, little-endian:
      Q8_0 (type 8): 34 bytes = fp16 d, int8 q[32];          value j = d * q[j]
      Q4_0 (type 2): 18 bytes = fp16 d, uint8 qs[16];        value j = d * ((qs[j] & 15) - 8),
                                                             value j + 16 = d * ((qs[j] >> 4) - 8), j < 16
+     Q5_0 (type 6): 22 bytes, 5-bit codes - 16: gemv_q5.c (appended) has their layout, these kernels their sums
    and k-quants, K / 256 super-blocks per row (sub-blocks of 32 / 16 weights with their own scales):
      Q4_K (type 12): 144 bytes = fp16 d, fp16 dmin, 12 bytes of 8 six-bit scales sc and mins m, uint8 qs[128];
-                     value 64c + i = (d*sc[2c]) * (qs[32c+i] & 15) - dmin*m[2c], 64c+32+i the high nibble
-                     with sc[2c+1], m[2c+1] (c < 4, i < 32)
+                     value 64c+i = (d*sc[2c]) * (qs[32c+i] & 15) - dmin*m[2c], 64c+32+i: high nibble, sc[2c+1], m[2c+1]
      Q6_K (type 14): 210 bytes = uint8 ql[128], uint8 qh[64], int8 scales[16], fp16 d; value e =
                      (d*scales[e/16]) * (6-bit code - 32), the code's low 4 bits in ql, high 2 in qh (kq_codes_c)
-   The blocks are read as they lie (W is never widened in memory). x stays fp32: per block and row of x the
-   codes (small integers, exact in fp32) are multiplied with x and summed in fp32 lanes, then that sum is
-   scaled by d and added to the row's fp32 accumulator (one FMA): d * q is exact in fp32 (11 x 8 bits), so
-   the only roundings are those of an fp32 dot product, as with a float weight. The k-quants' weights are
-   made as ggml's dequantize makes them: D = d*sc and M = dmin*m are exact (11 x 6 or 11 x 8 bits), D*q too
-   (<= 23 bits), so value = D*q - M has one rounding (Q4_K's subtraction) whether or not it is fused; they
-   are then dotted with x in fp32 lanes, again an fp32 dot product of the exactly dequantized weights.
-   gemv_q_i8.c (appended to this file by the loader) holds the x-quantized-to-int8 path, gemv_q_deq.c the
-   dequantization of rows into fp32 (a prefill's tiles). */
+   The blocks are read as they lie (W is never widened in memory). x stays fp32: per block and row of x the codes
+   (small integers, exact in fp32) are multiplied with x and summed in fp32 lanes, then that sum is scaled by d and
+   added to the row's fp32 accumulator (one FMA): d * q is exact in fp32 (11 x 8 bits), so the only roundings are
+   those of an fp32 dot product, as with a float weight. The k-quants' weights are made as ggml's dequantize makes
+   them: D = d*sc and M = dmin*m are exact (11 x 6 or 11 x 8 bits), D*q too (<= 23 bits), so value = D*q - M has one
+   rounding (Q4_K's subtraction) whether or not it is fused; they are then dotted with x in fp32 lanes, again an fp32
+   dot product of the exactly dequantized weights. Appended by the loader: gemv_q5.c (Q5_0), gemv_q_i8.c (the
+   x-quantized-to-int8 path), gemv_q_deq.c (rows of W into fp32: a prefill's tiles). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -36,7 +34,7 @@
 #define QG_X86 1
 #endif
 
-enum { QT_Q4_0 = 2, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14 };
+enum { QT_Q4_0 = 2, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14 };
 enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3 };  /* 3: gemv_q_i8.c only */
 #define QK 32
 #define QKK 256
@@ -50,7 +48,7 @@ typedef struct {
 } QJob;
 
 static inline int block_bytes(const int qt) {
-    return qt == QT_Q8_0 ? 34 : qt == QT_Q4_0 ? 18 : qt == QT_Q4_K ? 144 : 210;
+    return qt == QT_Q8_0 ? 34 : qt == QT_Q4_0 ? 18 : qt == QT_Q5_0 ? 22 : qt == QT_Q4_K ? 144 : 210;
 }
 static inline int is_kquant(const int qt) { return qt == QT_Q4_K || qt == QT_Q6_K; }
 static inline int block_elems(const int qt) { return is_kquant(qt) ? QKK : QK; }
@@ -74,6 +72,7 @@ static inline void store(const QJob *j, int64_t m, int64_t n, float v) {
 /* M rows of x times R rows of w (n0 + r * stride): per block the codes as floats, 8 lanes of 4 products,
    scaled by d into 8 lane accumulators per (m, r): gcc vectorizes the lanes without -ffast-math. */
 #define GL 8
+static inline void q5_codes_c(const uint8_t *blk, int8_t c[QK]);  /* gemv_q5.c */
 static inline __attribute__((always_inline))
 void qblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) {
     const int bs = block_bytes(qt);
@@ -86,6 +85,7 @@ void qblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride
             int8_t c[QK];  /* the codes as int8 first: gcc vectorizes the two plain loops, not one mixed */
             float q[QK];
             if (qt == QT_Q8_0) memcpy(c, blk + 2, QK);
+            else if (qt == QT_Q5_0) q5_codes_c(blk, c);
             else for (int i = 0; i < QK / 2; i++) {
                 c[i] = (int8_t)((blk[2 + i] & 15) - 8);
                 c[i + QK / 2] = (int8_t)((blk[2 + i] >> 4) - 8);
@@ -114,10 +114,11 @@ void qblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride
 /* Prefetch 2 KiB ahead in each stream, as gemv.c does (the hardware prefetcher stops at each 4 KiB page). */
 #define QG_AHEAD 2048
 
+static inline AVX2 void q5_codes_avx2(const uint8_t *blk, __m128i *lo, __m128i *hi);  /* gemv_q5.c */
 /* The 32 codes of a block as int8: elements 0..15 in lo, 16..31 in hi (Q4_0: nibble - 8, in -8..7). */
 static inline __attribute__((always_inline)) AVX2
 void codes_i8(const uint8_t *blk, const int qt, __m128i *lo, __m128i *hi) {
-    if (qt == QT_Q8_0) {
+    if (qt == QT_Q5_0) q5_codes_avx2(blk, lo, hi); else if (qt == QT_Q8_0) {
         *lo = _mm_loadu_si128((const __m128i *)(blk + 2));
         *hi = _mm_loadu_si128((const __m128i *)(blk + 18));
     } else {
@@ -417,12 +418,13 @@ RANGE_M(range_k_avx2, kblock_avx2, AVX2, QT_Q4_K, QT_Q6_K)
 RANGE_M(range_k_avx512, kblock_avx512, AVX512, QT_Q4_K, QT_Q6_K)
 #endif
 
-/* Rows [n0, n1) for every row of x, 8 rows of x at a time: a chunk's weights (~256 KiB) are read from
-   memory once and from L2 for the next 8 rows. */
+static void range_q5(const QJob *j, int64_t m0, int M, int64_t n0, int64_t n1, int isa);  /* gemv_q5.c */
+/* Rows [n0, n1) for every row of x, 8 at a time: a chunk's weights (~256 KiB) come from memory once, then L2. */
 static void run_rows(const QJob *j, int64_t n0, int64_t n1, int qt, int isa) {
     for (int64_t m0 = 0; m0 < j->M; m0 += 8) {
         const int M = (int)(j->M - m0 < 8 ? j->M - m0 : 8);
         const int k = is_kquant(qt);
+        if (qt == QT_Q5_0) { range_q5(j, m0, M, n0, n1, isa); continue; }
 #ifdef QG_X86
         if (isa == ISA_AVX512) { (k ? range_k_avx512 : range_avx512)(j, m0, M, n0, n1, qt); continue; }
         if (isa == ISA_AVX2) { (k ? range_k_avx2 : range_avx2)(j, m0, M, n0, n1, qt); continue; }
@@ -431,8 +433,7 @@ static void run_rows(const QJob *j, int64_t n0, int64_t n1, int qt, int isa) {
     }
 }
 
-/* 2: AVX-512 F/BW (and AVX2/FMA/F16C), 1: AVX2/FMA/F16C, 0: portable C; libgcc checks the OS saves the
-   registers' state too (xgetbv). */
+/* 2: AVX-512 F/BW (+ AVX2/FMA/F16C), 1: AVX2/FMA/F16C, 0: portable C; libgcc checks the OS saves them (xgetbv). */
 int qgemv_isa(void) {
 #ifdef QG_X86
     __builtin_cpu_init();
@@ -466,12 +467,11 @@ static inline int64_t chunk_end(int64_t c, int64_t rows, int64_t N) { return (c 
 
 static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa);  /* gemv_q_i8.c */
 
-/* y = x . dequant(w)^T (+ bias), x fp32 (act 0) or quantized to int8 groups (act 1, gemv_q_i8.c). 0, or -2
-   for a type this kernel does not know. Chunks go to the threads
-   of torch's OpenMP pool one by one, as in gemv.c; the Python side picks the thread count. */
+/* y = x . dequant(w)^T (+ bias), x fp32 (act 0) or quantized to int8 groups (act 1, gemv_q_i8.c). 0, or -2 for a type
+   this kernel does not know. Chunks go to torch's OpenMP threads one by one, as in gemv.c (Python picks how many). */
 int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int qt, const float *bias, float *y,
           int nthreads, int isa, int act) {
-    if (qt != QT_Q8_0 && qt != QT_Q4_0 && !is_kquant(qt)) return -2;
+    if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && !is_kquant(qt)) return -2;
     if (M <= 0 || N <= 0) return 0;
     const int64_t nb = K / block_elems(qt);
     const QJob job = {M, N, K, nb, nb * block_bytes(qt), x, w, bias, y};

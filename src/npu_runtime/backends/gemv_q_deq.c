@@ -2,9 +2,9 @@
    dequantize_rows, and the tiles of its prefill path: a tile of W widened into a buffer that stays in cache,
    then multiplied by torch.mm with many rows of x at once, where the GEMV would be compute-bound).
 
-   Appended to gemv_q.c by the loader (one translation unit: block_bytes, codes_i8, kq_weights_*). Each value is
-   made as ggml's dequantize makes it, so the result is bit-exact with gguf.quants.dequantize and
-   torch_ir.quant.blocks.dequantize: Q8_0 / Q4_0 d * q and Q6_K (d*sc) * q are exact products, Q4_K's
+   Appended to gemv_q.c by the loader (one translation unit: block_bytes, codes_i8, q5_codes_c, kq_weights_*). Each
+   value is made as ggml's dequantize makes it, so the result is bit-exact with gguf.quants.dequantize and
+   torch_ir.quant.blocks.dequantize: Q8_0 / Q4_0 / Q5_0 d * q and Q6_K (d*sc) * q are exact products, Q4_K's
    (d*sc) * q - dmin*m rounds once, fused or not (see gemv_q.c's top). */
 
 /* One row of nb blocks into dst, portable C. */
@@ -16,7 +16,11 @@ static void deq_row_c(const uint8_t *row, const int qt, const int64_t nb, float 
         const float d = f16_to_f32(load_u16(blk));
         float *o = dst + b * QK;
         if (qt == QT_Q8_0) for (int i = 0; i < QK; i++) o[i] = d * (float)(int8_t)blk[2 + i];
-        else for (int i = 0; i < QK / 2; i++) {
+        else if (qt == QT_Q5_0) {
+            int8_t c[QK];
+            q5_codes_c(blk, c);
+            for (int i = 0; i < QK; i++) o[i] = d * (float)c[i];
+        } else for (int i = 0; i < QK / 2; i++) {
             o[i] = d * (float)((blk[2 + i] & 15) - 8);
             o[i + QK / 2] = d * (float)((blk[2 + i] >> 4) - 8);
         }
@@ -70,7 +74,7 @@ static void deq_row(const uint8_t *row, const int qt, const int64_t nb, float *d
 /* out[(n - n0) * K + k] = dequant(w)[n, k] for n0 <= n < n1: 0, or -2 for a type this code does not know. The rows
    go to torch's OpenMP threads in even static shares (every row costs the same). */
 int qdeq_rows(const uint8_t *w, int qt, int64_t K, int64_t n0, int64_t n1, float *out, int nthreads, int isa) {
-    if (qt != QT_Q8_0 && qt != QT_Q4_0 && !is_kquant(qt)) return -2;
+    if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && !is_kquant(qt)) return -2;
     if (n1 <= n0 || K <= 0) return 0;
     const int64_t nb = K / block_elems(qt), row_bytes = nb * block_bytes(qt), rows = n1 - n0;
     if (nthreads > 1 && rows * K < (int64_t)nthreads * DEQ_MIN_VALUES) nthreads = (int)(rows * K / DEQ_MIN_VALUES);

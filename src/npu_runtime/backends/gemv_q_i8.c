@@ -1,15 +1,18 @@
-/* The x-quantized-to-int8 path of the quantized GEMV (activations="int8" in cpu_qgemv.py): Q4_0 and Q4_K.
+/* The x-quantized-to-int8 path of the quantized GEMV (activations="int8" in cpu_qgemv.py): Q4_0, Q5_0 and Q4_K.
 
-   Appended to gemv_q.c by the loader (one translation unit: it uses QJob, SPREAD, chunk_rows, kq_scales).
+   Appended to gemv_q.c and gemv_q5.c by the loader (one translation unit: QJob, SPREAD, chunk_rows, kq_scales,
+   q5_unsigned_avx2, q5_codes_c).
    llama.cpp's trade: x is quantized once per call, per group of 32, to int8 q = round(x / dx) (fp32
    division, ties to even) with dx = max|x| / 127 (fp32); then each group's dot product with the weight
    codes is an exact integer, and only its scaling is fp32:
      y = sum over groups g of (D_g * dx_g) * isum_g - M_g * (dx_g * sx_g)
-   isum_g = sum of code * q over the group (Q4_0: code = nibble - 8, D = d, M = 0; Q4_K: code = nibble,
+   isum_g = sum of code * q over the group (Q4_0: code = nibble - 8, D = d, M = 0; Q5_0: code = 5-bit code - 16,
+   D = d, M = 0; Q4_K: code = nibble,
    D = d*sc, M = dmin*m of the sub-block), sx_g = sum of q. The integer sums are exact in any order; the
    fp32 products and sums are in whatever order the lanes give (the tests bound them). Unsigned nibbles meet
    signed q in AVX-512 VNNI's vpdpbusd (8 int32 lanes of 4 products each) or AVX2's maddubs/madd; Q4_0's
-   "- 8" enters as each lane's starting value -8 * (sum of its 4 q), precomputed with q. */
+   "- 8" enters as each lane's starting value -8 * (sum of its 4 q), precomputed with q, and Q5_0's "- 16" (its codes
+   made unsigned, 0..31) as twice that. */
 #include <stdlib.h>
 
 typedef struct {
@@ -54,6 +57,14 @@ static void iblock_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
     float acc = 0.0f, macc = 0.0f;
     for (int64_t b = 0; b < j->nb; b++) {
         const uint8_t *blk = j->w + n * j->row_bytes + b * bs;
+        if (qt == QT_Q5_0) {
+            int8_t c[QK];
+            int s = 0;
+            q5_codes_c(blk, c);
+            for (int i = 0; i < QK; i++) s += c[i] * qx[b * QK + i];
+            acc += (f16_to_f32(load_u16(blk)) * dx[b]) * (float)s;
+            continue;
+        }
         if (qt == QT_Q4_0) {
             int s = 0;
             for (int i = 0; i < 16; i++)
@@ -79,13 +90,22 @@ static void iblock_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
 
 #ifdef QG_X86
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-/* 8 int32 lanes += 4 products of unsigned u and signed s bytes each (no overflow: u <= 15, |s| <= 127) */
+/* 8 int32 lanes += 4 products of unsigned u and signed s bytes each (no overflow: u <= 31, |s| <= 127; maddubs' pairs
+   <= 2 * 31 * 127 fit int16) */
 #define DOT_VNNI(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define DOT_AVX2(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), \
                                                                        _mm256_set1_epi16(1)))
 
-/* R rows of W (n0 + r * stride) against row m of x. */
-#define IBLOCK(NAME, ATTR, DOT) \
+/* Q5_0's codes + 16 where AVX-512 BW/VL is at hand: qh itself the mask of the fifth bits (q5_unsigned_avx2 spreads
+   and tests them in 5 instructions). */
+static inline __attribute__((always_inline)) VNNI __m256i q5_unsigned_vnni(const uint8_t *blk) {
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    return _mm256_or_si256(q5_nibbles_avx2(blk), _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(16)));
+}
+
+/* R rows of W (n0 + r * stride) against row m of x; Q5U: Q5_0's codes + 16. */
+#define IBLOCK(NAME, ATTR, DOT, Q5U) \
 static inline __attribute__((always_inline)) ATTR \
 void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, const int qt) { \
     const QJob *j = ij->j; \
@@ -102,6 +122,14 @@ void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, co
         for (int r = 0; r < R; r++) { \
             const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * bs; \
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0); \
+            if (qt == QT_Q5_0) { /* the codes + 16 (0..31, unsigned); -16 * the sum of each 4 q = 2 * corr */ \
+                const __m256i u = Q5U(blk); \
+                const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(corr + 8 * b)), 1), u, \
+                                      _mm256_loadu_si256((const __m256i *)(qx + QK * b))); \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(blk)) * dx[b]), \
+                                         _mm256_cvtepi32_ps(i), acc[r]); \
+                continue; \
+            } \
             if (qt == QT_Q4_0) { /* the 16 bytes twice, the upper copy shifted: nibbles 0..15, then 16..31 */ \
                 const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2))); \
                 const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(v, shift), m4); \
@@ -130,8 +158,8 @@ void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, co
     } \
     for (int r = 0; r < R; r++) store(j, m, n0 + r * stride, hsum8(acc[r]) - macc[r]); \
 }
-IBLOCK(iblock_avx2, AVX2, DOT_AVX2)
-IBLOCK(iblock_vnni, VNNI, DOT_VNNI)
+IBLOCK(iblock_avx2, AVX2, DOT_AVX2, q5_unsigned_avx2)
+IBLOCK(iblock_vnni, VNNI, DOT_VNNI, q5_unsigned_vnni)
 #endif
 
 /* Rows [n0, n1) against every row of x: 4 far-apart streams per row of x, the type a constant in each copy. */
@@ -143,7 +171,8 @@ IBLOCK(iblock_vnni, VNNI, DOT_VNNI)
     }
 #define IRANGE(NAME, BLOCK, ATTR) \
 static ATTR void NAME(const IJob *ij, int64_t n0, int64_t n1, const int qt) { \
-    if (qt == QT_Q4_0) { IB(BLOCK, QT_Q4_0); } else { IB(BLOCK, QT_Q4_K); } \
+    if (qt == QT_Q4_0) { IB(BLOCK, QT_Q4_0); } else if (qt == QT_Q5_0) { IB(BLOCK, QT_Q5_0); } \
+    else { IB(BLOCK, QT_Q4_K); } \
 }
 #ifdef QG_X86
 IRANGE(irange_avx2, iblock_avx2, AVX2)
@@ -171,7 +200,7 @@ int qgemv_vnni(void) {
 
 /* qgemv() for activations = int8: 0, -2 for a type this path does not take, -3 when out of memory. */
 static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa) {
-    if (qt != QT_Q4_0 && qt != QT_Q4_K) return -2;
+    if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K) return -2;
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
     float *dx = malloc((size_t)(2 * M * G) * sizeof(float));

@@ -7,7 +7,8 @@ its real value is ``(q - zero_point) * scale`` with the scale and zero point cho
 * per channel: ``axis`` names the channel dimension, one scale per index along it;
 * per group: ``axis`` and ``group_size`` g, one scale per g consecutive elements along ``axis`` (ONNX's blocked
   quantization, GPTQ/AWQ groups): the scale tensor has the tensor's shape with ``axis`` divided by g;
-* a block layout (``block``: GGUF's ``q8_0``, ``q4_0``, ``q4_K``, ``q6_K``): scales live inside the packed data.
+* a block layout (``block``: GGUF's ``q8_0``, ``q4_0``, ``q5_0``, ``q4_K``, ``q6_K``): scales live inside the packed
+  data.
   Such a tensor is a weight-only layout: its dtype is the float type its values are computed in, its bytes are
   the blocks (:func:`stored`), ``spec.dtype`` names the codes inside (``BLOCK_CODES``), and reading it means
   dequantizing its blocks (``torch_ir.quant.blocks``, bit-exact with ggml).
@@ -37,11 +38,12 @@ PACKED = frozenset({"int4", "uint4"})
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
 METHODS = ("divide", "multiply_inverse")
 #: GGUF block layouts (elements per block); their scales are inside the data.
-BLOCKS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+BLOCKS = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_K": 256, "q6_K": 256}
 #: Bytes per block of each layout (GGML's ``block_q8_0`` ...; ``torch_ir.quant.blocks`` has every GGML type, and its
-#: tests hold these rows to it) and the type of the codes inside (Q6_K's 6-bit codes, 32 subtracted, fit int8).
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210}
-BLOCK_CODES = {"q8_0": "int8", "q4_0": "int4", "q4_K": "uint4", "q6_K": "int8"}
+#: tests hold these rows to it) and the type of the codes inside (Q5_0's 5-bit codes, 16 subtracted, and Q6_K's
+#: 6-bit codes, 32 subtracted, fit int8: there is no 5- or 6-bit type).
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q5_0": 22, "q4_K": 144, "q6_K": 210}
+BLOCK_CODES = {"q8_0": "int8", "q4_0": "int4", "q5_0": "int8", "q4_K": "uint4", "q6_K": "int8"}
 #: What a block-quantized tensor holds: the float values its blocks dequantize to (a weight-only layout).
 BLOCK_VALUE_DTYPES = ("float32", "float16", "bfloat16")
 

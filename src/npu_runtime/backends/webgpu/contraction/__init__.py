@@ -13,7 +13,7 @@ residual, activation, the output's index mapping), run by one of two kernels:
   coalesced (two bfloat16/float16 values per u32 word where the layout allows), then a tree reduction in
   workgroup memory.
 
-A weight in GGUF blocks (q8_0, q4_0, q4_K, q6_K; ``blocks``) is read where it lies: the GEMV rows run the block
+A weight in GGUF blocks (q8_0, q4_0, q5_0, q4_K, q6_K; ``blocks``) is read where it lies: the GEMV rows run the block
 GEMV (``qgemv``), the tiled kernel's loads decode it element by element.
 
 A convolution is an implicit GEMM over NHWC (M = output pixels, N = output channels of a group, K = kernel

@@ -10,13 +10,14 @@ layout   bytes   group  a, b (``d``, ``dmin``: the block's fp16 scales, read wit
 =======  ======  =====  =====================================================================================
 q8_0     34      32     d, 0 (int8 codes)
 q4_0     18      32     d, -8 d (4-bit codes, low nibbles then high nibbles)
+q5_0     22      32     d, -16 d (q4_0's nibbles at byte 6, each code's 5th bit in the u32 ``qh`` at byte 2: bit e)
 q4_K     144     32     d · sc, -dmin · m (6-bit sc, m of the 8 sub-blocks in 12 bytes: ggml's get_scale_min_k4)
 q6_K     210     16     d · sc, -32 d · sc (low 4 bits in ql, high 2 in qh, int8 sc per 16 elements)
 =======  ======  =====  =====================================================================================
 
 so a dot product over a group is ``a · Σ q x + b · Σ x``: the GEMV (``qgemv``) reads each group's parameters once
 and its codes four at a time (one u32 word: 4 int8 codes, or 4 nibbles of a word shifted and masked). Blocks of
-q8_0, q4_0 and q6_K are 2-byte aligned only (34, 18, 210 bytes), so a word at an address ≡ 2 (mod 4) is put
+q8_0, q4_0, q5_0 and q6_K are 2-byte aligned only (34, 18, 22, 210 bytes), so a word at an address ≡ 2 (mod 4) is put
 together from the halves of two; q4_K's are word-aligned.
 
 For input ``i`` the natural functions are ``bp{i}(r, g) -> vec2<f32>`` (a, b of group g of row r) and
@@ -45,6 +46,11 @@ _LAYOUTS: dict[str, tuple[int, int, int, str, str]] = {
              "let v = W4(A + 2u + 4u * c); return " + S8X4.format(v="v") + ";"),
     "q4_0": (32, 18, 32, "let d = H(A); return vec2<f32>(d, -8.0 * d);",
              "let v = (W4(A + 2u + 4u * (c % 4u)) >> (4u * (c / 4u))) & 0x0f0f0f0fu; return "
+             + U8X4.format(v="v") + ";"),
+    # word c: nibbles as q4_0's, and qh's bits 4c .. 4c + 3 moved to bit 4 of bytes 0 .. 3 (codes 0 .. 31)
+    "q5_0": (32, 22, 32, "let d = H(A); return vec2<f32>(d, -16.0 * d);",
+             "let n = (W4(A + 6u + 4u * (c % 4u)) >> (4u * (c / 4u))) & 0x0f0f0f0fu; let h = (W4(A + 2u) >> (4u * c)); "
+             "let v = n | ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u); return "
              + U8X4.format(v="v") + ";"),
     "q4_K": (256, 144, 32,
              "let w = A / 4u; let dd = unpack2x16float(IN[w]); let t = (s % 4u) * 8u; "
