@@ -24,9 +24,9 @@ block contraction (``load_lm(int8_activations=True)``), llama.cpp's own contract
 tokens are compared with the same float reference, which they leave as llama.cpp's do (its top-1 agreement with
 llama.cpp is the telling column).
 
-Block-quantized files (q8_0, q4_0, q4_K_M) run on their blocks (``npu_runtime.backends.cpu_blocks``); the
-tensors of other block types llama.cpp's quantizer mixes in (Q5_0, Q4_1 where rows are not whole 256-blocks)
-are dequantized to float32 on load, said in the output.
+Block-quantized files (q8_0, q4_0, q4_K_M) run on their blocks (``npu_runtime.backends.cpu_blocks``), the Q5_0
+tensors llama.cpp's quantizer puts in a q4_K_M file where rows are not whole 256-blocks included; tensors of other
+block types (Q4_1, Q5_1, ...) are dequantized to float32 on load, said in the output.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """An LLM from a GGUF file (llama.cpp's format) for ``load_lm``: the metadata as a Hugging Face config (the model
 built on the meta device from it), the tokenizer from the file's vocabulary and merges, the weights by HF key.
 
-The weights of the block layouts the programs hold (``torch_ir.quant.spec.BLOCKS``: Q8_0, Q4_0, Q4_K, Q6_K) stay
+The weights of the block layouts the programs hold (``torch_ir.quant.spec.BLOCKS``: Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) stay
 their blocks, as the file maps them: the programs' weight slots are marked with the layout
 (``npu_compiler.llm.with_block_weights``) and the CPU backend's linear layers read the blocks
 (``npu_runtime.backends.cpu_qgemv``), so a decode step reads the file's bytes. Tensors of other block types (Q4_1,
-Q5_0, ... which llama.cpp's quantizer uses for some rows) are dequantized to the compute dtype when read, bit-exact
+Q5_1, ... which llama.cpp's quantizer may use for some rows) are dequantized to the compute dtype when read, bit-exact
 against the ``gguf`` package (one warning names them).
 """
 

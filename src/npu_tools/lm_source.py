@@ -40,7 +40,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
     in. A GGUF file's block-quantized weights stay blocks (``npu_compiler.llm.with_block_weights``);
     ``int8_activations`` rounds the activations their contractions read to int8 groups, as llama.cpp does (faster
-    Q4_0/Q4_K kernels; CPU only). ``kv_bits=8`` holds the KV cache as int8 codes and float32 scales
+    Q4_0/Q5_0/Q4_K kernels; CPU only). ``kv_bits=8`` holds the KV cache as int8 codes and float32 scales
     (``npu_compiler.kvcache``). ``progress(label)`` is called before each stage.
     """
     import torch
@@ -81,8 +81,8 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     step("weights")
     tensors, layouts = weights()  # a GGUF file's block-quantized weights stay blocks where the target reads them
     if int8_activations and not layouts:
-        raise CompileError(f"{name}: int8 activations are for block-quantized weights (a Q8_0, Q4_0, Q4_K or Q6_K "
-                           "GGUF file); this model's weights are float: leave --int8-activations out")
+        raise CompileError(f"{name}: int8 activations are for block-quantized weights (a Q8_0, Q4_0, Q5_0, Q4_K or "
+                           "Q6_K GGUF file); this model's weights are float: leave --int8-activations out")
     kept = with_block_weights(programs, layouts, int8_activations=int8_activations)
     for key in set(layouts) - set(kept):  # blocks the target reads nowhere: their values
         tensors[key] = blocks.dequantize_rows(tensors[key], layouts[key].upper()).to(torch_dtype)

@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"prefill program length in tokens (default: {DEFAULT_CHUNK})")
     p.add_argument("--int8-activations", action="store_true",
                    help="a GGUF file's block-quantized layers round their input to int8 groups of 32 first, as "
-                        "llama.cpp does: faster Q4_0/Q4_K kernels, results within that rounding (CPU backend)")
+                        "llama.cpp does: faster Q4_0/Q5_0/Q4_K kernels, results within that rounding (CPU backend)")
     p.add_argument("--kv-bits", type=_kv_bits, default=None, metavar="BITS",
                    help="hold the KV cache quantized: 8 = int8 codes with one float32 scale per head and position "
                         "(default: the model's float dtype)")
