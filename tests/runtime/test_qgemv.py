@@ -215,14 +215,14 @@ def test_bad_inputs_are_refused_before_the_kernel(qlib):
         cpu_qgemv.QGemv(w.reshape(-1), "q8_0")
     with pytest.raises(ValueError, match="weight must be contiguous"):
         cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q8_0", 5, 128, 0))[:, :68], "q8_0")
-    with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor, got torch.int8"):
+    with pytest.raises(TypeError, match="weight must be a CPU uint8 tensor, got torch.int8"):
         cpu_qgemv.QGemv(w.view(torch.int8), "q8_0")
     with pytest.raises(ValueError, match=r"'q5_1' is not one of q8_0, q4_0, q5_0, q4_K, q6_K \(GGML ids 8, 2, 6, 12, "
                                          r"14\)"):
         cpu_qgemv.QGemv(w, "q5_1")
     with pytest.raises(ValueError, match="x must be contiguous"):
         plan(torch.zeros(2, 128)[:, ::2])
-    with pytest.raises(TypeError, match="x must be a CPU torch.float32 tensor, got torch.float64"):
+    with pytest.raises(TypeError, match="x must be a CPU float32 tensor, got torch.float64"):
         plan(x.double())
     with pytest.raises(ValueError, match="bias has shape"):
         cpu_qgemv.QGemv(w, "q8_0", torch.zeros(4))

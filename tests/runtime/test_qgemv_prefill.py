@@ -68,11 +68,11 @@ def test_bad_ranges_and_buffers_are_refused(qlib):
         cpu_qgemv.dequantize_rows(w, "q4_0", 1, 3, out=torch.empty(3, 64))
     with pytest.raises(ValueError, match="out must be contiguous"):
         cpu_qgemv.dequantize_rows(w, "q4_0", 1, 3, out=torch.empty(64, 2).t())
-    with pytest.raises(TypeError, match="out must be a CPU torch.float32 tensor"):
+    with pytest.raises(TypeError, match="out must be a CPU float32 tensor"):
         cpu_qgemv.dequantize_rows(w, "q4_0", 1, 3, out=torch.empty(2, 64, dtype=torch.float64))
     with pytest.raises(ValueError, match="whole q8_0 blocks"):
         cpu_qgemv.dequantize_rows(w, "q8_0")
-    with pytest.raises(TypeError, match="weight must be a CPU torch.uint8 tensor"):
+    with pytest.raises(TypeError, match="weight must be a CPU uint8 tensor"):
         cpu_qgemv.dequantize_rows(w.view(torch.int8), "q4_0")
     with pytest.raises(ValueError, match="isa 'neon' is not one of"):
         cpu_qgemv.dequantize_rows(w, "q4_0", isa="neon")

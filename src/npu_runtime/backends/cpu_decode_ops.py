@@ -113,21 +113,9 @@ def _library() -> tuple[Library, int] | None:
 
 
 def _arg(t: Tensor, op: str, what: str, dtypes: dict[torch.dtype, int]) -> tuple[int, int, int]:
-    """``(address, dtype code, bytes)`` of a tensor the C code touches, after checking what its pointer arithmetic
-    relies on: a CPU tensor of a dtype it takes, contiguous, its bytes inside its storage (a view whose storage
-    was shrunk with ``resize_`` claims bytes that are gone)."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{op}: {what} must be a tensor, not {type(t).__name__}")
-    code = dtypes.get(t.dtype)
-    if code is None or not t.is_cpu:
-        raise TypeError(f"{op}: {what} must be a CPU {'/'.join(str(d)[6:] for d in dtypes)} tensor, got {t.dtype} "
-                        f"on {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{op}: {what} must be contiguous")
-    size = t.nbytes
-    if size and t.storage_offset() * t.element_size() + size > t.untyped_storage().nbytes():
-        raise ValueError(f"{op}: {what} claims {size} bytes beyond what its storage holds")
-    return t.data_ptr(), code, size
+    """``(address, dtype code, bytes)`` of a tensor the C code touches, checked (``cpu_gemv_build.tensor_arg``; its
+    shape is checked apart, by :func:`_shape`)."""
+    return cpu_gemv_build.tensor_arg(t, op, what, dtypes)
 
 
 def _shape(t: Tensor, op: str, what: str, shape: tuple[int, ...]) -> None:

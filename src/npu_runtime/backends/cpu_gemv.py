@@ -91,26 +91,11 @@ def _load() -> Library | None:
 
 
 def _arg(t: Tensor, what: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """``(address, dtype code, bytes)`` of a tensor the C kernel may touch, after checking everything its
-    pointer arithmetic relies on: a CPU tensor of a kernel dtype, this shape, contiguous, and its bytes
-    inside its storage (a view whose storage was shrunk with ``resize_`` claims bytes that are gone)."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"gemv: {what} must be a tensor, not {type(t).__name__}")
-    code = DTYPE_CODES.get(t.dtype)
-    if code is None or not t.is_cpu:
-        raise TypeError(f"gemv: {what} must be a CPU float32/bfloat16/float16 tensor, got {t.dtype} on {t.device}")
-    if t.shape != shape:
-        raise ValueError(f"gemv: {what} has shape {tuple(t.shape)}, expected {shape}")
-    if not t.is_contiguous():
-        raise ValueError(f"gemv: {what} must be contiguous (call .contiguous())")
-    size = t.nbytes
-    if size and t.storage_offset() * t.element_size() + size > t.untyped_storage().nbytes():
-        raise ValueError(f"gemv: {what} claims {size} bytes beyond what its storage holds")
-    return t.data_ptr(), code, size
+    """``(address, dtype code, bytes)`` of a tensor the kernel touches, checked (``cpu_gemv_build.tensor_arg``)."""
+    return cpu_gemv_build.tensor_arg(t, "gemv", what, DTYPE_CODES, tuple(shape))
 
 
-def _overlap(a: int, a_size: int, b: int, b_size: int) -> bool:
-    return a < b + b_size and b < a + a_size
+_overlap = cpu_gemv_build.overlaps
 
 
 # -------------------------------------------------------------------------------------------- torch

@@ -9,6 +9,7 @@ in a private temporary folder, for this process alone. Which kernel runs (AVX2/F
 is asked of the loaded library (``gemv_isa``), so one ``.so`` serves any x86-64 of a CI pool.
 
 :func:`open_library` builds and loads any such C source (``bench/gemv`` builds its read loop with it).
+:func:`tensor_arg` is the check every C call of the CPU backend makes of each tensor it passes.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -229,12 +232,39 @@ class NativeKernel:
         return library
 
 
+def tensor_arg(t: object, op: str, what: str, dtypes: Mapping[torch.dtype, int],
+               shape: tuple[int, ...] | None = None) -> tuple[int, int, int]:
+    """``(address, dtype code, bytes)`` of a tensor a native kernel touches, after checking everything its pointer
+    arithmetic relies on: a CPU tensor of one of ``dtypes`` (dtype -> the kernel's code), of ``shape`` when given,
+    contiguous, and its bytes inside its storage (a view whose storage was shrunk with ``resize_`` claims bytes
+    that are gone). The one check every C call of the CPU backend (GEMV, quantized GEMV, decode ops) makes."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {what} must be a tensor, not {type(t).__name__}")
+    code = dtypes.get(t.dtype)
+    if code is None or not t.is_cpu:
+        names = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{op}: {what} must be a CPU {names} tensor, got {t.dtype} on {t.device}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{op}: {what} has shape {tuple(t.shape)}, expected {shape}")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {what} must be contiguous (call .contiguous())")
+    size = t.nbytes
+    if size and t.storage_offset() * t.element_size() + size > t.untyped_storage().nbytes():
+        raise ValueError(f"{op}: {what} claims {size} bytes beyond what its storage holds")
+    return t.data_ptr(), code, size
+
+
+def overlaps(a: int, a_size: int, b: int, b_size: int) -> bool:
+    """Whether the byte ranges ``[a, a + a_size)`` and ``[b, b + b_size)`` share a byte."""
+    return a < b + b_size and b < a + a_size
+
+
 def set_enabled(enabled: bool) -> bool:
     """``NativeKernel.enabled``, the one switch; returns the previous setting."""
     previous, NativeKernel.enabled = NativeKernel.enabled, bool(enabled)
     return previous
 
 
-__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME",
-            "BuildError", "Library", "NativeKernel", "build",
-           "cache_dir", "find_compiler", "kernel_source", "load", "load_q", "open_library", "private", "set_enabled"]
+__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME", "BuildError", "Library",
+           "NativeKernel", "build", "cache_dir", "find_compiler", "kernel_source", "load", "load_q", "open_library",
+           "overlaps", "private", "set_enabled", "tensor_arg"]

@@ -170,24 +170,13 @@ def _load() -> Library | None:
 
 
 def _arg(t: Tensor, what: str, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]:
-    """``(address, bytes)`` of a tensor the kernel touches, after checking what its pointer arithmetic relies
-    on: a CPU tensor of ``dtype`` and ``shape``, contiguous, its bytes inside its storage."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"qgemv: {what} must be a tensor, not {type(t).__name__}")
-    if t.dtype != dtype or not t.is_cpu:
-        raise TypeError(f"qgemv: {what} must be a CPU {dtype} tensor, got {t.dtype} on {t.device}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"qgemv: {what} has shape {tuple(t.shape)}, expected {shape}")
-    if not t.is_contiguous():
-        raise ValueError(f"qgemv: {what} must be contiguous (call .contiguous())")
-    size = t.nbytes
-    if size and t.storage_offset() * t.element_size() + size > t.untyped_storage().nbytes():
-        raise ValueError(f"qgemv: {what} claims {size} bytes beyond what its storage holds")
-    return t.data_ptr(), size
+    """``(address, bytes)`` of a tensor of ``dtype`` and ``shape`` the kernel touches, checked
+    (``cpu_gemv_build.tensor_arg``)."""
+    address, _, size = cpu_gemv_build.tensor_arg(t, "qgemv", what, {dtype: 0}, tuple(shape))
+    return address, size
 
 
-def _overlap(a: int, a_size: int, b: int, b_size: int) -> bool:
-    return a < b + b_size and b < a + a_size
+_overlap = cpu_gemv_build.overlaps
 
 
 # -------------------------------------------------------------------------------------------- torch
