@@ -20,7 +20,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.npu_kvcache import KV_CODE_DTYPES, as_bytes, quantize_kv
 
 from .cpu_kernels import LINEAR_DTYPES
-from .cpu_transformer import read_attention
+from .cpu_transformer import masked_softmax, read_attention
 
 Tensor = torch.Tensor
 
@@ -99,16 +99,10 @@ class KvqAttention:
         scores = torch.matmul(q.float().reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2))
         scores.mul_(ks[:, :, None, :n] * self.scale)
         scores = scores.view(b, h, t, n)
-        if self.future is not None:
-            scores.masked_fill_(self.future[:, :n], float("-inf"))
-        if mask is not None:
-            m = mask[..., :n] if mask.shape[-1] > 1 else mask
-            if m.dtype == torch.bool:
-                scores.masked_fill_(~m, float("-inf"))
-            else:
-                scores.add_(m.float())
-        p = torch.softmax(scores, dim=-1)
-        p.masked_fill_(torch.isnan(p), 0.0)
+        future = self.future[:, :n] if self.future is not None else None
+        if mask is not None and mask.shape[-1] > 1:
+            mask = mask[..., :n]  # the live positions' columns
+        p = masked_softmax(scores, future, mask)
         p = p.view(b, hkv, g * t, n).mul_(vs[:, :, None, :n])
         y = torch.matmul(p, v).view(b, h, t, v.shape[-1])
         out = outputs[0]

@@ -133,6 +133,20 @@ def read_attention(kernel: object, dispatch: Dispatch, specs: dict[str, TensorSp
     kernel.future = torch.ones(int(t), int(s), dtype=torch.bool).tril().logical_not() if kernel.causal else None
 
 
+def masked_softmax(scores: Tensor, future: Tensor | None, mask: Tensor | None) -> Tensor:
+    """softmax over the last dim of fp32 ``scores`` after the causal mask ``future`` (True: hidden) and ``mask``
+    (bool: False hides; else added); a fully hidden row gives zeros, as the reference. ``scores`` is changed."""
+    if future is not None:
+        scores.masked_fill_(future, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:
+            scores.add_(mask.float())
+    p = torch.softmax(scores, dim=-1)
+    return p.masked_fill_(torch.isnan(p), 0.0)
+
+
 class Attention:
     """``ATTENTION``: ``softmax(q·kᵀ·scale + mask)·v`` over a KV cache without copying it.
 
@@ -177,16 +191,7 @@ class Attention:
         q, k, v = (x.float() for x in inputs[:3])  # scores and softmax in float32 (no copy for float32)
         scores = torch.matmul(q.reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2)).view(b, h, t, s)
         scores.mul_(self.scale)
-        if self.future is not None:
-            scores.masked_fill_(self.future, float("-inf"))
-        if len(inputs) > 3:
-            mask = inputs[3]
-            if mask.dtype == torch.bool:
-                scores.masked_fill_(~mask, float("-inf"))
-            else:
-                scores.add_(mask.float())
-        p = torch.softmax(scores, dim=-1)
-        p.masked_fill_(torch.isnan(p), 0.0)
+        p = masked_softmax(scores, self.future, inputs[3] if len(inputs) > 3 else None)
         y = torch.matmul(p.view(b, hkv, g * t, s), v).view(b, h, t, v.shape[-1])
         out = outputs[0]
         out.copy_(y.transpose(1, 2).reshape(out.shape) if self.merge_heads else y)
