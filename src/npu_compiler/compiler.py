@@ -40,6 +40,7 @@ from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
 from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
 from .passes.kernel_fusion import fuse_kernels
+from .passes.precision import cast_precision, precision_dtype
 from .state import state_slots, state_specs
 from .static_shapes import bind_shapes, check_static_inputs
 
@@ -66,6 +67,9 @@ class CompileOptions:
     public_output_names: bool = True
     # Keep the normalized IR inside the program (for inspection and CPU fallback); False for a smaller file.
     embed_ir: bool = True
+    # The compute dtype of a float model: "bf16", "fp16" or "fp32" casts its activations and weights (the program's
+    # inputs and outputs keep their dtypes; passes.precision); None keeps the IR's own dtypes.
+    precision: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON values only, sets sorted: the options go into the program, which must be deterministic."""
@@ -93,11 +97,14 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     """
     _check_fallback(fallback)
     options = options or CompileOptions()
+    precision_dtype(options.precision)  # an unknown precision is refused before any work
     target = get_target(target)
     ir = bind_shapes(load_source(ir_or_path), bind, input_shapes)
     check_static_inputs(ir)
     if options.normalize:
         ir = normalize(ir, options.normalize_options)
+    if options.precision is not None:
+        ir = cast_precision(ir, options.precision)
     if options.fuse:
         ir = fuse_kernels(ir)
     host = check_compilable(ir, target, fallback=fallback)
@@ -301,6 +308,10 @@ def _program(ir: NPU_IR, target: Target, lowered: Lowered, memory: MemoryPlan,
                                    if k in ir.non_persistent_buffers},
         "placement": placement_metadata(ir, lowered, fallback),
     }
+    if "precision" in ir.metadata:  # the compute dtype, and the weight slots load_weights rounds into it
+        cast = ir.metadata["precision"]
+        metadata["precision"] = {**cast, "weights": {w.name: cast["weights"][w.name] for w in weights
+                                                     if w.name in cast["weights"]}}
     return CompiledProgram(
         model_name=ir.model_name, target=target.name,
         input_specs=[lowered.tensors[t.name] for t in ir.graph_inputs],

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +265,7 @@ class CompiledProgram:
             kinds = ", ".join(sorted({d.kernel for d in at_bind}))
             lines.append(f"bind time: {len(at_bind)} dispatches ({kinds}) run once when the weights are bound, "
                          f"not on every run")
+        lines += precision_lines(self.metadata.get("precision"))
         lines += self.placement_lines()
         return "\n".join(lines)
 
@@ -321,6 +323,32 @@ def _placement_flops(placement: Any) -> tuple[int, int] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         return None
     return values
+
+
+def precision_lines(record: Any) -> list[str]:
+    """The summary's lines for ``metadata["precision"]`` (``npu_compiler``'s ``CompileOptions.precision`` and, when it
+    was measured, ``npu_compiler.precision.precision_error``); none without one. Read defensively: a program file is
+    untrusted, so a malformed record prints what it can and never raises."""
+    if not isinstance(record, Mapping):
+        return []
+    lines = [f"precision: {record.get('precision')} (weights and activations in {record.get('dtype')}; the "
+             "program's inputs and outputs keep their dtypes)"]
+    error = record.get("error")
+    if isinstance(error, Mapping) and isinstance(error.get("outputs"), list):
+        lines.append(f"error against fp32 ({error.get('inputs')}):")
+        lines += [f"  {_error_line(o)}" for o in error["outputs"] if isinstance(o, Mapping)]
+    return lines
+
+
+def _error_line(o: Mapping[str, Any]) -> str:
+    def num(key: str) -> float:
+        value = o.get(key)
+        return float(value) if isinstance(value, (int, float)) else float("nan")
+
+    text = f"{o.get('name')}: max abs {num('max_abs'):.3g} ({num('rel'):.2%} of max |fp32|), cosine {num('cosine'):.6f}"
+    if o.get("top1") is not None:
+        text += f", top-1 {num('top1'):.0%}, top-5 {num('top5'):.0%} equal"
+    return text
 
 
 def _count(n: int) -> str:

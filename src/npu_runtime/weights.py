@@ -63,6 +63,7 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
     tied = program.metadata.get("weight_aliases", {})
     recipes = program.metadata.get("non_persistent_buffers", {})
     reverse = reverse_aliases(tied)
+    cast = _cast_slots(program)
     buffers, missing, unknown_buffers, wrong, used = {}, [], [], [], set()
     for spec in program.weight_specs:
         key = program.weight_keys.get(spec.name, spec.name)
@@ -75,6 +76,8 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
         else:
             used |= tied_keys(found, tied, reverse)
             array = _host(state[found], found, where)  # only the tensors a slot reads are converted
+            if spec.name in cast:
+                array = _into_precision(array, spec, cast[spec.name])
             problem = _mismatch(array, spec)
             if problem:
                 wrong.append(f"{found}: {problem}")
@@ -84,6 +87,28 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
         python, cli = _report(where, program, missing, unknown_buffers, wrong, len(state))
         raise RuntimeInputError(python, cli=cli)
     return Weights(program, buffers, sorted(set(state) - used))
+
+
+def _cast_slots(program: CompiledProgram) -> dict[str, str]:
+    """The weight slots a ``CompileOptions.precision`` program computes in another float dtype than the model's
+    weights have: slot -> the model's dtype (``metadata["precision"]["weights"]``; anything else there is ignored,
+    and the slot's dtype is then checked as usual)."""
+    record = program.metadata.get("precision")
+    weights = record.get("weights") if isinstance(record, dict) else None
+    if not isinstance(weights, dict):
+        return {}
+    return {k: v for k, v in weights.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _into_precision(value: Any, spec: TensorSpec, source_dtype: str) -> Any:
+    """A weight of the model's float dtype rounded (to nearest even) into the program's compute dtype; a value of
+    any other dtype is left for the usual check, which names both."""
+    if not hasattr(value, "dtype") or dtypes.name_of(value.dtype) != source_dtype:
+        return value
+    target = dtypes.torch_dtype(spec.dtype)
+    if not (target.is_floating_point and dtypes.torch_dtype(source_dtype).is_floating_point):
+        return value  # only float to float: a program file cannot turn integer codes into values this way
+    return torch.as_tensor(value).to(target)
 
 
 def _rebuilt(recipe: dict[str, Any], spec: TensorSpec, key: str, program: CompiledProgram) -> Any:

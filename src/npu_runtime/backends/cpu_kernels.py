@@ -21,6 +21,7 @@ writes them without conversion.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -97,6 +98,15 @@ def _fold_batch_norm(w: Tensor, b: Tensor | None, bn: Sequence[Tensor], eps: flo
 # --------------------------------------------------------------------------------------------- conv
 
 
+@functools.cache
+def _conv_dtypes() -> frozenset[str]:
+    """What oneDNN's convolution runs natively here: float32 always, bfloat16 / float16 where this CPU has the
+    instructions (AVX512-BF16 or AMX; AVX512-FP16), as torch detects them at run time. Elsewhere the reference."""
+    native = {"bfloat16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+              "float16": torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    return frozenset({"float32", *(d for d, ok in native.items() if ok)})
+
+
 class Conv2d:
     """2-D convolution (oneDNN, prepacked) with optional bias, folded batch norm and fused activation.
 
@@ -108,7 +118,9 @@ class Conv2d:
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         x = specs[dispatch.inputs[0]]
         end = len(dispatch.inputs) - (1 if dispatch.params.get("has_residual") else 0)
-        return (len(x.shape) == 4 and x.dtype == "float32" and all(n in weight_names for n in dispatch.inputs[1:end])
+        dtypes = {specs[n].dtype for n in [*dispatch.inputs, *dispatch.outputs] if n in specs}
+        return (len(x.shape) == 4 and len(dtypes) == 1 and x.dtype in _conv_dtypes()
+                and all(n in weight_names for n in dispatch.inputs[1:end])
                 and dispatch.params.get("activation") in _MKLDNN_ACTIVATIONS)
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from npu_compiler.library import Target
 from npu_compiler.llm import DEFAULT_CHUNK
+from npu_compiler.passes.precision import PRECISIONS
 from npu_tools import cli_options as options
 from npu_tools.commands.import_onnx import UsageError, parse_input_shapes
 from torch_ir.naming import default_output
@@ -36,6 +37,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                    help="fix an input's symbolic dimensions by its shape (--input-shape x=1,3,224,224); repeatable")
     p.add_argument("--name", help="the program's model name (default: the IR's)")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default=None,
+                   help="compute a float model in this dtype (weights and activations; the program's inputs and "
+                        "outputs keep theirs); the summary gives the error against fp32 on seeded inputs when the "
+                        "weights are at hand (a model source, or --weights)")
+    options.weights(p, default_help="with --precision and an IR file: the weights to measure the error with")
+    options.inputs(p)
+    options.seed(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
@@ -53,10 +61,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(source: str):
+    ir, _ = _load_with_spec(source)
+    return ir
+
+
+def _load_with_spec(source: str):
     from npu_tools.commands.normalize import _load as load_ir_or_model
 
-    ir, _ = load_ir_or_model(source)
-    return ir
+    return load_ir_or_model(source)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -68,10 +80,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         check_output_path(args.output, "program file")
     bind = _parse_bind(args.bind)
     shapes = parse_input_shapes(args.input_shape)
-    ir = _load(args.source)
+    ir, spec = _load_with_spec(args.source)
     if args.name:
         ir.model_name = args.name
-    options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir)
+    options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir,
+                             precision=args.precision)
     if is_lm(ir):
         return _compile_lm(ir, args, options)
     try:
@@ -82,11 +95,41 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(partition(ir, is_op_supported, target=args.target).summary())
         print("nothing written", file=sys.stderr)
         return 1
+    note = _precision_error(program, ir, spec, args, bind, shapes) if args.precision else None
     out = Path(args.output) if args.output else default_output(program.model_name, ".npubin")
     program.save(out)
     print(program.summary())
+    if note:
+        print(note)
     print(f"wrote {out}")
     return 0
+
+
+def _precision_error(program, ir, spec, args: argparse.Namespace, bind: dict[str, int],
+                     shapes: dict[str, list[int]]) -> str | None:
+    """Measure ``--precision``'s error against fp32 into the program (``npu_compiler.precision``): with the model's
+    seeded weights and example inputs for a model source, with ``--weights`` and seeded (or ``--input``) inputs for
+    an IR file; else a note saying how to have it."""
+    from npu_compiler.precision import attach, precision_error
+    from npu_compiler.static_shapes import bind_shapes
+    from torch_ir.inputs import given_or_random_inputs
+    from torch_ir.weights import module_state
+
+    static = bind_shapes(ir, bind, shapes)
+    if spec is not None and not args.weights:
+        model = spec.build("cpu")
+        weights, note = module_state(model), "the model's example inputs, seeded weights"
+        named = dict(spec.kwargs or {})  # example keyword inputs, by the graph input they became
+        inputs = [*spec.args, *(named.get(t.name) for t in static.graph_inputs[len(spec.args):])]
+    elif args.weights:
+        weights = args.weights
+        inputs = given_or_random_inputs(static, args.input, args.seed, error=UsageError)
+        note = f"seeded inputs (--seed {args.seed})" if not args.input else "the --input arrays"
+    else:
+        return ("error against fp32: not measured (an IR file carries no weights: give --weights FILE, or compile "
+                "the model itself)")
+    attach(program, precision_error(static, args.precision, weights, inputs, inputs_note=note))
+    return None
 
 
 def _parse_bind(items: list[str]) -> dict[str, int]:
