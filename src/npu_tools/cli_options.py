@@ -16,6 +16,8 @@ every subcommand against it):
 ``--seed N``                the seed of what the command draws at random (inputs, weights, sampling)
 ``--rtol R``, ``--atol A``  comparison tolerances (default: the dtype's)
 ``--input-shape N=D0,..``   fix an input's dimensions
+``--kv-bits BITS``          an LLM's KV cache held quantized (8: int8 codes, a float32 scale per head and
+                            position), in the programs ``generate``, ``compile`` and ``cost`` make
 ==========================  ===========================================================================
 
 Old spellings stay for a release as deprecated aliases (``extract --weights`` for ``--save-weights``,
@@ -71,6 +73,24 @@ def save_weights(p: argparse.ArgumentParser, *, default_help: str = "") -> None:
                    help=argparse.SUPPRESS)
 
 
+def kv_bits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-bits", type=_kv_bits, default=None, metavar="BITS",
+                   help="an LLM: hold the KV cache quantized, 8 = int8 codes with one float32 scale per head and "
+                        "position (default: the model's float dtype)")
+
+
+def _kv_bits(text: str) -> int:
+    """``--kv-bits``: one of ``npu_compiler.kvcache.KV_BITS`` (the one list of the widths a cache is held at)."""
+    from npu_compiler.kvcache import KV_BITS
+
+    widths = ", ".join(map(str, KV_BITS))
+    if not text.strip().isdigit() or int(text) not in KV_BITS:
+        raise argparse.ArgumentTypeError(f"{text!r}: the KV cache is quantized to {widths} bits only (int8 codes, a "
+                                         "float32 scale per head and position); leave --kv-bits out for the float "
+                                         "cache")
+    return int(text)
+
+
 def inputs(p: argparse.ArgumentParser, *, old: str | None = None) -> None:
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz", dest="input",
                    help=MEANINGS["--input"])
@@ -103,5 +123,5 @@ def tolerances(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, help=MEANINGS["--atol"])
 
 
-__all__ = ["MEANINGS", "DeprecatedAlias", "inputs", "json_file", "markdown", "output", "save_weights", "seed",
-           "tolerances", "weights"]
+__all__ = ["MEANINGS", "DeprecatedAlias", "inputs", "json_file", "kv_bits", "markdown", "output", "save_weights",
+           "seed", "tolerances", "weights"]

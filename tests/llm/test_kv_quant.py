@@ -247,3 +247,21 @@ def test_a_saved_int8_program_pair_runs_the_same(zoo_qwen2, tmp_path):
     device = Device()
     loaded = Generator(prefill, decode, load_weights(weights, prefill, device), device)
     assert loaded.generate(PROMPT, 6).tokens == gen.generate(PROMPT, 6).tokens
+
+
+def test_compile_and_cost_commands_take_kv_bits(tmp_path, capsys):
+    """``--kv-bits 8`` means the same in compile and cost as in generate: the programs hold an int8 cache."""
+    from npu_program.program import CompiledProgram
+    from npu_tools.cli import main
+
+    out = tmp_path / "lm"
+    assert main(["compile", "llama_kv", "--kv-bits", "8", "-o", str(out)]) == 0
+    decode = CompiledProgram.load(out / "decode.npubin")
+    assert decode.metadata["llm"]["kv_bits"] == 8 and "KVQ_ATTENTION" in decode.kernel_histogram()
+    capsys.readouterr()
+    assert main(["cost", "llama_kv", "--hw", "edge_4tops", "--kv-bits", "8"]) == 0
+    assert "(int8 + float32)" in capsys.readouterr().out  # the cache's bytes, codes and scales
+    assert main(["cost", str(out / "decode.npubin"), "--hw", "edge_4tops", "--kv-bits", "8"]) == 2
+    assert "is compiled already" in capsys.readouterr().err
+    assert main(["compile", "mlp", "--kv-bits", "8", "-o", str(tmp_path / "mlp.npubin")]) == 2
+    assert "has no KV cache" in capsys.readouterr().err

@@ -41,6 +41,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="compute a float model in this dtype (weights and activations; the program's inputs and "
                         "outputs keep theirs); the summary gives the error against fp32 on seeded inputs when the "
                         "weights are at hand (a model source, or --weights)")
+    options.kv_bits(p)
     options.weights(p, default_help="with --precision and an IR file: the weights to measure the error with")
     options.inputs(p)
     options.seed(p)
@@ -87,6 +88,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              precision=args.precision)
     if is_lm(ir):
         return _compile_lm(ir, args, options)
+    if args.kv_bits is not None:
+        raise UsageError(f"--kv-bits: IR {ir.model_name!r} has no KV cache (not an LLM extracted with its cache); "
+                         "leave --kv-bits out")
     try:
         program = compile(ir, target=args.target, options=options, fallback=args.fallback, bind=bind,
                           input_shapes=shapes)
@@ -147,7 +151,8 @@ def _compile_lm(ir, args: argparse.Namespace, options) -> int:
     """An LLM with a KV cache: prefill and decode programs in one directory, and the per-phase dispatch table."""
     from npu_compiler.llm import compile_lm, fusion_table, unfused_options
 
-    programs = compile_lm(ir, chunk=args.chunk, target=args.target, options=options, fallback=args.fallback)
+    programs = compile_lm(ir, chunk=args.chunk, target=args.target, options=options, fallback=args.fallback,
+                          kv_bits=args.kv_bits)
     out = Path(args.output) if args.output else default_output(ir.model_name, "_lm")
     programs.save(out)
     print(programs.decode.summary())

@@ -54,6 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="for an LLM: the live KV-cache positions to cost at (the decode step attending over N "
                         "positions; attention reads only those); default: the whole cache, the slowest step")
+    options.kv_bits(p)
     p.add_argument("--hw-template", nargs="?", const=DEFAULT_TEMPLATE, metavar="FILE",
                    help=f"write a commented hardware file to start from (default: {DEFAULT_TEMPLATE}; '-': print "
                         "it) instead of costing: every field, its unit, its allowed range and an example value")
@@ -64,11 +65,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_cost)
 
 
-def _programs(source: str) -> dict[str, object]:
+def _programs(source: str, kv_bits: int | None = None) -> dict[str, object]:
     """The programs of ``source`` by phase: ``{"": program}``, or ``{"prefill": ..., "decode": ...}`` for an LLM.
     A .npubin file (or an LLM directory of two) is read as it is; anything else is loaded and compiled."""
+    from npu_compiler.costmodel import CostModelError
     from npu_program.program import CompiledProgram
 
+    compiled = source.endswith(".npubin") or (Path(source) / "decode.npubin").is_file()
+    if compiled and kv_bits is not None:
+        raise CostModelError(f"--kv-bits {kv_bits}: {source} is compiled already, with its own cache; fix: cost the "
+                             "model itself (a zoo name, checkpoint or IR) with --kv-bits, or compile it with "
+                             "torch-ir compile --kv-bits first")
     if source.endswith(".npubin"):
         return {"": CompiledProgram.load(source)}
     if Path(source).is_dir() and (Path(source) / "decode.npubin").is_file():
@@ -79,8 +86,11 @@ def _programs(source: str) -> dict[str, object]:
 
     ir = _load(source)
     if is_lm(ir):
-        programs = compile_lm(ir, fallback="cpu")
+        programs = compile_lm(ir, fallback="cpu", kv_bits=kv_bits)
         return {"prefill": programs.prefill, "decode": programs.decode}
+    if kv_bits is not None:
+        raise CostModelError(f"--kv-bits {kv_bits}: IR {ir.model_name!r} has no KV cache (not an LLM extracted with "
+                             "its cache); fix: leave --kv-bits out")
     return {"": compile_ir(ir, fallback="cpu")}
 
 
@@ -108,7 +118,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     png = bool(args.output) and have_matplotlib()
     if args.output:  # made, or refused when it cannot be written, before costing, not after
         _prepare_output(Path(args.output), png)
-    programs = _programs(args.source)
+    programs = _programs(args.source, args.kv_bits)
     if "decode" in programs:
         lm = cost_lm(programs["prefill"], programs["decode"], hw, dtype=dtype, context=args.context,
                      precision=precision)

@@ -40,25 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--int8-activations", action="store_true",
                    help="a GGUF file's block-quantized layers round their input to int8 groups of 32 first, as "
                         "llama.cpp does: faster Q4_0/Q5_0/Q4_K kernels, results within that rounding (CPU backend)")
-    p.add_argument("--kv-bits", type=_kv_bits, default=None, metavar="BITS",
-                   help="hold the KV cache quantized: 8 = int8 codes with one float32 scale per head and position "
-                        "(default: the model's float dtype)")
+    options.kv_bits(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     options.seed(p, default=None)  # the sampling's (none: a fresh draw each run)
     p.set_defaults(func=cmd_generate)
-
-
-def _kv_bits(text: str) -> int:
-    """``--kv-bits``: one of ``npu_compiler.kvcache.KV_BITS`` (the one list of the widths a cache is held at)."""
-    from npu_compiler.kvcache import KV_BITS
-
-    widths = ", ".join(map(str, KV_BITS))
-    if not text.strip().isdigit() or int(text) not in KV_BITS:
-        raise argparse.ArgumentTypeError(f"{text!r}: the KV cache is quantized to {widths} bits only (int8 codes, a "
-                                         "float32 scale per head and position); leave --kv-bits out for the float "
-                                         "cache")
-    return int(text)
 
 
 def _prompt_ids(text: str) -> list[int]:
