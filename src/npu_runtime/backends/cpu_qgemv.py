@@ -95,7 +95,7 @@ _ISA_NAMES = {code: name for name, code in ISAS.items()}
 #: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
 ACTIVATIONS: dict[str, int] = {"float32": 0, "int8": 1}
 #: the layouts the int8 path takes
-INT8_QTYPES = ("q4_0", "q5_0", "q4_K")
+INT8_QTYPES = ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations
 _ARGS = struct.Struct("<11q")
