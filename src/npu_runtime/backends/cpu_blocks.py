@@ -88,8 +88,9 @@ class BlockLinear:
 
     Parts of one layout next to each other are concatenated once (one GEMV call reads them); x is computed in
     fp32 (converted at the edges for bf16/fp16 programs, as ggml does). ``int8``: the ops' ``x_int8_group`` of 32,
-    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which the Q4_0, Q5_0 and Q4_K kernels
-    do themselves with integer dot products (``cpu_qgemv``'s ``activations="int8"``)."""
+    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which every block layout's kernel (Q8_0,
+    Q4_0, Q5_0, Q4_K, Q6_K) does itself with integer dot products (``cpu_qgemv``'s ``activations="int8"``); a float
+    part is given the rounded x."""
 
     def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None, int8: bool = False) -> None:
         merged: list[tuple[list[Tensor], str | None]] = []
