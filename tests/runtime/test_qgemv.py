@@ -144,8 +144,8 @@ def test_exact_arithmetic_gives_the_exact_result(isa, qtype, m):
 
 @pytest.mark.parametrize("qtype", list(GGML))
 def test_bias_threads_and_ggml_ids(qlib, qtype):
-    """A bias is added; two threads give the bits of one (a row is always summed alike); GGML's type id names
-    the layout as well as its name."""
+    """A bias is added; two threads give the bits of one (a row is always summed alike), with float or int8 x;
+    GGML's type id names the layout as well as its name."""
     m, n, k = 2, 1000, 512
     raw = random_blocks(qtype, n, k, seed=3, wide=True)
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
@@ -155,6 +155,12 @@ def test_bias_threads_and_ggml_ids(qlib, qtype):
     assert torch.equal(plan(torch.from_numpy(x), threads=2), one)
     want, scale = reference(raw, qtype, x, bias.astype(np.float64))
     check_close(one, want, scale, k)
+    one = plan(torch.from_numpy(x), threads=1, activations="int8")
+    assert torch.equal(plan(torch.from_numpy(x), threads=2, activations="int8"), one)
+    want, bound = int8_contract(raw, qtype, x)
+    steps = 2 * (k // 32) + 16
+    err = np.abs(one.numpy().astype(np.float64) - (want + bias))
+    assert (err <= steps * U * (bound + np.abs(bias))).all()
 
 
 @pytest.mark.parametrize("qtype", list(GGML))
