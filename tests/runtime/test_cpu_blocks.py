@@ -116,9 +116,12 @@ def test_the_prefill_and_decode_kernels_share_one_concatenation_of_the_same_weig
 
 @pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q5_0",), ("q6_K",), ("q4_0", "q8_0"), ("q5_0", "q8_0"),
                                      ("q8_0", "q6_K"), ("q6_K", None)])
-def test_int8_activations_compute_the_ops_reference(layouts: tuple[str | None, ...]) -> None:
-    """``x_int8_group=32``: the block kernels' integer dot products (x quantized by the kernel) and a float part's
-    product with the int8-rounded x both give the GEMM reference's value on the dequantized weights."""
+@pytest.mark.parametrize("rows", [3, 16])
+def test_int8_activations_compute_the_ops_reference(layouts: tuple[str | None, ...], rows: int) -> None:
+    """``x_int8_group=32``: the block kernels' integer dot products (x quantized by the kernel; decode rows) and the
+    float path's product with the int8-rounded x (a float part; a prefill's rows) give the GEMM reference's value on
+    the dequantized weights."""
+    from npu_runtime.backends.cpu_qgemv import PREFILL_ROWS
     from torch_ir.ops.npu import gemm
 
     k = 256
@@ -127,8 +130,10 @@ def test_int8_activations_compute_the_ops_reference(layouts: tuple[str | None, .
              for i, layout in enumerate(layouts)]
     linear = BlockLinear([(raw, layout) for (raw, _), layout in zip(parts, layouts)], None, int8=True)
     assert [p.int8 for p in linear.parts] == [layout is not None for layout in layouts]
-    x = torch.randn(3, k, generator=torch.Generator().manual_seed(21))
-    out = torch.empty(3, 48 * len(layouts))
+    native = [p.native_int8(rows) for p in linear.parts]
+    assert native == [layout is not None and rows < PREFILL_ROWS for layout in layouts]
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(21))
+    out = torch.empty(rows, 48 * len(layouts))
     linear(x, out)
     w = torch.cat([values for _, values in parts]).float()
     want = gemm(x.double(), w.double(), x_int8_group=32)  # the op's reference, in float64
