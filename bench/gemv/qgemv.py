@@ -1,5 +1,5 @@
-"""GB/s of the weight-only quantized decode GEMV (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K GGUF blocks; Q4_0, Q5_0 and Q4_K with x
-as int8 too) against fp32 and bf16, and the floor.
+"""GB/s of the weight-only quantized decode GEMV (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K GGUF blocks; each with x as int8 too)
+against fp32 and bf16, and the floor.
 
     .venv/bin/python bench/gemv/qgemv.py                      # Qwen2.5-0.5B decode shapes, one row of x
     .venv/bin/python bench/gemv/qgemv.py --reps 30 --rows 4 --json qgemv.json
@@ -8,7 +8,7 @@ as int8 too) against fp32 and bf16, and the floor.
 For each decode GEMV of Qwen2.5-0.5B (``K x N``: the fused QKV 896 x 1152, o_proj 896 x 896, fused gate+up
 896 x 9728, down 4864 x 896, LM head 896 x 151936) times ``y = x · Wᵀ`` by the runtime's kernels:
 ``cpu_gemv.Gemv`` with fp32 and bf16 weights, ``cpu_qgemv.QGemv`` with Q8_0, Q4_0, Q5_0, Q4_K and Q6_K blocks and
-``q4_0/i8``, ``q5_0/i8``, ``q4_K/i8`` (``activations="int8"``), each with its default thread choice (k-quants only
+the same with ``activations="int8"`` (``q8_0/i8`` ...), each with its default thread choice (k-quants only
 where K is a multiple of 256: the down projection; a cell of "-" elsewhere: llama.cpp's q4_K_M file of the model
 stores those rows as Q5_0), and reports weight bytes / median time.
 Every call reads the next copy of a ring of
@@ -43,7 +43,8 @@ from npu_runtime.backends import cpu_gemv, cpu_qgemv  # noqa: E402
 #: (name, K, N, per token) of Qwen2.5-0.5B (hidden 896, intermediate 4864, K/V 2 x 64, vocab 151936, 24 layers)
 SHAPES = [("qkv", 896, 1152, 24), ("o_proj", 896, 896, 24), ("gate+up", 896, 9728, 24), ("down", 4864, 896, 24),
           ("lm_head", 896, 151936, 1)]
-METHODS = ("fp32", "bf16", "q8_0", "q4_0", "q4_0/i8", "q5_0", "q5_0/i8", "q4_K", "q4_K/i8", "q6_K")
+METHODS = ("fp32", "bf16", "q8_0", "q8_0/i8", "q4_0", "q4_0/i8", "q5_0", "q5_0/i8", "q4_K", "q4_K/i8", "q6_K",
+           "q6_K/i8")
 
 
 def log(message: str) -> None:

@@ -213,8 +213,9 @@ def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str], *,
     blocks) is a ``CompileError`` naming it.
 
     ``int8_activations``: the contractions reading blocks round x to int8 in groups of 32 first (their
-    ``x_int8_group`` parameter), as llama.cpp computes its quantized dot products: faster integer kernels (Q4_0,
-    Q5_0, Q4_K), results within that rounding of the float ones. The CPU backend runs it; another target is refused."""
+    ``x_int8_group`` parameter), as llama.cpp computes its quantized dot products: faster integer kernels (Q8_0,
+    Q4_0, Q5_0, Q4_K, Q6_K), results within that rounding of the float ones. The CPU backend runs it; another
+    target is refused."""
     kept = {k: v for k, v in layouts.items() if all(_reads_blocks(p, k) for p in (programs.prefill, programs.decode))}
     for program in (programs.prefill, programs.decode):
         if int8_activations and program.target not in X_INT8_TARGETS:

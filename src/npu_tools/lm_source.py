@@ -40,7 +40,7 @@ def load_lm(source: str | os.PathLike[str], *, dtype: str | None = None, max_cac
     ``bfloat16``, ``float16``; default: the checkpoint's) is the dtype the weights are stored and computed
     in. A GGUF file's block-quantized weights stay blocks (``npu_compiler.llm.with_block_weights``);
     ``int8_activations`` rounds the activations their contractions read to int8 groups, as llama.cpp does (faster
-    Q4_0/Q5_0/Q4_K kernels; CPU only). ``kv_bits=8`` holds the KV cache as int8 codes and float32 scales
+    integer kernels for every block layout; CPU only). ``kv_bits=8`` holds the KV cache as int8 codes and float32 scales
     (``npu_compiler.kvcache``). ``progress(label)`` is called before each stage.
     """
     import torch

@@ -15,14 +15,19 @@ from npu_runtime.backends.cpu_kernels import make_kernel
 from torch_ir.quant.spec import BLOCK_BYTES, BLOCK_CODES, BLOCKS, QuantSpec
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-        "q5_0": gguf.GGMLQuantizationType.Q5_0}
+        "q5_0": gguf.GGMLQuantizationType.Q5_0, "q6_K": gguf.GGMLQuantizationType.Q6_K}
 
 
 def _blocks(layout: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(blocks uint8 [n, row bytes], their values float64 [n, k] by the gguf package) of random weights, quantized
-    by the gguf package's own quantizer."""
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    raw = gguf.quants.quantize(w, GGML[layout])
+    by the gguf package's own quantizer; Q6_K, which it cannot quantize, as random bytes with a finite fp16 d."""
+    rng = np.random.default_rng(seed)
+    if layout == "q6_K":
+        raw = rng.integers(0, 256, size=(n, k // 256, 210), dtype=np.uint8)
+        raw[..., 208:210] = (rng.standard_normal((n, k // 256, 1)) * 0.002).astype(np.float16).view(np.uint8)
+        raw = raw.reshape(n, -1)
+    else:
+        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), GGML[layout])
     values = gguf.quants.dequantize(raw, GGML[layout]).astype(np.float64)
     return torch.from_numpy(np.ascontiguousarray(raw)), torch.from_numpy(values)
 
@@ -109,17 +114,26 @@ def test_the_prefill_and_decode_kernels_share_one_concatenation_of_the_same_weig
     assert stacked([b, a]) is not first and stacked([a]) is a
 
 
-@pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q5_0",), ("q4_0", "q8_0"), ("q5_0", "q8_0")])
-def test_int8_activations_compute_the_ops_reference(layouts: tuple[str, ...]) -> None:
-    """``x_int8_group=32``: the Q4_0 / Q5_0 kernels' integer dot products (x quantized by the kernel) and the Q8_0
-    part's exact path on the int8-rounded x both give the GEMM reference's value on the dequantized weights."""
+@pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q5_0",), ("q6_K",), ("q4_0", "q8_0"), ("q5_0", "q8_0"),
+                                     ("q8_0", "q6_K"), ("q6_K", None)])
+@pytest.mark.parametrize("rows", [3, 16])
+def test_int8_activations_compute_the_ops_reference(layouts: tuple[str | None, ...], rows: int) -> None:
+    """``x_int8_group=32``: the block kernels' integer dot products (x quantized by the kernel; decode rows) and the
+    float path's product with the int8-rounded x (a float part; a prefill's rows) give the GEMM reference's value on
+    the dequantized weights."""
+    from npu_runtime.backends.cpu_qgemv import PREFILL_ROWS
     from torch_ir.ops.npu import gemm
 
     k = 256
-    parts = [_blocks(layout, 48, k, 20 + i) for i, layout in enumerate(layouts)]
+    floats = torch.randn(48, k, generator=torch.Generator().manual_seed(22))  # a float part: given the rounded x
+    parts = [_blocks(layout, 48, k, 20 + i) if layout else (floats, floats.double())
+             for i, layout in enumerate(layouts)]
     linear = BlockLinear([(raw, layout) for (raw, _), layout in zip(parts, layouts)], None, int8=True)
-    x = torch.randn(3, k, generator=torch.Generator().manual_seed(21))
-    out = torch.empty(3, 48 * len(layouts))
+    assert [p.int8 for p in linear.parts] == [layout is not None for layout in layouts]
+    native = [p.native_int8(rows) for p in linear.parts]
+    assert native == [layout is not None and rows < PREFILL_ROWS for layout in layouts]
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(21))
+    out = torch.empty(rows, 48 * len(layouts))
     linear(x, out)
     w = torch.cat([values for _, values in parts]).float()
     want = gemm(x.double(), w.double(), x_int8_group=32)  # the op's reference, in float64

@@ -14,6 +14,7 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 
 from npu_runtime.backends import cpu_gemv_build, cpu_qgemv
+from torch_ir.quant.numerics import int8_groups
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
         "q5_0": gguf.GGMLQuantizationType.Q5_0, "q4_K": gguf.GGMLQuantizationType.Q4_K,
@@ -143,8 +144,8 @@ def test_exact_arithmetic_gives_the_exact_result(isa, qtype, m):
 
 @pytest.mark.parametrize("qtype", list(GGML))
 def test_bias_threads_and_ggml_ids(qlib, qtype):
-    """A bias is added; two threads give the bits of one (a row is always summed alike); GGML's type id names
-    the layout as well as its name."""
+    """A bias is added; two threads give the bits of one (a row is always summed alike), with float or int8 x;
+    GGML's type id names the layout as well as its name."""
     m, n, k = 2, 1000, 512
     raw = random_blocks(qtype, n, k, seed=3, wide=True)
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
@@ -154,6 +155,12 @@ def test_bias_threads_and_ggml_ids(qlib, qtype):
     assert torch.equal(plan(torch.from_numpy(x), threads=2), one)
     want, scale = reference(raw, qtype, x, bias.astype(np.float64))
     check_close(one, want, scale, k)
+    one = plan(torch.from_numpy(x), threads=1, activations="int8")
+    assert torch.equal(plan(torch.from_numpy(x), threads=2, activations="int8"), one)
+    want, bound = int8_contract(raw, qtype, x)
+    steps = 2 * (k // 32) + 16
+    err = np.abs(one.numpy().astype(np.float64) - (want + bias))
+    assert (err <= steps * U * (bound + np.abs(bias))).all()
 
 
 @pytest.mark.parametrize("qtype", list(GGML))
@@ -245,54 +252,96 @@ def test_the_source_is_package_data():
 # ------------------------------------------------------------------------------ activations="int8"
 
 
-def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
-    """The int8 path's contract in numpy, independently of the module: x per group of 32 to ``q = round(x / dx)``
-    (fp32, ties to even), ``dx = max|x| / 127`` (fp32); per group the exact integer ``isum = Σ code·q`` (int64)
-    and ``sx = Σ q``; ``y = Σ dx·(D·isum − M·sx)`` in float64, D/M the group's scale/min as ggml makes them
-    (Q4_K: gguf's get_scale_min; Q5_0: code = (nibble | bit e of qh << 4) − 16, ggml's block_q5_0). Returns y and
-    ``Σ |dx|·(|D|·Σ|code·q| + |M|·|sx|)``: every fp32 rounding of any lane order is relative to that."""
-    m, k = x.shape
-    g = x.reshape(m, k // 32, 32)
-    dx = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
-    q = np.round(np.divide(g, dx, out=np.zeros_like(g), where=dx > 0)).astype(np.int64)
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, BYTES[qtype])
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
-    if qtype == "q4_0":
+#: per layout, bytes of a block set to the int8 path's extremes: (start, stop, fill of row 0, fill of row 1). Q8_0's
+#: codes -128 and 127 (|-128| is 128 only as an unsigned byte; 127 + 128 times q = 127 saturates AVX2's int16 pairs);
+#: Q6_K's 6-bit codes 0 and 63 with sub-scales -128 (the largest integer sums: 4 · 32 · 127 · 128 per lane); the
+#: 4- and 5-bit codes 0 and 15 / 31 (Q4_K's 6-bit scales and mins 0, then 63)
+EXTREME = {"q8_0": [(2, 34, 0x80, 0x7F)], "q4_0": [(2, 18, 0x00, 0xFF)], "q5_0": [(2, 22, 0x00, 0xFF)],
+           "q4_K": [(4, 144, 0x00, 0xFF)], "q6_K": [(0, 192, 0x00, 0xFF), (192, 208, 0x80, 0x80)]}
+
+
+def with_extremes(raw: np.ndarray, qtype: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``raw`` with rows 0 and 1 made of :data:`EXTREME` codes, and ``x`` with its first two groups constant (q = 127
+    and -127 everywhere): an overflow or a saturation of the integer sums shows there."""
+    blocks = raw.reshape(raw.shape[0], -1, BYTES[qtype]).copy()
+    for start, stop, low, high in EXTREME[qtype]:
+        blocks[0, :, start:stop], blocks[1, :, start:stop] = low, high
+    x = x.copy()
+    x[:, :32], x[:, 32:64] = 1.5, -0.25
+    return blocks.reshape(raw.shape), x
+
+
+def int8_codes(blocks: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of 32 weights (blocks ``[n, B, bytes]`` -> ``[n, G, ...]``): the integer codes ``[n, G, 32]``, each
+    code's scale D ``[n, G, 32]`` and the group's min M ``[n, G]`` as ggml makes them (fp32 products), from the
+    layouts themselves (ggml-common.h): Q8_0's int8 codes; Q4_0: nibble − 8; Q5_0: (nibble | bit e of qh << 4) −
+    16; Q4_K: nibble, gguf's get_scale_min; Q6_K: (ql's nibble | 2 bits of qh << 4) − 32, a scale per 16."""
+    n = blocks.shape[0]
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [n, B, 1] (Q6_K's is at 208)
+    if qtype == "q8_0":
+        codes = blocks[..., 2:34].view(np.int8).astype(np.int64)
+    elif qtype == "q4_0":
         nib = blocks[..., 2:18]
         codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) - 8  # [n, G, 32]
-        sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
     elif qtype == "q5_0":
         qh = blocks[..., 2:6].copy().view("<u4")  # [n, G, 1]
         fifth = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int64)  # bit e for element e
         nib = blocks[..., 6:22]
         codes = (np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) | (fifth << 4)) - 16
-        sd, sm = d[..., None].astype(np.float64), np.zeros((n, k // 32, 1))
-    else:
+    elif qtype == "q4_K":
         sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))
         dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-        sd = (d.reshape(-1, 1) * sc.astype(np.float32)).reshape(n, -1, 1).astype(np.float64)
-        sm = (dmin.reshape(-1, 1) * mn.astype(np.float32)).reshape(n, -1, 1).astype(np.float64)
+        sd = (d.reshape(-1, 1) * sc.astype(np.float32)).reshape(n, -1, 1)
+        sm = (dmin.reshape(-1, 1) * mn.astype(np.float32)).reshape(n, -1)
         qs = blocks[..., 16:].reshape(n, -1, 4, 1, 32)
         codes = np.concatenate([qs & 15, qs >> 4], axis=-2).reshape(n, -1, 32).astype(np.int64)
-    isum = np.einsum("ngi,mgi->mng", codes, q)
-    iabs = np.einsum("ngi,mgi->mng", np.abs(codes), np.abs(q))
+        return codes, np.broadcast_to(sd, codes.shape), sm
+    else:  # q6_K: per half of 128, ql's low nibbles of bytes 0-31, 32-63, their high nibbles; qh's bits 0-1 .. 6-7
+        ql = blocks[..., :128].reshape(n, -1, 2, 2, 32)
+        low = np.stack([ql & 15, ql >> 4], axis=3).reshape(n, -1, 2, 4, 32)
+        high = (blocks[..., 128:192].reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+        codes = (low | (high << 4)).reshape(n, -1, 32).astype(np.int64) - 32
+        d = blocks[..., 208:210].copy().view(np.float16).astype(np.float32)  # [n, B, 1]
+        sd = (d * blocks[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, -1, 2, 1)
+        return codes, np.broadcast_to(sd, (*sd.shape[:3], 16)).reshape(codes.shape), np.zeros(codes.shape[:2])
+    return codes, np.broadcast_to(d, codes.shape), np.zeros(codes.shape[:2])
+
+
+def int8_contract(raw: np.ndarray, qtype: str, x: np.ndarray):
+    """The int8 path's contract in numpy, independently of the module: x per group of 32 to ``q = round(x / dx)``
+    (fp32, ties to even), ``dx = max|x| / 127`` (fp32); per group the exact integer sums of ``code·q`` (per scale:
+    Q6_K's two of 16) and ``sx = Σ q``; ``y = Σ dx·(Σ D·code·q − M·sx)`` in float64 (:func:`int8_codes`). Returns y
+    and ``Σ |dx|·(Σ |D·code·q| + |M|·|sx|)``: every fp32 rounding of any lane order is relative to that."""
+    m, k = x.shape
+    g = x.reshape(m, k // 32, 32)
+    dx = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
+    q = np.round(np.divide(g, dx, out=np.zeros_like(g), where=dx > 0)).astype(np.int64)
+    codes, sd, sm = int8_codes(raw.reshape(raw.shape[0], -1, BYTES[qtype]), qtype)
+    sd = sd.astype(np.float64)
+    isum = np.einsum("ngi,mgi->mng", sd * codes, q)  # D·code·q: < 2^53, exact in float64
+    iabs = np.einsum("ngi,mgi->mng", np.abs(sd * codes), np.abs(q))
     sx = q.sum(-1)[:, None, :]
     dxx = dx[..., 0].astype(np.float64)[:, None, :]
-    want = (dxx * (sd[..., 0] * isum - sm[..., 0] * sx)).sum(-1)
-    bound = (np.abs(dxx) * (np.abs(sd[..., 0]) * iabs + np.abs(sm[..., 0]) * np.abs(sx))).sum(-1)
+    want = (dxx * (isum - sm * sx)).sum(-1)
+    bound = (np.abs(dxx) * (iabs + np.abs(sm) * np.abs(sx))).sum(-1)
     return want, bound
 
 
-@pytest.mark.parametrize(("qtype", "m", "n", "k"), [("q4_0", 1, 37, 896), ("q4_0", 3, 21, 4864), ("q4_0", 2, 9, 32),
-                                                    ("q5_0", 1, 37, 896), ("q5_0", 3, 21, 4864), ("q5_0", 2, 9, 32),
-                                                    ("q4_K", 1, 37, 1536), ("q4_K", 2, 9, 4864), ("q4_K", 1, 5, 8960)])
+@pytest.mark.parametrize(("qtype", "m", "n", "k"), [(q, m, n, k) for q in ("q8_0", "q4_0", "q5_0") for m, n, k in
+                                                    [(1, 37, 896), (3, 21, 4864), (5, 9, 64), (2, 9, 32)]] +
+                         [(q, m, n, k) for q in ("q4_K", "q6_K") for m, n, k in
+                          [(1, 37, 1536), (3, 9, 4864), (5, 5, 8960), (2, 9, 256)]])
 def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     """Exact integer group sums, scaled in fp32: within γ(2G + 16) of the bound (G groups; each term passes
-    through its scale's product, its lane's, the lane and group sums, the min's products and the bias)."""
+    through its scale's product, its lane's, the lane and group sums, the min's products and the bias). Rows 0 and 1
+    hold extreme codes against groups of q = ±127 (:func:`with_extremes`); the contract itself is the reference's
+    ``int8_groups(x, 32) · dequantize(W)ᵀ`` (float64; gguf's values) to within the fp32 rounding of ``dx·q``."""
     raw = random_blocks(qtype, n, k, seed=k + m, wide=True)
     x = np.random.default_rng(n).standard_normal((m, k)).astype(np.float32)
+    raw, x = with_extremes(raw, qtype, x)
     want, bound = int8_contract(raw, qtype, x)
+    xq = int8_groups(torch.from_numpy(x), 32).double().numpy()
+    assert (np.abs(want - xq @ gguf_dequantize(raw, GGML[qtype]).astype(np.float64).T) <= 2 * U * bound).all()
     y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), isa=isa, activations="int8")
     steps = 2 * (k // 32) + 16
     err = np.abs(y.numpy().astype(np.float64) - want)
@@ -301,7 +350,7 @@ def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     print(f"{qtype} int8 vs exact weights, random data: {np.abs(want - exact).max() / np.abs(exact).max():.2e}")
 
 
-@pytest.mark.parametrize("qtype", ["q4_0", "q5_0", "q4_K"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_0", "q4_K", "q6_K"])
 def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
     """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
     power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
@@ -312,21 +361,23 @@ def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
     q[..., 0] = rng.choice([-127, 127], size=(m, k // 32))
     x = (q * 0.5).reshape(m, k).astype(np.float32)
     want, scale = reference(raw, qtype, x)
-    assert scale.max() < 2.0**20
+    assert scale.max() < 2.0**21  # every product a multiple of 2^-2 · 2^-1: each partial sum exact in fp32
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)
     np.testing.assert_array_equal(plan(torch.from_numpy(x), isa=isa, activations="int8").numpy(), want)
     np.testing.assert_array_equal(plan(torch.from_numpy(x), isa=isa).numpy(), want)
 
 
-def test_int8_activations_fallback_and_refusals(fallback):
-    raw = random_blocks("q4_K", 7, 512, seed=8)
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+def test_int8_activations_fallback_and_refusals(fallback, monkeypatch, qtype):
+    raw = random_blocks(qtype, 7, 512, seed=8)
     x = np.random.default_rng(9).standard_normal((2, 512)).astype(np.float32)
-    want, bound = int8_contract(raw, "q4_K", x)
+    want, bound = int8_contract(raw, qtype, x)
     with pytest.warns(RuntimeWarning, match="no compiler"):
-        y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), "q4_K", activations="int8")
+        y = cpu_qgemv.qgemv(torch.from_numpy(x), torch.from_numpy(raw), qtype, activations="int8")
     assert (np.abs(y.numpy() - want) <= 600 * U * bound).all()
     plan = cpu_qgemv.QGemv(torch.from_numpy(random_blocks("q6_K", 2, 256, 0)), "q6_K")
-    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q5_0, q4_K weights, not q6_K"):
-        plan(torch.zeros(1, 256), activations="int8")
     with pytest.raises(ValueError, match="activations 'fp16' is not one of float32, int8"):
         plan(torch.zeros(1, 256), activations="fp16")
+    monkeypatch.setattr(cpu_qgemv, "INT8_QTYPES", ("q4_0", "q5_0"))  # every layout has an int8 kernel now
+    with pytest.raises(ValueError, match="activations='int8' takes q4_0, q5_0 weights, not q6_K"):
+        plan(torch.zeros(1, 256), activations="int8")

@@ -7,7 +7,8 @@ A weight slot marked with a block layout (``npu_compiler.llm.with_block_weights`
   :class:`cpu_qgemv.QGemv <npu_runtime.backends.cpu_qgemv.QGemv>`: a decode step's GEMV reads them as they lie; a
   prefill chunk runs either that GEMV (up to 8 rows of x per pass over the weights) or tiles of rows dequantized
   into a small buffer and multiplied by BLAS, whichever runs faster for the shape; either way an fp32 product of
-  the exactly dequantized weights (or, with the ops' ``x_int8_group``, llama.cpp's int8 activations);
+  the exactly dequantized weights (or, with the ops' ``x_int8_group``, llama.cpp's int8 activations: integer dot
+  products for decode rows, the float path on the int8-rounded x for a prefill's);
 * EMBEDDING (:class:`BlockEmbedding`) dequantizes only the rows it gathers;
 * any other kernel is given the slot dequantized once, at bind time (:class:`Dequantized`): slower and bigger,
   never wrong.
@@ -61,7 +62,7 @@ class _Part:
 
     def __init__(self, weight: Tensor, block: str | None, bias: Tensor | None, int8: bool = False) -> None:
         self.gemv, self.matrix = None, None
-        #: this part's native kernel quantizes x itself (llama.cpp's int8 dot product); else it is given x rounded
+        #: this part's native kernel can quantize x itself (llama.cpp's int8 dot product); else it is given x rounded
         self.int8 = int8 and block in cpu_qgemv.INT8_QTYPES
         self.bias = bias.float().contiguous() if bias is not None else None
         if block is not None:
@@ -71,11 +72,19 @@ class _Part:
             self.matrix = weight.float().contiguous()
             self.n = self.matrix.shape[0]
 
+    def native_int8(self, rows: int) -> bool:
+        """Whether a call with ``rows`` rows of x runs the integer kernel. From the prefill's rows
+        (``QGemv.tiled``) the float path on the int8-rounded x runs instead: the same products (the contract's
+        reference), and there its tiles or 8-row GEMV passes beat the integer GEMV, which passes over the weights
+        once per row of x (~1.7x at 128 rows, ``bench/gemv/README.md``)."""
+        return self.int8 and not self.gemv.tiled(rows)
+
     def __call__(self, x: Tensor, x_int8: Tensor | None, out: Tensor) -> None:
-        if x_int8 is not None and not self.int8:
+        native = self.native_int8(x.shape[0])
+        if x_int8 is not None and not native:
             x = x_int8  # the int8-rounded x, times the exact weights: the same products as the integer sums
         if self.gemv is not None:
-            self.gemv(x, out=out, activations="int8" if self.int8 else "float32")
+            self.gemv(x, out=out, activations="int8" if native else "float32")
         elif self.bias is None:
             torch.mm(x, self.matrix.t(), out=out)
         else:
@@ -88,8 +97,10 @@ class BlockLinear:
 
     Parts of one layout next to each other are concatenated once (one GEMV call reads them); x is computed in
     fp32 (converted at the edges for bf16/fp16 programs, as ggml does). ``int8``: the ops' ``x_int8_group`` of 32,
-    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which the Q4_0, Q5_0 and Q4_K kernels
-    do themselves with integer dot products (``cpu_qgemv``'s ``activations="int8"``)."""
+    x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which every block layout's kernel (Q8_0,
+    Q4_0, Q5_0, Q4_K, Q6_K) does itself with integer dot products (``cpu_qgemv``'s ``activations="int8"``) below
+    ``cpu_qgemv.PREFILL_ROWS`` rows; a float part, and a prefill's rows, are given the rounded x
+    (:meth:`_Part.native_int8`)."""
 
     def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None, int8: bool = False) -> None:
         merged: list[tuple[list[Tensor], str | None]] = []
@@ -112,7 +123,7 @@ class BlockLinear:
         x = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
         direct = len(self.parts) == 1 and out2.dtype == torch.float32 and out2.is_contiguous()
         y = out2 if direct else torch.empty(x.shape[0], self.n, dtype=torch.float32)
-        x_int8 = int8_groups(x, 32) if self.int8 and not all(p.int8 for p in self.parts) else None
+        x_int8 = int8_groups(x, 32) if self.int8 and not all(p.native_int8(x.shape[0]) for p in self.parts) else None
         if len(self.parts) == 1:
             self.parts[0](x, x_int8, y)
         else:

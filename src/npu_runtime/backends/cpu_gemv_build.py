@@ -37,9 +37,9 @@ log = logging.getLogger(__name__)
 SOURCE_NAME = "gemv.c"
 #: the weight-only quantized (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K blocks) GEMV kernel's source (:func:`load_q`)
 Q_SOURCE_NAME = "gemv_q.c"
-#: appended to it (one translation unit): Q5_0's codes, the x-quantized-to-int8 path, the rows' dequantization
-#: (prefill tiles)
-Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_deq.c")
+#: appended to it (one translation unit): Q5_0's codes, the x-quantized-to-int8 path (Q4_0 / Q5_0 / Q4_K, then Q8_0 /
+#: Q6_K), the rows' dequantization (prefill tiles)
+Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_i8k.c", "gemv_q_deq.c")
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
 

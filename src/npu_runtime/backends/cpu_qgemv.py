@@ -36,11 +36,13 @@ the exactly dequantized weights, summed in torch.mm's order. Which path runs is 
 (:class:`_PathPolicy`: one thread favours the tiles, two threads on a loaded machine often the GEMV); ``path=``
 forces one (``bench/gemv/qprefill.py`` times them).
 
-``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; Q4_0, Q5_0 and Q4_K) is llama.cpp's dot product, faster
-than unpacking codes to fp32 but different numerics: ``x`` is quantized once per call, per group of 32, to
-``q = round(x / dx)`` (fp32 division, ties to even), ``dx = max|x| / 127`` (fp32); each group's sum of codes
-times ``q`` is an exact integer (AVX-512 VNNI ``vpdpbusd`` where the CPU has it, else AVX2 ``maddubs``/``madd``,
-else C), and ``y = Σ_g (D_g·dx_g)·isum_g − M_g·(dx_g·Σq)`` in fp32 (``D``, ``M``: the group's scale and Q4_K's
+``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; every layout: Q4_0, Q5_0 and Q4_K in ``gemv_q_i8.c``,
+Q8_0 and Q6_K in ``gemv_q_i8k.c``) is llama.cpp's dot product, faster than unpacking codes to fp32 but different
+numerics: ``x`` is quantized once per call, per group of 32, to ``q = round(x / dx)`` (fp32 division, ties to
+even), ``dx = max|x| / 127`` (fp32); each group's sum of codes times ``q`` is an exact integer (AVX-512 VNNI
+``vpdpbusd`` where the CPU has it, else AVX2 ``maddubs``/``madd``, else C; Q8_0's signed codes as ``|code|`` times
+``sign(code)·q``, Q6_K's two sub-blocks of 16 each times its int8 scale inside the integer), and
+``y = Σ_g (D_g·dx_g)·isum_g − M_g·(dx_g·Σq)`` in fp32 (``D``, ``M``: the group's scale, Q6_K's ``d``, and Q4_K's
 min). Its error against the float path is that of quantizing ``x`` to 8 bits (~1e-3 relative on random data).
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
@@ -94,8 +96,8 @@ _ISA_NAMES = {code: name for name, code in ISAS.items()}
 
 #: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
 ACTIVATIONS: dict[str, int] = {"float32": 0, "int8": 1}
-#: the layouts the int8 path takes
-INT8_QTYPES = ("q4_0", "q5_0", "q4_K")
+#: the layouts the int8 path takes (every one: gemv_q_i8.c, gemv_q_i8k.c)
+INT8_QTYPES = ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations
 _ARGS = struct.Struct("<11q")
@@ -317,7 +319,7 @@ class QGemv:
         """``x`` fp32 ``[M, K]`` -> ``out`` fp32 ``[M, N]`` (new when None). ``threads``: one or all, whichever ran
         faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
         ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
-        weights) or ``"int8"`` (x quantized per group of 32, Q4_0, Q5_0 and Q4_K; see the module's docstring).
+        weights) or ``"int8"`` (x quantized per group of 32, integer dot products; see the module's docstring).
         ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced; None: the GEMV below
         :data:`PREFILL_ROWS` rows, from there whichever :class:`_PathPolicy` measured faster for this shape."""
         act = self._activations(activations)

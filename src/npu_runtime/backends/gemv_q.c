@@ -21,8 +21,8 @@
    those of an fp32 dot product, as with a float weight. The k-quants' weights are made as ggml's dequantize makes
    them: D = d*sc and M = dmin*m are exact (11 x 6 or 11 x 8 bits), D*q too (<= 23 bits), so value = D*q - M has one
    rounding (Q4_K's subtraction) whether or not it is fused; they are then dotted with x in fp32 lanes, again an fp32
-   dot product of the exactly dequantized weights. Appended by the loader: gemv_q5.c (Q5_0), gemv_q_i8.c (the
-   x-quantized-to-int8 path), gemv_q_deq.c (rows of W into fp32: a prefill's tiles). */
+   dot product of the exactly dequantized weights. Appended by the loader: gemv_q5.c (Q5_0), gemv_q_i8.c and
+   gemv_q_i8k.c (the x-quantized-to-int8 path), gemv_q_deq.c (rows of W into fp32: a prefill's tiles). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -270,9 +270,10 @@ void kblock_c(const QJob *j, int64_t m0, const int M, int64_t n0, int64_t stride
 }
 
 #ifdef QG_X86
+static inline AVX2 void q6_unsigned_avx2(const uint8_t *blk, int h, __m256i u[4]);  /* gemv_q_i8k.c */
 /* kq_codes_c with 32 bytes at a time (epi16 shifts: the bits they pull in from the neighbour byte are masked). */
 static inline __attribute__((always_inline)) AVX2 void kq_codes_avx2(const uint8_t *blk, const int qt, int8_t *q) {
-    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(15), off = _mm256_set1_epi8(32);
     if (qt == QT_Q4_K) {
         for (int c = 0; c < 4; c++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
@@ -282,16 +283,9 @@ static inline __attribute__((always_inline)) AVX2 void kq_codes_avx2(const uint8
         return;
     }
     for (int h = 0; h < 2; h++) {
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-        const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-        const __m256i lo[4] = {_mm256_and_si256(a, m4), _mm256_and_si256(b, m4),
-                               _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                               _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)};
-        const __m256i hi[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
-        for (int t = 0; t < 4; t++)
-            _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * t),
-                                _mm256_sub_epi8(_mm256_or_si256(lo[t], _mm256_and_si256(hi[t], m30)), off));
+        __m256i u[4];
+        q6_unsigned_avx2(blk, h, u);
+        for (int t = 0; t < 4; t++) _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * t), _mm256_sub_epi8(u[t], off));
     }
 }
 

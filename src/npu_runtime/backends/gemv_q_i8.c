@@ -1,4 +1,5 @@
-/* The x-quantized-to-int8 path of the quantized GEMV (activations="int8" in cpu_qgemv.py): Q4_0, Q5_0 and Q4_K.
+/* The x-quantized-to-int8 path of the quantized GEMV (activations="int8" in cpu_qgemv.py): Q4_0, Q5_0 and Q4_K
+   here; Q8_0 and Q6_K in gemv_q_i8k.c (appended after this file: the same quantize_x, threads and contract).
 
    Appended to gemv_q.c and gemv_q5.c by the loader (one translation unit: QJob, SPREAD, chunk_rows, kq_scales,
    q5_unsigned_avx2, q5_codes_c).
@@ -90,8 +91,8 @@ static void iblock_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
 
 #ifdef QG_X86
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-/* 8 int32 lanes += 4 products of unsigned u and signed s bytes each (no overflow: u <= 31, |s| <= 127; maddubs' pairs
-   <= 2 * 31 * 127 fit int16) */
+/* 8 int32 lanes += 4 products of unsigned u and signed s bytes each (no overflow: u <= 128, |s| <= 127; maddubs' pairs
+   <= 2 * 128 * 127 = 32512 fit int16: here u <= 31, gemv_q_i8k.c's Q8_0 |code| <= 128 and Q6_K u <= 63) */
 #define DOT_VNNI(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define DOT_AVX2(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), \
                                                                        _mm256_set1_epi16(1)))
@@ -179,7 +180,9 @@ IRANGE(irange_avx2, iblock_avx2, AVX2)
 IRANGE(irange_vnni, iblock_vnni, VNNI)
 #endif
 
+static void irange8(const IJob *ij, int64_t n0, int64_t n1, const int qt, const int isa);  /* gemv_q_i8k.c */
 static void irange(const IJob *ij, int64_t n0, int64_t n1, const int qt, const int isa) {
+    if (qt == QT_Q8_0 || qt == QT_Q6_K) { irange8(ij, n0, n1, qt, isa); return; }
 #ifdef QG_X86
     if (isa == ISA_AVX512_VNNI) { irange_vnni(ij, n0, n1, qt); return; }
     if (isa >= ISA_AVX2) { irange_avx2(ij, n0, n1, qt); return; }
@@ -200,7 +203,7 @@ int qgemv_vnni(void) {
 
 /* qgemv() for activations = int8: 0, -2 for a type this path does not take, -3 when out of memory. */
 static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa) {
-    if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K) return -2;
+    if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K && qt != QT_Q8_0 && qt != QT_Q6_K) return -2;
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
     float *dx = malloc((size_t)(2 * M * G) * sizeof(float));
