@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from blocks import BlockTimer, time_blocks, timed_calls
 from peers.client import Peer, PeerError, peer_python
 from precision_models import MODELS, Model, agreement, build, onnx_files
+from qdq import output_step
 from run import cpu_pressure, log, machine, ours_runner
 
 import npu_compiler
@@ -182,7 +183,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
             log(f"{name}: {precision}: compiling ours, starting the peers...")
             runners.append(make_ours(model, precision, files))
             runners += [make_peer(engine, precision, model, files, args.threads) for engine in PEERS[precision]]
-        compare(name, model, runners)
+        compare(name, model, runners, files)
         timers = {r.key: r.timer for r in runners if r.timer is not None}
         log(f"{name}: timing {args.runs} runs after {args.warmup} warm-up, in blocks of {' / '.join(timers)}...")
         pressure: dict[str, str] = {}
@@ -196,7 +197,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
             "costs": costs(runners, args.hw), "runners": [_row(r, samples.get(r.key)) for r in runners]}
 
 
-def compare(name: str, model: Model, runners: list[Runner]) -> None:
+def compare(name: str, model: Model, runners: list[Runner], files: dict[str, Path]) -> None:
     """Every runner's output against the fp32 PyTorch model's; ours int8 also against onnxruntime's run of the same
     QDQ file (the integer arithmetic both should do: within a few output quantization steps)."""
     reference = model.reference()
@@ -210,7 +211,9 @@ def compare(name: str, model: Model, runners: list[Runner]) -> None:
         vs = agreement(model.kind, ort, ours) if ours.shape == ort.shape else {"text": "other shape"}
         if ours.shape == ort.shape:
             vs["max_abs_diff"] = float(np.max(np.abs(ours - ort)))
-            vs["text"] += f", max abs diff {vs['max_abs_diff']:.2e}"
+            vs["output_step"] = output_step(files["int8"])  # None: a float op makes the output
+            steps = f" ({vs['max_abs_diff'] / vs['output_step']:.1f} output steps)" if vs["output_step"] else ""
+            vs["text"] += f", max abs diff {vs['max_abs_diff']:.2e}{steps}"
         next(r for r in runners if r.key == "ours int8").detail["vs_ort_int8"] = vs
         log(f"{name}: ours int8 vs onnxruntime int8 (the same QDQ file): {vs['text']}")
 
@@ -343,7 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)  # our CPU backend's kernels run on PyTorch's pool
     results = []
@@ -357,6 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     notes(results, info)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "args": vars(args), "results": results}, indent=1))
+    wrong = [result["model"] for result in results for r in result["runners"] if r["who"] == "ours"
+             and r["precision"] == "fp32" and not r["detail"].get("agreement", {}).get("fp32_ok", False)]
+    if wrong:  # a wrong or missing fp32 output of ours is a bug to see in the exit status, not only in a cell
+        log(f"ours fp32 is wrong or did not run on: {', '.join(wrong)} (see the agreement column and the notes)")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

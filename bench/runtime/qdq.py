@@ -70,3 +70,19 @@ def quantize_qdq(float_path: Path, path: Path, calibration: Sequence[dict[str, n
                                  quant_format=quantization.QuantFormat.QDQ, per_channel=True,
                                  activation_type=types[activation], weight_type=types[weights])
     return path
+
+
+def output_scale(model: onnx.ModelProto, name: str) -> float | None:
+    """The scale of the DequantizeLinear that makes graph output ``name`` (None: a float op makes it): one
+    quantization step of that output, the unit two integer implementations of the model may differ by."""
+    node = next(n for n in model.graph.node if name in n.output)
+    if node.op_type != "DequantizeLinear":
+        return None
+    init = next(t for t in model.graph.initializer if t.name == node.input[1])
+    return float(onnx.numpy_helper.to_array(init).reshape(-1)[0])
+
+
+def output_step(path: Path) -> float | None:
+    """``output_scale`` of the first output of the ONNX file at ``path``."""
+    model = onnx.load(str(path), load_external_data=False)
+    return output_scale(model, model.graph.output[0].name)

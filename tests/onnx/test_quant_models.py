@@ -61,7 +61,8 @@ def _bench_qdq():
 
 
 _qdq = _bench_qdq()
-export_for_quantization, quantize_qdq = _qdq.export_for_quantization, _qdq.quantize_qdq
+export_for_quantization, quantize_qdq, _output_scale = _qdq.export_for_quantization, _qdq.quantize_qdq, \
+    _qdq.output_scale
 
 
 class _Wrap(torch.nn.Module):
@@ -140,15 +141,6 @@ def _ort(path: Path, feeds: dict, level: str, outputs: list[str] = ()) -> dict[s
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
-
-
-def _output_scale(model: onnx.ModelProto, name: str) -> float | None:
-    """The scale of the DequantizeLinear that makes graph output ``name`` (None: a float op makes it)."""
-    node = next(n for n in model.graph.node if name in n.output)
-    if node.op_type != "DequantizeLinear":
-        return None
-    init = next(t for t in model.graph.initializer if t.name == node.input[1])
-    return float(onnx.numpy_helper.to_array(init).reshape(-1)[0])
 
 
 def compare(case: Case, level: str, normalized: bool = False) -> dict[str, float]:
