@@ -104,6 +104,21 @@ def failed(runner: Runner, err: BaseException) -> Runner:
     return runner
 
 
+def guarded(runner: Runner) -> BlockTimer:
+    """``runner``'s timer, which on an error (a worker that died, a kernel that failed on the nth run) records why
+    and gives no more samples: the runner's cell then says why, and the other runners go on."""
+    def block(n: int) -> list[float]:
+        if runner.status:
+            return []
+        try:
+            return runner.timer(n)
+        except Exception as err:  # the cell says why; the other runners go on
+            failed(runner, err)
+            return []
+
+    return block
+
+
 # -- ours ------------------------------------------------------------------------------------------------
 
 def ours_program(model: Model, precision: str, files: dict[str, Path]) -> tuple[CompiledProgram, Any]:
@@ -184,7 +199,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
             runners.append(make_ours(model, precision, files))
             runners += [make_peer(engine, precision, model, files, args.threads) for engine in PEERS[precision]]
         compare(name, model, runners, files)
-        timers = {r.key: r.timer for r in runners if r.timer is not None}
+        timers = {r.key: guarded(r) for r in runners if r.timer is not None}
         log(f"{name}: timing {args.runs} runs after {args.warmup} warm-up, in blocks of {' / '.join(timers)}...")
         pressure: dict[str, str] = {}
         with cpu_pressure(pressure, "timed"):
@@ -221,7 +236,7 @@ def compare(name: str, model: Model, runners: list[Runner], files: dict[str, Pat
 def _row(runner: Runner, samples: list[float] | None) -> dict[str, Any]:
     row = {"who": runner.who, "precision": runner.precision, "status": runner.status, "samples_ms": samples or [],
            "detail": runner.detail}
-    if samples:
+    if samples and not runner.status:  # a runner that failed part-way has no median to compare
         row["median_ms"] = statistics.median(samples)
     return row
 
@@ -254,7 +269,7 @@ def costs(runners: list[Runner], hw_name: str) -> dict[str, dict[str, Any]]:
 def cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return "—"
-    if not row["samples_ms"]:
+    if row["status"] or not row["samples_ms"]:
         return row["status"] or "not timed"
     spread = Spread.of(row["samples_ms"])
     return f"{spread.median:.2f} [{spread.p10:.2f}-{spread.p90:.2f}]" + executed_note(
