@@ -4,6 +4,7 @@
     .venv/bin/python bench/runtime/precision.py                        # ResNet-18, ResNet-50, BERT-base; all three
     .venv/bin/python bench/runtime/precision.py --models resnet50 --precisions int8 --runs 50 --json int8.json
     .venv/bin/python bench/runtime/precision.py --quick --runs 3       # small inputs and a small BERT: a smoke run
+    .venv/bin/python bench/runtime/precision.py --models bert --profile 5  # + our per-kernel profiles
 
 Batch 1. Per model and precision, our runtime and the peers that run that precision:
 
@@ -78,6 +79,7 @@ class Runner:
     detail: dict[str, Any] = field(default_factory=dict)  # executed precision, versions, the full error
     program: CompiledProgram | None = None
     close: Any = None
+    profile: Any = None  # ours: runs -> the per-kernel profile's table (Executor.profile)
 
     @property
     def key(self) -> str:
@@ -143,11 +145,13 @@ def make_ours(model: Model, precision: str, files: dict[str, Path]) -> Runner:
         bound = load_weights(weights, program, device)
         inputs = {spec.name: NPUBuffer.from_numpy(value, device, spec=spec)
                   for spec, value in zip(program.input_specs, model.feeds.values())}
-        run = ours_runner(Executor(program, device), bound, inputs)
+        executor = Executor(program, device)
+        run = ours_runner(executor, bound, inputs)
         runner.output = run()
     except Exception as err:  # the row says why; the other rows go on
         return failed(runner, err)
     runner.program, runner.timer = program, timed_calls(run)
+    runner.profile = lambda runs: executor.profile(inputs, bound, runs=runs, warmup=1).table()
     runner.detail["host_dispatches"] = sum(d.host is not None for d in program.dispatches)
     runner.detail["kernels"] = program.kernel_histogram()
     return runner
@@ -204,10 +208,13 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         pressure: dict[str, str] = {}
         with cpu_pressure(pressure, "timed"):
             samples = time_blocks(timers, args.runs, args.warmup, rounds=min(ROUNDS, args.runs))
+        profiles = {r.precision: r.profile(args.profile) for r in runners if r.profile and args.profile}
     finally:
         for r in runners:
             if r.close:
                 r.close()
+    for precision, text in profiles.items():
+        print(f"\n### {name}, ours {precision}: per-kernel profile ({args.profile} runs)\n\n```\n{text}\n```")
     return {"model": name, "shape": model.shape, "pressure": pressure.get("timed", "n/a"),
             "costs": costs(runners, args.hw), "runners": [_row(r, samples.get(r.key)) for r in runners]}
 
@@ -344,6 +351,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None,
                         help=f"threads of every runner (default: torch's, {torch.get_num_threads()})")
     parser.add_argument("--hw", default="edge_4tops", help=f"cost model preset, from: {', '.join(presets())}")
+    parser.add_argument("--profile", type=int, default=0, metavar="RUNS",
+                        help="also print the per-kernel profile of each of our programs over RUNS runs (default 0: "
+                             "none; what limits a ratio that misses)")
     parser.add_argument("--quick", action="store_true", help="small inputs and a small BERT: a smoke run")
     parser.add_argument("--json", metavar="PATH", help="also write the results (every sample) here")
     args = parser.parse_args(argv)
@@ -353,8 +363,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if unknown or not chosen:
             parser.error(f"--{option}: unknown or none {unknown}; choose from {', '.join(known)}")
         setattr(args, option, chosen)
-    if args.runs < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
-        parser.error("--runs and --threads must be at least 1, --warmup at least 0")
+    if args.runs < 1 or args.warmup < 0 or args.profile < 0 or (args.threads is not None and args.threads < 1):
+        parser.error("--runs and --threads must be at least 1, --warmup and --profile at least 0")
     if args.hw not in presets():
         parser.error(f"--hw {args.hw!r}: not a preset; choose from {', '.join(presets())}")
     args.threads = args.threads or torch.get_num_threads()
