@@ -151,7 +151,13 @@ def make_ours(model: Model, precision: str, files: dict[str, Path]) -> Runner:
     except Exception as err:  # the row says why; the other rows go on
         return failed(runner, err)
     runner.program, runner.timer = program, timed_calls(run)
-    runner.profile = lambda runs: executor.profile(inputs, bound, runs=runs, warmup=1).table()
+    def profile(runs: int) -> str:
+        try:
+            return executor.profile(inputs, bound, runs=runs, warmup=1).table()
+        except Exception as err:  # a profile is extra: its failure is said, the results stand
+            return f"profile failed: {one_line(f'{type(err).__name__}: {err}')}"
+
+    runner.profile = profile
     runner.detail["host_dispatches"] = sum(d.host is not None for d in program.dispatches)
     runner.detail["kernels"] = program.kernel_histogram()
     return runner
