@@ -45,6 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+from blocks import time_blocks, timed_calls  # noqa: E402 - bench/runtime/blocks.py, next to this file
 from load import Load  # noqa: E402 - bench/runtime/load.py, next to this file
 
 import npu_compiler  # noqa: E402
@@ -73,8 +74,6 @@ LOAD_SECONDS = 1800.0
 MAX_REL_ERROR = 1e-4
 TARGET_HOST_US_PER_DISPATCH = 3.0
 PROFILE_RUNS = 10
-# between two runners' blocks: the previous runner's spinning threads go to sleep (see time_in_blocks)
-BLOCK_PAUSE_S = 0.2
 
 
 def log(message: str) -> None:
@@ -201,30 +200,8 @@ def check_outputs(name: str, reference: np.ndarray, ours: np.ndarray, ort_out: n
 
 def time_in_blocks(runners: dict[str, Callable[[], Any]], runs: int, warmup: int,
                      rounds: int = 5) -> dict[str, list[float]]:
-    """Milliseconds per call, in alternating blocks: ``rounds`` rounds, each runner a block of runs per round.
-
-    Blocks rather than call-by-call round-robin: onnxruntime's pool keeps spinning for a while after a
-    run (its default, which gives its best latency), and whichever runner came right after it lost a
-    core: measured on ResNet-18, our runtime took 61 ms right after onnxruntime and 21 ms on its own.
-    Rounds still spread slow drifts of the machine's load over all of them. Each block starts after a
-    pause of ``BLOCK_PAUSE_S`` and one discarded call, so that no runner pays for the previous runner's
-    threads winding down: one discarded call was not enough (the two ResNet-18 runs after an onnxruntime
-    block took 40-48 ms instead of 19-21, which put the runner placed after onnxruntime at a disadvantage).
-    """
-    for run in runners.values():
-        for _ in range(warmup):
-            run()
-    samples: dict[str, list[float]] = {name: [] for name in runners}
-    per_block = max(1, -(-runs // rounds))
-    for _ in range(rounds):
-        for name, run in runners.items():
-            time.sleep(BLOCK_PAUSE_S)
-            run()
-            for _ in range(per_block):
-                start = time.perf_counter_ns()
-                run()
-                samples[name].append((time.perf_counter_ns() - start) / 1e6)
-    return samples
+    """Milliseconds per call of in-process runners, in alternating blocks (``blocks.time_blocks`` says why)."""
+    return time_blocks({name: timed_calls(run) for name, run in runners.items()}, runs, warmup, rounds)
 
 
 def ours_executor(program: CompiledProgram, real: torch.nn.Module, x: torch.Tensor, backend: CPUBackend

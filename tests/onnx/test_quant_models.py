@@ -17,6 +17,7 @@ quantization) must agree to float32 rounding of a few dozen ops (``FLOAT_ATOL``)
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import warnings
 from dataclasses import dataclass
@@ -49,34 +50,19 @@ LEVELS = {"disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 QOPS = ("QuantizeLinear", "DynamicQuantizeLinear")
 
 
-class _Reader(quantization.CalibrationDataReader):
-    def __init__(self, feeds: list[dict[str, np.ndarray]]):
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
-
-
-def _export(model: torch.nn.Module, args: tuple, names: list[str]) -> onnx.ModelProto:
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, buffer, input_names=names, dynamo=False, opset_version=17)
-    return _initializers_for_identities(onnx.load_from_string(buffer.getvalue()))
+def _bench_qdq():
+    """``bench/runtime/qdq.py``, loaded by path (bench is no package): the benchmark of issue 30 makes its int8
+    models the same way, so the two check and time the same kind of file."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "runtime" / "qdq.py"
+    spec = importlib.util.spec_from_file_location("bench_runtime_qdq", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _initializers_for_identities(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The exporter shares equal constants through Identity nodes; the quantizer quantizes a bias only when it is
-    an initializer, so each Identity of an initializer becomes an initializer of its own."""
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    for node in [n for n in graph.node if n.op_type == "Identity" and n.input[0] in inits]:
-        copy = onnx.TensorProto()
-        copy.CopyFrom(inits[node.input[0]])
-        copy.name = node.output[0]
-        graph.initializer.append(copy)
-        graph.node.remove(node)
-    return model
+_qdq = _bench_qdq()
+export_for_quantization, quantize_qdq, _output_scale = _qdq.export_for_quantization, _qdq.quantize_qdq, \
+    _qdq.output_scale
 
 
 class _Wrap(torch.nn.Module):
@@ -101,17 +87,10 @@ def _quantize(tmp: Path, proto: onnx.ModelProto, calib: list[dict], mode: str, a
     float_path, path = tmp / "float.onnx", tmp / f"{mode}.onnx"
     if not float_path.exists():
         onnx.save(proto, float_path)
-    act = quantization.QuantType.QUInt8 if activation == "uint8" else quantization.QuantType.QInt8
-    import logging
-
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
     if mode == "dynamic":
         quantization.quantize_dynamic(float_path, path, weight_type=quantization.QuantType.QInt8)
-    else:
-        quantization.quantize_static(float_path, path, _Reader(calib), quant_format=quantization.QuantFormat.QDQ,
-                                     per_channel=True, activation_type=act,
-                                     weight_type=quantization.QuantType.QInt8)
-    return path
+        return path
+    return quantize_qdq(float_path, path, calib, activation=activation)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +103,7 @@ def resnet18(tmp_path_factory: pytest.TempPathFactory) -> Case:
         num_labels=10)).eval()
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(1, 3, 64, 64, generator=g) for _ in range(4)]
-    proto = _export(_Wrap(model, "logits"), (xs[0],), ["x"])
+    proto = export_for_quantization(_Wrap(model, "logits"), (xs[0],), ["x"])
     tmp = tmp_path_factory.mktemp("resnet18")
     path = _quantize(tmp, proto, [{"x": x.numpy()} for x in xs[:3]], "static", "uint8")
     return Case(tmp / "float.onnx", path, {"x": xs[3].numpy()})
@@ -143,7 +122,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, onnx.ModelProt
         mask = torch.ones(1, 8, dtype=torch.long)
         mask[0, 6:] = 0
         feeds.append({"ids": torch.randint(3, 100, (1, 8), generator=g).numpy(), "mask": mask.numpy()})
-    proto = _export(_Wrap(model.eval(), "hidden"), (torch.from_numpy(feeds[0]["ids"]),
+    proto = export_for_quantization(_Wrap(model.eval(), "hidden"), (torch.from_numpy(feeds[0]["ids"]),
                                                      torch.from_numpy(feeds[0]["mask"])), ["ids", "mask"])
     return tmp_path_factory.mktemp("bert"), proto, feeds[:3], feeds[3]
 
@@ -162,15 +141,6 @@ def _ort(path: Path, feeds: dict, level: str, outputs: list[str] = ()) -> dict[s
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
-
-
-def _output_scale(model: onnx.ModelProto, name: str) -> float | None:
-    """The scale of the DequantizeLinear that makes graph output ``name`` (None: a float op makes it)."""
-    node = next(n for n in model.graph.node if name in n.output)
-    if node.op_type != "DequantizeLinear":
-        return None
-    init = next(t for t in model.graph.initializer if t.name == node.input[1])
-    return float(onnx.numpy_helper.to_array(init).reshape(-1)[0])
 
 
 def compare(case: Case, level: str, normalized: bool = False) -> dict[str, float]:
@@ -260,10 +230,7 @@ def test_int4_weights_qdq_matches_onnxruntime(tmp_path: Path, level: str) -> Non
                           opset_version=21)
     (tmp_path / "float.onnx").write_bytes(buffer.getvalue())
     path = tmp_path / "int4.onnx"
-    quantization.quantize_static(tmp_path / "float.onnx", path, _Reader([{"x": x} for x in xs[:3]]),
-                                 quant_format=quantization.QuantFormat.QDQ, per_channel=True,
-                                 weight_type=quantization.QuantType.QInt4,
-                                 activation_type=quantization.QuantType.QUInt8)
+    quantize_qdq(tmp_path / "float.onnx", path, [{"x": x} for x in xs[:3]], activation="uint8", weights="int4")
     ir, weights = import_onnx(path)
     packed = [t for t in ir.weights if t.dtype == "int4"]
     assert len(packed) == 2 and all(t.quant.axis == 0 and weights[t.name].shape[-1] * 2 == t.shape[-1]
