@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/runtime/qconv.py                       # ResNet-50's convolutions, then both models
     .venv/bin/python bench/runtime/qconv.py --skip-models --runs 20
-    .venv/bin/python bench/runtime/qconv.py --models resnet18 --json out.json
+    .venv/bin/python bench/runtime/qconv.py --models resnet18 --threads 1 --json out.json
 
 Part 1, per convolution shape of ResNet-50 (batch 1, 224x224, found by hooks on the model, with how often each
 occurs): uint8 x, per-channel int8 weights, an int32 bias, uint8 y. Timed: our kernel (``cpu_qconv.QConv``, the
@@ -227,8 +227,11 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=["resnet18", "resnet50"])
     parser.add_argument("--skip-convs", action="store_true")
     parser.add_argument("--skip-models", action="store_true")
+    parser.add_argument("--threads", type=int, help="torch's and onnxruntime's intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     results: dict = {"threads": threads, "kernel": cpu_qconv.native_status()}
     if not args.skip_convs:

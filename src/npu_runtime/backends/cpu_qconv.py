@@ -35,7 +35,7 @@ import threading
 
 import torch
 
-from npu_program.program import Dispatch, TensorSpec
+from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.ops.npu_quant import int_bias
 from torch_ir.quant import numerics as qn
 from torch_ir.quant.spec import QTYPES
@@ -133,7 +133,7 @@ class _QContraction:
         if x is None or w is None or out is None or x.dtype not in ("uint8", "int8") or w.dtype != "int8" \
                 or p.get("w_dtype", "int8") != "int8" or x.layout is not None or out.layout is not None:
             return False
-        if any(specs[n].quant is not None and specs[n].quant.block is not None for n in names[:2]):
+        if any(block_of(specs[n]) is not None for n in names[:2]):  # GGUF blocks: not int8 codes
             return False
         quantized = p.get("out_dtype", "int8") in ("int8", "uint8")
         if len(names) != 6 + bool(p.get("has_bias")) + 2 * quantized:

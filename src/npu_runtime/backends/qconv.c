@@ -318,11 +318,15 @@ static int qconv(const QArgs *a) {
             continue;
         }
 #ifdef _OPENMP
+        /* dynamic chunks of tiles (about 8 a thread, inside one panel where they fit, so a thread reuses the panel
+           it loaded): a thread that lost its core to a neighbour process leaves its share to the others */
+        int64_t chunk = tiles / (8 * (int64_t)nthreads);
+        chunk = chunk < 1 ? 1 : (chunk > nbs ? nbs : chunk);
 #pragma omp parallel num_threads(nthreads)
         {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
             for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, x, b, k);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
             for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
         }
 #else
