@@ -17,9 +17,10 @@ int8 kernels. This module runs them with a small C kernel (``qconv.c`` beside th
 * AVX-512 VNNI (``vpdpbusd``: unsigned x times signed w, 4 products a lane, no saturation), AVX2 (x widened to
   int16 pairs and ``madd``: ``maddubs`` would saturate) or portable C, chosen at run time; ``TORCH_IR_QCONV_ISA``
   (``c``, ``avx2``, ``vnni``) caps it, for tests and comparisons;
-* per image, x is laid out as im2col panels of 32 output positions (``[P/32][K/4][32][4]`` bytes, in a scratch
-  buffer kept per thread), the weights prepacked once as lanes of 4 consecutive k per output channel; a tile of
-  8 channels x 32 positions keeps its sums in registers; tiles go to torch's OpenMP threads.
+* per image, x is copied once with a border of its zero point, then laid out as im2col panels of 32 output
+  positions (``[P/32][K/4][32][4]`` bytes; both in a scratch buffer kept per thread), the weights prepacked once as
+  lanes of 4 consecutive k per output channel; a tile of 8 channels x 32 positions keeps its sums in registers;
+  tiles go to torch's OpenMP threads in dynamic chunks.
 
 When the kernel cannot be had (no compiler, ``TORCH_IR_NATIVE_GEMV=0``) the reference runs and one warning says
 why. Memory safety: every tensor the C code touches is checked by ``cpu_gemv_build.tensor_arg`` (dtype, shape,
@@ -94,9 +95,10 @@ def native_status() -> str:
     return _kernel.status()
 
 
-def scratch_bytes(k4: int, positions: int) -> int:
-    """Bytes of im2col panels of one image (``qconv_scratch_bytes`` of ``qconv.c``)."""
-    return -(-positions // PANEL) * k4 * PANEL * 4
+def scratch_bytes(k4: int, positions: int, channels: int, padded_h: int, padded_w: int) -> int:
+    """Scratch bytes of one image (``qconv_scratch_bytes`` of ``qconv.c``): its im2col panels, then x's copy
+    bordered by the zero point (``[C][H + 2 ph][W + 2 pw]``) and one row of the zero point."""
+    return -(-positions // PANEL) * k4 * PANEL * 4 + channels * padded_h * padded_w + padded_w
 
 
 def _scratch_for(nbytes: int) -> Tensor:
@@ -138,8 +140,8 @@ class _QContraction:
         quantized = p.get("out_dtype", "int8") in ("int8", "uint8")
         if len(names) != 6 + bool(p.get("has_bias")) + 2 * quantized:
             return False
-        if _numel(specs[names[3]]) != 1 or (quantized and _numel(specs[names[-1]]) != 1):
-            return False  # one x zero point and one y zero point (the reference reads them so)
+        if any(_numel(specs[n]) != 1 for n in [*names[2:4], *(names[-2:] if quantized else [])]):
+            return False  # one x scale and zero point, one y scale and zero point (the reference reads them so)
         return cls._shapes_ok(dispatch, specs)
 
     @classmethod
@@ -246,10 +248,10 @@ class _QContraction:
                                               tuple(out.shape))
         if cpu_gemv_build.overlaps(xp, xn, yp, yn):
             raise ValueError(f"{self.kind}: out overlaps x")
-        need = scratch_bytes(self.k4, geometry["positions"])
-        scratch = _scratch_for(need)
-        sp, _, sn = cpu_gemv_build.tensor_arg(scratch, self.kind, "scratch", {torch.uint8: 0})
         g = geometry
+        need = scratch_bytes(self.k4, g["positions"], g["C"], g["H"] + 2 * g["padding"][0],
+                             g["W"] + 2 * g["padding"][1])
+        sp, _, sn = cpu_gemv_build.tensor_arg(_scratch_for(need), self.kind, "scratch", {torch.uint8: 0})
         args = _ARGS.pack(
             xp, g["batch"], g["C"], g["H"], g["W"], *g["xs"], self.flip, self.zp_u,
             *g["kernel"], *g["stride"], *g["padding"], *g["dilation"], g["OH"], g["OW"],

@@ -6,10 +6,10 @@
    this code trusts both. Keep in step with cpu_qconv.py: the argument block (QArgs / _ARGS), the output codes,
    the packed weight layouts (QR, and the AVX2 pair order) and the scratch size (scratch_bytes).
 
-   Plan: per image, the input's codes are laid out as im2col panels of 32 output positions, [P / 32][K4][32][4]
-   uint8 (k = c * kh * kw + i * kw + j, as OIHW weights flatten; k padded to a multiple of 4, a position outside
-   the image reads the zero point, so the zero-point correction is one constant per channel); int8 x is made
-   unsigned by flipping its sign bit (x + 128). The weights come packed at prepare time as [N / QR][K4][QR]
+   Plan: per image, x's codes are copied once with a border of the zero point (int8 x made unsigned by flipping its
+   sign bit: x + 128), then laid out as im2col panels of 32 output positions, [P / 32][K4][32][4] uint8
+   (k = c * kh * kw + i * kw + j, as OIHW weights flatten; k padded to a multiple of 4; a position outside the image
+   reads the zero point, so the zero-point correction is one constant per channel). The weights come packed at prepare time as [N / QR][K4][QR]
    int32 lanes of 4 consecutive k (VNNI, C) and as pairs of int16 (k0, k2), (k1, k3) per lane (AVX2). A tile is
    QR output channels x 16 or 32 positions; its int32 sums are exact (unsigned x times signed w: vpdpbusd adds
    groups of 4 products into int32 without saturation; AVX2 widens to int16 and uses madd, so nothing saturates).
@@ -53,50 +53,57 @@ typedef struct {
 
 /* ------------------------------------------------------------------------------------------ im2col */
 
-#define ROW_CHUNK 1024  /* output positions of one output row gathered at a time */
 typedef uint32_t u32_unaligned __attribute__((aligned(1), may_alias));
 
-/* Row k of the im2col matrix at output row oh, positions ow0 .. ow0 + n - 1, into row[n]: x's codes (sign bit
-   flipped for int8 x), the zero point outside the image and for the padding rows k >= K (they meet zero weights). */
-static void gather(const QArgs *a, const uint8_t *x, int64_t k, int64_t oh, int64_t ow0, int64_t n, uint8_t *row) {
+/* Channel c of x as unsigned codes (sign bit flipped for int8 x) into a copy bordered by the zero point,
+   [C][Hp][Wp] with Hp = H + 2 ph, Wp = W + 2 pw: im2col then reads it without a bounds check. */
+static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c) {
+    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw, W = a->W;
     const uint8_t fill = (uint8_t)a->zp_u, flip = (uint8_t)a->flip;
-    const int64_t i = (k / a->kw) % a->kh, j = k % a->kw, ih = oh * a->sh - a->ph + i * a->dh;
-    if (k >= a->C * a->kh * a->kw || ih < 0 || ih >= a->H) { memset(row, fill, (size_t)n); return; }
-    const uint8_t *xr = x + (k / (a->kh * a->kw)) * a->xs_c + ih * a->xs_h;
-    const int64_t iw0 = ow0 * a->sw - a->pw + j * a->dw;
-    if (a->sw == 1 && a->xs_w == 1) {                   /* a contiguous run of x between two fills */
-        int64_t t0 = iw0 < 0 ? -iw0 : 0, t1 = a->W - iw0;
-        t0 = t0 < n ? t0 : n;
-        t1 = t1 < t0 ? t0 : (t1 < n ? t1 : n);
-        memset(row, fill, (size_t)t0);
-        for (int64_t t = t0; t < t1; t++) row[t] = (uint8_t)(xr[iw0 + t] ^ flip);
-        memset(row + t1, fill, (size_t)(n - t1));
-        return;
+    uint8_t *dst = xp + c * Hp * Wp;
+    memset(dst, fill, (size_t)(a->ph * Wp));
+    for (int64_t h = 0; h < a->H; h++) {
+        uint8_t *r = dst + (h + a->ph) * Wp;
+        const uint8_t *src = x + c * a->xs_c + h * a->xs_h;
+        memset(r, fill, (size_t)a->pw);
+        if (a->xs_w == 1) for (int64_t w = 0; w < W; w++) r[a->pw + w] = (uint8_t)(src[w] ^ flip);
+        else for (int64_t w = 0; w < W; w++) r[a->pw + w] = (uint8_t)(src[w * a->xs_w] ^ flip);
+        memset(r + a->pw + W, fill, (size_t)a->pw);
     }
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t iw = iw0 + t * a->sw;
-        row[t] = iw >= 0 && iw < a->W ? (uint8_t)(xr[iw * a->xs_w] ^ flip) : fill;
-    }
+    memset(dst + (a->ph + a->H) * Wp, fill, (size_t)(a->ph * Wp));
 }
 
 /* The 4-byte groups of k4 (rows 4 * k4 .. 4 * k4 + 3 of the im2col matrix) for every position, into the panels:
-   position p's group at ((p / PANEL) * K4 + k4) * PANEL * 4 + (p % PANEL) * 4. */
-static void im2col_k4(const QArgs *a, const uint8_t *x, uint8_t *b, int64_t k4) {
-    uint8_t rows[4][ROW_CHUNK];
-    const int64_t K4 = a->K4, OW = a->OW;
-    for (int64_t oh = 0; oh < a->OH; oh++)
-        for (int64_t ow0 = 0; ow0 < OW; ow0 += ROW_CHUNK) {
-            const int64_t n = OW - ow0 < ROW_CHUNK ? OW - ow0 : ROW_CHUNK;
-            for (int sub = 0; sub < 4; sub++) gather(a, x, 4 * k4 + sub, oh, ow0, n, rows[sub]);
-            for (int64_t t = 0; t < n;) {                /* runs inside one panel: consecutive groups */
-                const int64_t p = oh * OW + ow0 + t, q = p % PANEL, len = PANEL - q < n - t ? PANEL - q : n - t;
-                u32_unaligned *d = (u32_unaligned *)(b + ((p / PANEL) * K4 + k4) * (PANEL * 4)) + q;
+   position p's group at ((p / PANEL) * K4 + k4) * PANEL * 4 + (p % PANEL) * 4, written in runs inside one panel.
+   A padding row k >= K meets zero weights: it reads `fill` (Wp bytes of the zero point). */
+static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint8_t *b, int64_t k4) {
+    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw, khw = a->kh * a->kw, OW = a->OW, sw = a->sw;
+    const uint8_t *base[4];
+    int64_t step[4];
+    for (int s = 0; s < 4; s++) {
+        const int64_t k = 4 * k4 + s, c = k / khw, i = (k / a->kw) % a->kh, j = k % a->kw;
+        const int real = k < a->C * khw;
+        base[s] = real ? xp + c * Hp * Wp + i * a->dh * Wp + j * a->dw : fill;
+        step[s] = real ? a->sh * Wp : 0;
+    }
+    for (int64_t oh = 0; oh < a->OH; oh++) {
+        const uint8_t *r0 = base[0] + oh * step[0], *r1 = base[1] + oh * step[1];
+        const uint8_t *r2 = base[2] + oh * step[2], *r3 = base[3] + oh * step[3];
+        for (int64_t ow = 0; ow < OW;) {
+            const int64_t p = oh * OW + ow, q = p % PANEL, len = PANEL - q < OW - ow ? PANEL - q : OW - ow;
+            u32_unaligned *d = (u32_unaligned *)(b + ((p / PANEL) * a->K4 + k4) * (PANEL * 4)) + q;
+            if (sw == 1)                                /* contiguous: vectorized */
                 for (int64_t e = 0; e < len; e++)
-                    d[e] = (uint32_t)rows[0][t + e] | (uint32_t)rows[1][t + e] << 8 | (uint32_t)rows[2][t + e] << 16
-                           | (uint32_t)rows[3][t + e] << 24;
-                t += len;
-            }
+                    d[e] = (uint32_t)r0[ow + e] | (uint32_t)r1[ow + e] << 8 | (uint32_t)r2[ow + e] << 16
+                           | (uint32_t)r3[ow + e] << 24;
+            else
+                for (int64_t e = 0; e < len; e++) {
+                    const int64_t at = (ow + e) * sw;
+                    d[e] = (uint32_t)r0[at] | (uint32_t)r1[at] << 8 | (uint32_t)r2[at] << 16 | (uint32_t)r3[at] << 24;
+                }
+            ow += len;
         }
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- epilogue */
@@ -283,8 +290,12 @@ int qconv_openmp(void) { return 1; }
 int qconv_openmp(void) { return 0; }
 #endif
 
-/* Bytes of im2col panels one image needs (cpu_qconv.py sizes its scratch with the same rule). */
-int64_t qconv_scratch_bytes(int64_t K4, int64_t P) { return ((P + PANEL - 1) / PANEL) * K4 * PANEL * 4; }
+/* Scratch bytes one image needs: its im2col panels, then x's bordered copy and a row of the zero point
+   (cpu_qconv.scratch_bytes is the same rule). */
+static int64_t panel_bytes(int64_t K4, int64_t P) { return ((P + PANEL - 1) / PANEL) * K4 * PANEL * 4; }
+int64_t qconv_scratch_bytes(int64_t K4, int64_t P, int64_t C, int64_t Hp, int64_t Wp) {
+    return panel_bytes(K4, P) + C * Hp * Wp + Wp;
+}
 
 static void run_tile(const Job *j, int64_t t, int64_t nbs, int isa) {
     const int64_t panel = t / nbs, nb = t % nbs;
@@ -303,17 +314,23 @@ static int qconv(const QArgs *a) {
     const int64_t P = a->OH * a->OW, K = a->C * a->kh * a->kw;
     if (a->batch < 0 || P < 0 || a->N <= 0 || K <= 0 || a->K4 * 4 < K || a->K4 * 4 >= K + 4) return -2;
     if (a->out < OUT_U8 || a->out > OUT_F32) return -2;
-    if (qconv_scratch_bytes(a->K4, P) > a->scratch_bytes) return -1;
+    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw;
+    if (a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->ph < 0 || a->pw < 0 || a->OH < 1 || a->OW < 1
+        || (a->OH - 1) * a->sh + (a->kh - 1) * a->dh >= Hp || (a->OW - 1) * a->sw + (a->kw - 1) * a->dw >= Wp)
+        return -2;                                      /* a window would leave the bordered copy */
+    if (qconv_scratch_bytes(a->K4, P, a->C, Hp, Wp) > a->scratch_bytes) return -1;
     int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads, isa = (int)a->isa;
     if (isa > qconv_isa()) isa = qconv_isa();
     const int64_t nbs = (a->N + QR - 1) / QR, panels = (P + PANEL - 1) / PANEL, tiles = nbs * panels;
     const size_t esize = a->out == OUT_I32 || a->out == OUT_F32 ? 4 : 1;
+    uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + panel_bytes(a->K4, P), *fill = xp + a->C * Hp * Wp;
+    memset(fill, (uint8_t)a->zp_u, (size_t)Wp);
     for (int64_t im = 0; im < a->batch; im++) {
         const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b;
-        uint8_t *b = (uint8_t *)(intptr_t)a->scratch;
         const Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P, panels};
         if (nthreads <= 1 || tiles * K <= 65536) {      /* a small product: no parallel region (~1 us each) */
-            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, x, b, k);
+            for (int64_t c = 0; c < a->C; c++) pad_channel(a, x, xp, c);
+            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, xp, fill, b, k);
             for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
             continue;
         }
@@ -324,13 +341,16 @@ static int qconv(const QArgs *a) {
         chunk = chunk < 1 ? 1 : (chunk > nbs ? nbs : chunk);
 #pragma omp parallel num_threads(nthreads)
         {
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t c = 0; c < a->C; c++) pad_channel(a, x, xp, c);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, x, b, k);
+            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, xp, fill, b, k);
 #pragma omp for schedule(dynamic, chunk)
             for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
         }
 #else
-        for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, x, b, k);
+        for (int64_t c = 0; c < a->C; c++) pad_channel(a, x, xp, c);
+        for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, xp, fill, b, k);
         for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
 #endif
     }
