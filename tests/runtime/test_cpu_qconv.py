@@ -89,6 +89,7 @@ CONVS = [
     (1, 4, 40, 40, 16, 3, 1, 0, 3, "uint8", 200, "float", "uint8", True),   # dilation 3, no padding
     (1, 6, 5, 7, 5, 1, 2, 3, 1, "int8", 100, "int32", "int8", False),       # windows wholly in the padding
     (1, 2, 9, 70, 3, 3, 1, 1, 1, "uint8", 50, "int32", "int32", False),     # a row of positions over 2 panels
+    (2, 30, 6, 6, 12, 1, 1, 0, 1, "int8", -20, "int32", "uint8", True),     # int8 x read in place (no border)
 ]
 
 

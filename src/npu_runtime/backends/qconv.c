@@ -53,7 +53,7 @@ typedef struct {
 
 /* ------------------------------------------------------------------------------------------ im2col */
 
-typedef uint32_t u32_unaligned __attribute__((aligned(1), may_alias));
+#define ROW_GROUPS 1024  /* output positions of a row turned into groups at a time */
 
 /* Channel c of x as unsigned codes (sign bit flipped for int8 x) into a copy bordered by the zero point,
    [C][Hp][Wp] with Hp = H + 2 ph, Wp = W + 2 pw: im2col then reads it without a bounds check. */
@@ -62,6 +62,13 @@ static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c
     const uint8_t fill = (uint8_t)a->zp_u, flip = (uint8_t)a->flip;
     uint8_t *dst = xp + c * Hp * Wp;
     memset(dst, fill, (size_t)(a->ph * Wp));
+    if (a->pw == 0 && a->xs_w == 1 && a->xs_h == W) {   /* rows without a border: the channel in one loop */
+        const uint8_t *src = x + c * a->xs_c;
+        uint8_t *r = dst + a->ph * Wp;
+        for (int64_t e = 0; e < a->H * W; e++) r[e] = (uint8_t)(src[e] ^ flip);
+        memset(dst + (a->ph + a->H) * Wp, fill, (size_t)(a->ph * Wp));
+        return;
+    }
     for (int64_t h = 0; h < a->H; h++) {
         uint8_t *r = dst + (h + a->ph) * Wp;
         const uint8_t *src = x + c * a->xs_c + h * a->xs_h;
@@ -75,8 +82,10 @@ static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c
 
 /* The 4-byte groups of k4 (rows 4 * k4 .. 4 * k4 + 3 of the im2col matrix) for every position, into the panels:
    position p's group at ((p / PANEL) * K4 + k4) * PANEL * 4 + (p % PANEL) * 4, written in runs inside one panel.
-   A padding row k >= K meets zero weights: it reads `fill` (Wp bytes of the zero point). */
-static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint8_t *b, int64_t k4) {
+   xp: the bordered copy (flip 0), or x itself when it needs no border (flip: int8 x's sign bits). A padding row
+   k >= K meets zero weights: it reads `fill` (Wp bytes), whatever they become. */
+static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
+                      int64_t k4) {
     const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw, khw = a->kh * a->kw, OW = a->OW, sw = a->sw;
     const uint8_t *base[4];
     int64_t step[4];
@@ -86,24 +95,26 @@ static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, ui
         base[s] = real ? xp + c * Hp * Wp + i * a->dh * Wp + j * a->dw : fill;
         step[s] = real ? a->sh * Wp : 0;
     }
-    for (int64_t oh = 0; oh < a->OH; oh++) {
-        const uint8_t *r0 = base[0] + oh * step[0], *r1 = base[1] + oh * step[1];
-        const uint8_t *r2 = base[2] + oh * step[2], *r3 = base[3] + oh * step[3];
-        for (int64_t ow = 0; ow < OW;) {
-            const int64_t p = oh * OW + ow, q = p % PANEL, len = PANEL - q < OW - ow ? PANEL - q : OW - ow;
-            u32_unaligned *d = (u32_unaligned *)(b + ((p / PANEL) * a->K4 + k4) * (PANEL * 4)) + q;
-            if (sw == 1)                                /* contiguous: vectorized */
-                for (int64_t e = 0; e < len; e++)
-                    d[e] = (uint32_t)r0[ow + e] | (uint32_t)r1[ow + e] << 8 | (uint32_t)r2[ow + e] << 16
-                           | (uint32_t)r3[ow + e] << 24;
+    uint32_t row[ROW_GROUPS];                           /* one output row's groups (or a part of a wide row) */
+    for (int64_t oh = 0; oh < a->OH; oh++)
+        for (int64_t ow0 = 0; ow0 < OW; ow0 += ROW_GROUPS) {
+            const int64_t n = OW - ow0 < ROW_GROUPS ? OW - ow0 : ROW_GROUPS;
+            const uint8_t *r0 = base[0] + oh * step[0] + ow0 * sw, *r1 = base[1] + oh * step[1] + ow0 * sw;
+            const uint8_t *r2 = base[2] + oh * step[2] + ow0 * sw, *r3 = base[3] + oh * step[3] + ow0 * sw;
+            if (sw == 1)                                /* one long vectorized loop, then whole copies */
+                for (int64_t e = 0; e < n; e++)
+                    row[e] = ((uint32_t)r0[e] | (uint32_t)r1[e] << 8 | (uint32_t)r2[e] << 16 | (uint32_t)r3[e] << 24)
+                             ^ flip;
             else
-                for (int64_t e = 0; e < len; e++) {
-                    const int64_t at = (ow + e) * sw;
-                    d[e] = (uint32_t)r0[at] | (uint32_t)r1[at] << 8 | (uint32_t)r2[at] << 16 | (uint32_t)r3[at] << 24;
-                }
-            ow += len;
+                for (int64_t e = 0; e < n; e++)
+                    row[e] = ((uint32_t)r0[e * sw] | (uint32_t)r1[e * sw] << 8 | (uint32_t)r2[e * sw] << 16
+                              | (uint32_t)r3[e * sw] << 24) ^ flip;
+            for (int64_t t = 0; t < n;) {               /* runs inside one panel */
+                const int64_t p = oh * OW + ow0 + t, q = p % PANEL, len = PANEL - q < n - t ? PANEL - q : n - t;
+                memcpy(b + ((p / PANEL) * a->K4 + k4) * (PANEL * 4) + q * 4, row + t, (size_t)len * 4);
+                t += len;
+            }
         }
-    }
 }
 
 /* ---------------------------------------------------------------------------------------- epilogue */
@@ -325,12 +336,16 @@ static int qconv(const QArgs *a) {
     const size_t esize = a->out == OUT_I32 || a->out == OUT_F32 ? 4 : 1;
     uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + panel_bytes(a->K4, P), *fill = xp + a->C * Hp * Wp;
     memset(fill, (uint8_t)a->zp_u, (size_t)Wp);
+    /* no border and x contiguous (a 1x1 convolution, say): im2col reads x itself, flipping int8 x's sign bits */
+    const int direct = a->ph == 0 && a->pw == 0 && a->xs_w == 1 && a->xs_h == a->W && a->xs_c == a->H * a->W;
+    const uint32_t flip = direct ? (uint32_t)a->flip * 0x01010101u : 0u;
+    const int64_t C = direct ? 0 : a->C;                /* channels to copy */
     for (int64_t im = 0; im < a->batch; im++) {
-        const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b;
+        const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
         const Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P, panels};
         if (nthreads <= 1 || tiles * K <= 65536) {      /* a small product: no parallel region (~1 us each) */
-            for (int64_t c = 0; c < a->C; c++) pad_channel(a, x, xp, c);
-            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, xp, fill, b, k);
+            for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
+            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
             for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
             continue;
         }
@@ -342,15 +357,15 @@ static int qconv(const QArgs *a) {
 #pragma omp parallel num_threads(nthreads)
         {
 #pragma omp for schedule(dynamic, 4)
-            for (int64_t c = 0; c < a->C; c++) pad_channel(a, x, xp, c);
+            for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, xp, fill, b, k);
+            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
 #pragma omp for schedule(dynamic, chunk)
             for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
         }
 #else
-        for (int64_t c = 0; c < a->C; c++) pad_channel(a, x, xp, c);
-        for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, xp, fill, b, k);
+        for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
+        for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
         for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
 #endif
     }
