@@ -17,10 +17,10 @@ int8 kernels. This module runs them with a small C kernel (``qconv.c`` beside th
 * AVX-512 VNNI (``vpdpbusd``: unsigned x times signed w, 4 products a lane, no saturation), AVX2 (x widened to
   int16 pairs and ``madd``: ``maddubs`` would saturate) or portable C, chosen at run time; ``TORCH_IR_QCONV_ISA``
   (``c``, ``avx2``, ``vnni``) caps it, for tests and comparisons;
-* per image, x is copied once with a border of its zero point, then laid out as im2col panels of 32 output
-  positions (``[P/32][K/4][32][4]`` bytes; both in a scratch buffer kept per thread), the weights prepacked once as
-  lanes of 4 consecutive k per output channel; a tile of 8 channels x 32 positions keeps its sums in registers;
-  tiles go to torch's OpenMP threads in dynamic chunks.
+* per image, x is copied once with a border of its zero point (a 1x1 convolution reads x itself), then laid out
+  as an im2col matrix of groups of 4 k (``[K/4][P][4]`` bytes, P rounded up to 32; both in a scratch buffer kept
+  per thread), the weights prepacked once as lanes of 4 consecutive k per output channel; a tile of 8 channels x
+  32 positions keeps its sums in registers; tiles go to torch's OpenMP threads in dynamic chunks.
 
 When the kernel cannot be had (no compiler, ``TORCH_IR_NATIVE_GEMV=0``) the reference runs and one warning says
 why. Memory safety: every tensor the C code touches is checked by ``cpu_gemv_build.tensor_arg`` (dtype, shape,
@@ -96,8 +96,8 @@ def native_status() -> str:
 
 
 def scratch_bytes(k4: int, positions: int, channels: int, padded_h: int, padded_w: int) -> int:
-    """Scratch bytes of one image (``qconv_scratch_bytes`` of ``qconv.c``): its im2col panels, then x's copy
-    bordered by the zero point (``[C][H + 2 ph][W + 2 pw]``) and one row of the zero point."""
+    """Scratch bytes of one image (``qconv_scratch_bytes`` of ``qconv.c``): its im2col matrix (positions rounded up
+    to 32), then x's copy bordered by the zero point (``[C][H + 2 ph][W + 2 pw]``) and one row of the zero point."""
     return -(-positions // PANEL) * k4 * PANEL * 4 + channels * padded_h * padded_w + padded_w
 
 

@@ -7,9 +7,10 @@
    the packed weight layouts (QR, and the AVX2 pair order) and the scratch size (scratch_bytes).
 
    Plan: per image, x's codes are copied once with a border of the zero point (int8 x made unsigned by flipping its
-   sign bit: x + 128), then laid out as im2col panels of 32 output positions, [P / 32][K4][32][4] uint8
-   (k = c * kh * kw + i * kw + j, as OIHW weights flatten; k padded to a multiple of 4; a position outside the image
-   reads the zero point, so the zero-point correction is one constant per channel). The weights come packed at prepare time as [N / QR][K4][QR]
+   sign bit: x + 128; a 1x1 convolution reads x itself), then laid out as an im2col matrix of groups of 4 k,
+   [K4][Ppad][4] uint8 (k = c * kh * kw + i * kw + j, as OIHW weights flatten; k padded to a multiple of 4; Ppad: P
+   rounded up to the tile's 32 positions; a position outside the image reads the zero point, so the zero-point
+   correction is one constant per channel). The weights come packed at prepare time as [N / QR][K4][QR]
    int32 lanes of 4 consecutive k (VNNI, C) and as pairs of int16 (k0, k2), (k1, k3) per lane (AVX2). A tile is
    QR output channels x 16 or 32 positions; its int32 sums are exact (unsigned x times signed w: vpdpbusd adds
    groups of 4 products into int32 without saturation; AVX2 widens to int16 and uses madd, so nothing saturates).
@@ -32,7 +33,7 @@
 enum { ISA_C = 0, ISA_AVX2 = 1, ISA_VNNI = 2 };
 enum { OUT_U8 = 0, OUT_I8 = 1, OUT_I32 = 2, OUT_F32 = 3 };
 #define QR 8       /* output channels per tile */
-#define PANEL 32   /* output positions per im2col panel */
+#define PANEL 32   /* output positions per tile: a panel of the im2col matrix */
 
 /* qconv_packed's argument block: 33 int64 then 4 doubles (_ARGS in cpu_qconv.py). */
 typedef struct {
@@ -46,14 +47,14 @@ typedef struct {
 
 typedef struct {
     const QArgs *a;
-    const uint8_t *b;   /* this image's panels */
+    const uint8_t *b;   /* this image's im2col groups, [K4][Ppad][4] */
     char *y;            /* this image's output */
-    int64_t P, panels;
+    int64_t P, row;     /* positions; bytes from one group of 4 k to the next (positions padded to PANEL, x4) */
 } Job;
 
 /* ------------------------------------------------------------------------------------------ im2col */
 
-#define ROW_GROUPS 1024  /* output positions of a row turned into groups at a time */
+typedef uint32_t u32_unaligned __attribute__((aligned(1), may_alias));
 
 /* Channel c of x as unsigned codes (sign bit flipped for int8 x) into a copy bordered by the zero point,
    [C][Hp][Wp] with Hp = H + 2 ph, Wp = W + 2 pw: im2col then reads it without a bounds check. */
@@ -80,8 +81,8 @@ static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c
     memset(dst + (a->ph + a->H) * Wp, fill, (size_t)(a->ph * Wp));
 }
 
-/* The 4-byte groups of k4 (rows 4 * k4 .. 4 * k4 + 3 of the im2col matrix) for every position, into the panels:
-   position p's group at ((p / PANEL) * K4 + k4) * PANEL * 4 + (p % PANEL) * 4, written in runs inside one panel.
+/* The 4-byte groups of k4 (rows 4 * k4 .. 4 * k4 + 3 of the im2col matrix) for every position: position p's group at
+   (k4 * Ppad + p) * 4, Ppad = P rounded up to PANEL (a tile reads PANEL positions of each k4 group).
    xp: the bordered copy (flip 0), or x itself when it needs no border (flip: int8 x's sign bits). A padding row
    k >= K meets zero weights: it reads `fill` (Wp bytes), whatever they become. */
 static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
@@ -95,26 +96,19 @@ static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, ui
         base[s] = real ? xp + c * Hp * Wp + i * a->dh * Wp + j * a->dw : fill;
         step[s] = real ? a->sh * Wp : 0;
     }
-    uint32_t row[ROW_GROUPS];                           /* one output row's groups (or a part of a wide row) */
-    for (int64_t oh = 0; oh < a->OH; oh++)
-        for (int64_t ow0 = 0; ow0 < OW; ow0 += ROW_GROUPS) {
-            const int64_t n = OW - ow0 < ROW_GROUPS ? OW - ow0 : ROW_GROUPS;
-            const uint8_t *r0 = base[0] + oh * step[0] + ow0 * sw, *r1 = base[1] + oh * step[1] + ow0 * sw;
-            const uint8_t *r2 = base[2] + oh * step[2] + ow0 * sw, *r3 = base[3] + oh * step[3] + ow0 * sw;
-            if (sw == 1)                                /* one long vectorized loop, then whole copies */
-                for (int64_t e = 0; e < n; e++)
-                    row[e] = ((uint32_t)r0[e] | (uint32_t)r1[e] << 8 | (uint32_t)r2[e] << 16 | (uint32_t)r3[e] << 24)
-                             ^ flip;
-            else
-                for (int64_t e = 0; e < n; e++)
-                    row[e] = ((uint32_t)r0[e * sw] | (uint32_t)r1[e * sw] << 8 | (uint32_t)r2[e * sw] << 16
-                              | (uint32_t)r3[e * sw] << 24) ^ flip;
-            for (int64_t t = 0; t < n;) {               /* runs inside one panel */
-                const int64_t p = oh * OW + ow0 + t, q = p % PANEL, len = PANEL - q < n - t ? PANEL - q : n - t;
-                memcpy(b + ((p / PANEL) * a->K4 + k4) * (PANEL * 4) + q * 4, row + t, (size_t)len * 4);
-                t += len;
-            }
-        }
+    const int64_t Ppad = (a->OH * OW + PANEL - 1) / PANEL * PANEL;
+    for (int64_t oh = 0; oh < a->OH; oh++) {
+        const uint8_t *r0 = base[0] + oh * step[0], *r1 = base[1] + oh * step[1];
+        const uint8_t *r2 = base[2] + oh * step[2], *r3 = base[3] + oh * step[3];
+        u32_unaligned *d = (u32_unaligned *)(b + (k4 * Ppad + oh * OW) * 4);
+        if (sw == 1)                                    /* contiguous: vectorized */
+            for (int64_t e = 0; e < OW; e++)
+                d[e] = ((uint32_t)r0[e] | (uint32_t)r1[e] << 8 | (uint32_t)r2[e] << 16 | (uint32_t)r3[e] << 24) ^ flip;
+        else
+            for (int64_t e = 0; e < OW; e++)
+                d[e] = ((uint32_t)r0[e * sw] | (uint32_t)r1[e * sw] << 8 | (uint32_t)r2[e * sw] << 16
+                        | (uint32_t)r3[e * sw] << 24) ^ flip;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- epilogue */
@@ -147,11 +141,11 @@ static void tile_c(const Job *j, int64_t nb, int64_t panel, int np) {
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int8_t *w = (const int8_t *)(intptr_t)a->w + nb * K4 * QR * 4;
-    const uint8_t *b = j->b + panel * K4 * PANEL * 4;
+    const uint8_t *b = j->b + panel * PANEL * 4;
     int32_t acc[QR][PANEL];
     memset(acc, 0, sizeof acc);
     for (int64_t k = 0; k < K4; k++) {
-        const uint8_t *bk = b + k * PANEL * 4;
+        const uint8_t *bk = b + k * j->row;
         for (int r = 0; r < QR; r++) {
             const int8_t *wr = w + (k * QR + r) * 4;
             for (int q = 0; q < PANEL; q++)
@@ -194,13 +188,13 @@ static inline AVX2 void rows4_avx2(const Job *j, int64_t nb, int64_t panel, int 
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int32_t *w = (const int32_t *)(intptr_t)a->w2 + nb * K4 * QR * 2;
-    const uint8_t *b = j->b + panel * K4 * PANEL * 4 + half * 64;
+    const uint8_t *b = j->b + panel * PANEL * 4 + half * 64;
     const __m256i lo8 = _mm256_set1_epi16(0x00ff);
     __m256i acc[4][2];
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t k = 0; k < K4; k++) {
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * PANEL * 4));
-        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * PANEL * 4 + 32));
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * j->row));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * j->row + 32));
         const __m256i e0 = _mm256_and_si256(v0, lo8), o0 = _mm256_srli_epi16(v0, 8);
         const __m256i e1 = _mm256_and_si256(v1, lo8), o1 = _mm256_srli_epi16(v1, 8);
         const int32_t *wk = w + (k * QR + r0) * 2;
@@ -254,12 +248,12 @@ void tile_vnni_j(const Job *j, int64_t nb, int64_t panel, int np, const int J) {
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int32_t *w = (const int32_t *)(intptr_t)a->w + nb * K4 * QR;
-    const uint8_t *b = j->b + panel * K4 * PANEL * 4;
+    const uint8_t *b = j->b + panel * PANEL * 4;
     __m512i acc[QR][2];
     for (int r = 0; r < QR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++) {
-        const __m512i b0 = _mm512_loadu_si512(b + k * PANEL * 4);
-        const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * PANEL * 4 + 64) : b0;
+        const __m512i b0 = _mm512_loadu_si512(b + k * j->row);
+        const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * j->row + 64) : b0;
         const int32_t *wk = w + k * QR;
         for (int r = 0; r < QR; r++) {
             const __m512i wr = _mm512_set1_epi32(wk[r]);
@@ -301,11 +295,11 @@ int qconv_openmp(void) { return 1; }
 int qconv_openmp(void) { return 0; }
 #endif
 
-/* Scratch bytes one image needs: its im2col panels, then x's bordered copy and a row of the zero point
+/* Scratch bytes one image needs: its im2col groups, then x's bordered copy and a row of the zero point
    (cpu_qconv.scratch_bytes is the same rule). */
-static int64_t panel_bytes(int64_t K4, int64_t P) { return ((P + PANEL - 1) / PANEL) * K4 * PANEL * 4; }
+static int64_t groups_bytes(int64_t K4, int64_t P) { return ((P + PANEL - 1) / PANEL) * K4 * PANEL * 4; }
 int64_t qconv_scratch_bytes(int64_t K4, int64_t P, int64_t C, int64_t Hp, int64_t Wp) {
-    return panel_bytes(K4, P) + C * Hp * Wp + Wp;
+    return groups_bytes(K4, P) + C * Hp * Wp + Wp;
 }
 
 static void run_tile(const Job *j, int64_t t, int64_t nbs, int isa) {
@@ -334,7 +328,7 @@ static int qconv(const QArgs *a) {
     if (isa > qconv_isa()) isa = qconv_isa();
     const int64_t nbs = (a->N + QR - 1) / QR, panels = (P + PANEL - 1) / PANEL, tiles = nbs * panels;
     const size_t esize = a->out == OUT_I32 || a->out == OUT_F32 ? 4 : 1;
-    uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + panel_bytes(a->K4, P), *fill = xp + a->C * Hp * Wp;
+    uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + groups_bytes(a->K4, P), *fill = xp + a->C * Hp * Wp;
     memset(fill, (uint8_t)a->zp_u, (size_t)Wp);
     /* no border and x contiguous (a 1x1 convolution, say): im2col reads x itself, flipping int8 x's sign bits */
     const int direct = a->ph == 0 && a->pw == 0 && a->xs_w == 1 && a->xs_h == a->W && a->xs_c == a->H * a->W;
@@ -342,7 +336,7 @@ static int qconv(const QArgs *a) {
     const int64_t C = direct ? 0 : a->C;                /* channels to copy */
     for (int64_t im = 0; im < a->batch; im++) {
         const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
-        const Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P, panels};
+        const Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P, panels * PANEL * 4};
         if (nthreads <= 1 || tiles * K <= 65536) {      /* a small product: no parallel region (~1 us each) */
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
             for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
