@@ -2,9 +2,10 @@
 QGEMM and DQGEMM, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after ``npu_kernels``.
 
 Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
-``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). Every backend runs
-the op's reference implementation (``torch_ir.quant.numerics``) for now: the CPU backend through REFERENCE; a
-target without the kernels (WebGPU) places them on the host with ``compile(fallback="cpu")``. The FLOPs are those
+``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). The CPU backend runs
+QCONV and QGEMM with native int8 kernels (``npu_runtime.backends.cpu_qconv``: 8-bit x, int8 weights, bit-exact;
+any other case the op's reference), the other ops through their reference (``torch_ir.quant.numerics``, REFERENCE);
+a target without the kernels (WebGPU) places them on the host with ``compile(fallback="cpu")``. The FLOPs are those
 of the integer convolution or matrix product (a multiply-add counts two, as every contraction of the table); the
 requantize epilogue is not counted, as a CONV's activation is not. The bytes come from each tensor's dtype, so a
 packed int4 weight counts half a byte per element (``torch_ir.dtypes.nbytes``).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from .array_mapping import conv_mapping, gemm_mapping
 from .cost_formulas import conv_flops, conv_traffic, gemm_flops
-from .kernel_record import ACTIVATIONS, FLOATS, REFERENCE, kernel, t
+from .kernel_record import ACTIVATIONS, CPU_QCONV, FLOATS, REFERENCE, kernel, t
 from .params import Param, p
 
 #: The integer code types of the quantized ops (4-bit ones travel packed two per byte, as uint8 storage).
@@ -75,7 +76,7 @@ kernel("QCONV", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): 
        array=conv_mapping, dtypes=QUANT_DTYPES, bias_index=6,
        params=(p("stride", "ints", doc="per spatial dim"), p("padding", "ints", doc="per spatial dim (symmetric)"),
                p("dilation", "ints", doc="per spatial dim"), p("groups", "int", 1, "channel groups"), *_epilogue()),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": f"{CPU_QCONV}:QConv"},
        test=(t(_QX, _W, *_SCALES, ":float32:positive", ":uint8:index:256", weights=(1, 2, 3, 4, 5, 6, 7),
                params={**_CONV, "w_dtype": "int8", "out_dtype": "uint8", "activation": "relu"}),
              t(_QX, _W, *_SCALES, "4:int32", weights=(1, 2, 3, 4, 5, 6),
@@ -85,7 +86,7 @@ kernel("QGEMM", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): 
        dtypes=QUANT_DTYPES, bias_index=6,
        params=(p("trans_b", "bool", True, "w is [N,K] (a linear layer) rather than [...,K,N] (a matmul)"),
                *_epilogue()),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": f"{CPU_QCONV}:QGemm"},
        test=(t("2,5,16:int8", "8,16:int8", ":float32:positive", ":int8:index:1", "8:float32:positive",
                "8:int8:index:1", "8:int32", ":float32:positive", ":int8:index:3", weights=(1, 2, 3, 4, 5, 6, 7, 8),
                params={"has_bias": True, "out_dtype": "int8"}),
