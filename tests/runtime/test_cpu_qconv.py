@@ -234,7 +234,7 @@ def resnet18_qdq(tmp_path_factory: pytest.TempPathFactory):
         num_labels=10)).eval()
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(1, 3, 64, 64, generator=g) for _ in range(4)]
-    proto = qm._export(qm._Wrap(model, "logits"), (xs[0],), ["x"])
+    proto = qm.export_for_quantization(qm._Wrap(model, "logits"), (xs[0],), ["x"])
     path = qm._quantize(tmp_path_factory.mktemp("qconv_resnet18"), proto, [{"x": x.numpy()} for x in xs[:3]],
                         "static", "uint8")
     ir, weights = import_onnx(path)
