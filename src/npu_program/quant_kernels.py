@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .array_mapping import conv_mapping, gemm_mapping
 from .cost_formulas import conv_flops, conv_traffic, gemm_flops
-from .kernel_record import ACTIVATIONS, FLOATS, REFERENCE, kernel, t
+from .kernel_record import ACTIVATIONS, FLOATS, REFERENCE, gpu, kernel, t
 from .params import Param, p
 
 #: The integer code types of the quantized ops (4-bit ones travel packed two per byte, as uint8 storage).
@@ -56,7 +56,7 @@ kernel("QUANTIZE", "elementwise", "q = saturate(round_half_even(x / scale) + zer
                                             "PyTorch)", choices=("divide", "multiply_inverse")),
                p("qmin", "int|null", None, "smallest code (null: the type's)"),
                p("qmax", "int|null", None, "largest code (null: the type's)")),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": REFERENCE, "webgpu": gpu("quant", "quantize")},
        test=(t("2,3,8", ":positive", ":uint8:index:256", params={"dtype": "uint8"}, dtypes=_FLOAT_NAMES),
              t("4,8", "4,2:positive", params={"dtype": "int4", "axis": 1, "group_size": 4}),
              t("3,8", "3:positive", params={"dtype": "int8", "axis": 0, "method": "multiply_inverse",
@@ -66,7 +66,7 @@ kernel("DEQUANTIZE", "elementwise", "x = (q - zero_point) · scale, in float32, 
        params=(p("dtype", "str", doc="the codes' type (as QUANTIZE's, or int32: a bias)",
                  choices=(*INT_CODES, "int32", *FP8_CODES)), *_GRAN,
                p("out_dtype", "str", "float32", "the float type of x", choices=_FLOAT_NAMES)),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": REFERENCE, "webgpu": gpu("quant", "dequantize")},
        test=(t("2,3,8:uint8:index:256", ":float32:positive", ":uint8:index:256", params={"dtype": "uint8"}),
              t("4,4:uint8:index:256", "4,2:float32:positive", "4,2:uint8:index:16",
                params={"dtype": "uint4", "axis": 1, "group_size": 4, "out_dtype": "bfloat16"})))
@@ -75,7 +75,7 @@ kernel("QCONV", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): 
        array=conv_mapping, dtypes=QUANT_DTYPES, bias_index=6,
        params=(p("stride", "ints", doc="per spatial dim"), p("padding", "ints", doc="per spatial dim (symmetric)"),
                p("dilation", "ints", doc="per spatial dim"), p("groups", "int", 1, "channel groups"), *_epilogue()),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": REFERENCE, "webgpu": gpu("contraction", "qconv")},
        test=(t(_QX, _W, *_SCALES, ":float32:positive", ":uint8:index:256", weights=(1, 2, 3, 4, 5, 6, 7),
                params={**_CONV, "w_dtype": "int8", "out_dtype": "uint8", "activation": "relu"}),
              t(_QX, _W, *_SCALES, "4:int32", weights=(1, 2, 3, 4, 5, 6),
@@ -85,7 +85,7 @@ kernel("QGEMM", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): 
        dtypes=QUANT_DTYPES, bias_index=6,
        params=(p("trans_b", "bool", True, "w is [N,K] (a linear layer) rather than [...,K,N] (a matmul)"),
                *_epilogue()),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": REFERENCE, "webgpu": gpu("contraction", "qgemm")},
        test=(t("2,5,16:int8", "8,16:int8", ":float32:positive", ":int8:index:1", "8:float32:positive",
                "8:int8:index:1", "8:int32", ":float32:positive", ":int8:index:3", weights=(1, 2, 3, 4, 5, 6, 7, 8),
                params={"has_bias": True, "out_dtype": "int8"}),
