@@ -146,7 +146,7 @@ def test_quantize_per_channel(axis: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32"])
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
 def test_dequantize(dtype: str, out_dtype: str) -> None:
     g = torch.Generator().manual_seed(4)
     if dtype == "int32":  # a bias: values past 2**24, where the conversion to float32 rounds
@@ -213,27 +213,39 @@ def test_qgemm(case: tuple, extreme: bool, dot_path: str) -> None:
     assert ("dot4I8Packed" in shader_code(program)) == (dot_path == "dot4")
 
 
-_CONVS = [  # x shape, w shape, stride, padding, dilation, groups, x dtype, out
-    ((1, 3, 9, 9), (4, 3, 3, 3), [1, 1], [1, 1], [1, 1], 1, torch.uint8, "uint8"),
-    ((2, 6, 7, 9), (4, 3, 3, 3), [2, 1], [1, 2], [1, 2], 2, torch.uint8, "int8"),
-    ((1, 8, 8, 8), (8, 1, 3, 3), [2, 2], [1, 1], [1, 1], 8, torch.int8, "int32"),  # depthwise
-    ((1, 8, 5, 5), (12, 8, 1, 1), [1, 1], [0, 0], [1, 1], 1, torch.uint8, "float32"),  # 1x1: whole words
-    ((1, 5, 6, 6), (7, 5, 2, 3), [1, 2], [0, 1], [1, 1], 1, torch.int8, "uint8"),  # odd channels
+_CONVS = [  # x shape, w shape, stride, padding, dilation, groups, x dtype, w dtype, out
+    ((1, 3, 9, 9), (4, 3, 3, 3), [1, 1], [1, 1], [1, 1], 1, torch.uint8, torch.int8, "uint8"),
+    ((2, 6, 7, 9), (4, 3, 3, 3), [2, 1], [1, 2], [1, 2], 2, torch.uint8, torch.uint8, "int8"),
+    ((1, 8, 8, 8), (8, 1, 3, 3), [2, 2], [1, 1], [1, 1], 8, torch.int8, torch.int8, "int32"),  # depthwise
+    ((1, 8, 5, 5), (12, 8, 1, 1), [1, 1], [0, 0], [1, 1], 1, torch.uint8, torch.int8, "float32"),
+    ((2, 8, 1, 1), (12, 8, 1, 1), [1, 1], [0, 0], [1, 1], 1, torch.uint8, torch.int8, "int8"),  # whole words
+    ((1, 5, 6, 6), (7, 5, 2, 3), [1, 2], [0, 1], [1, 1], 1, torch.int8, torch.uint8, "uint8"),  # odd channels
 ]
 
 
-@pytest.mark.parametrize("case", _CONVS, ids=[f"{c[1]}-g{c[5]}-{c[7]}" for c in _CONVS])
+@pytest.mark.parametrize("case", _CONVS, ids=[f"{c[0]}-{c[1]}-g{c[5]}-{c[8]}" for c in _CONVS])
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_qconv(case: tuple, per_channel: bool, dot_path: str) -> None:
-    xs, ws, stride, padding, dilation, groups, xd, out = case
+    xs, ws, stride, padding, dilation, groups, xd, wd, out = case
     g = torch.Generator().manual_seed(6)
     k = (ws[0] if per_channel else 1,)
-    values = [codes(xs, xd, g), codes(ws, torch.int8, g), torch.tensor(0.03), codes((), xd, g),
-              torch.rand(k, generator=g) * 0.01 + 1e-3, codes(k, torch.int8, g) if per_channel else
-              torch.zeros((), dtype=torch.int8), *_epilogue(ws[0], out, "int32", g)]
-    params = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups, "w_dtype": "int8",
-              "has_bias": True, "out_dtype": out, "activation": "relu"}
+    values = [codes(xs, xd, g), codes(ws, wd, g), torch.tensor(0.03), codes((), xd, g),
+              torch.rand(k, generator=g) * 0.01 + 1e-3, codes(k, wd, g), *_epilogue(ws[0], out, "int32", g)]
+    params = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+              "w_dtype": str(wd).removeprefix("torch."), "has_bias": True, "out_dtype": out, "activation": "relu"}
     assert_exact("QCONV", values, params, weights=(1, 4, 5, 6))
+
+
+@pytest.mark.parametrize(("k", "whole"), [(16, True), (13, False)])
+def test_aligned_rows_are_read_as_whole_words(k: int, whole: bool) -> None:
+    """K a multiple of 4: x's and w's bytes are read a word at a time (the fast path the cases above cover), else
+    put together byte by byte (the tail lanes holding x's zero point)."""
+    g = torch.Generator().manual_seed(9)
+    values = [codes((3, k), torch.uint8, g), codes((5, k), torch.int8, g), torch.tensor(0.1),
+              codes((), torch.uint8, g), torch.tensor(0.1), torch.tensor(0, dtype=torch.int8)]
+    program = assert_exact("QGEMM", values, {"out_dtype": "int32"}, weights=(1,))
+    code = shader_code(program)
+    assert ("return in0[(base + 4u * j) / 4u]" in code and "return in1[(base + 4u * j) / 4u]" in code) == whole
 
 
 def test_qgemm_refuses_a_reduction_that_could_leave_int32() -> None:

@@ -57,7 +57,7 @@ def _side(name: str, cs: int, c: int, base_strides: Sequence[int], dtype: str) -
 def _word(side: _Side, pad: str) -> str:
     """``fn {name}_word(base, j) -> u32``: bytes 4j .. 4j + 3 of the segment at ``base``, each minus ``flip``,
     lanes past C set to the byte ``pad`` (an i32 expression)."""
-    flip = f" ^ {0x80808080 if side.flip else 0}u" if side.flip else ""
+    flip = f" ^ {0x80808080}u" if side.flip else ""
     head = f"fn {side.name}_word(base: u32, j: u32) -> u32 {{"
     if side.fast:
         return f"{head} return {side.name}[(base + 4u * j) / 4u]{flip}; }}"
@@ -137,9 +137,8 @@ def _operands(call: Call, kernel: str, channels: int) -> tuple[str, str, _Epilog
 
 def _finish(call: Call, ep: _Epilogue, n: str, out_at: str) -> list[str]:
     """WGSL lines from the i32 ``acc`` of output channel ``n`` to the store at ``out_at`` (module docstring)."""
-    per = {i: (n if numel(call.ins[i]) > 1 else "0u") for i in (4, 5)}
     lines = []
-    scale = f"ld_in2(0u) * ld_in4({per[4]})"
+    scale = f"ld_in2(0u) * ld_in4({n if numel(call.ins[4]) > 1 else '0u'})"
     if ep.bias is not None:
         bias = f"ld_in6({n if numel(call.ins[6]) > 1 else '0u'})"
         if call.ins[6].dtype != "int32":  # int_bias: round_half_even(bias / (x_s · w_s)) in f32, saturated
@@ -246,8 +245,9 @@ def qconv(call: Call) -> Shader:
     x_dtype, w_dtype, ep = _operands(call, "QCONV", c_out)
     xn, xc, xh, xw = logical_strides(x)
     wo, wc, wh, ww = logical_strides(w)
-    x_side = _side("in0", xc, cg, [xn, xh, xw, cg * xc], x_dtype)
-    w_side = _side("in1", wc, cg, [wo, wh, ww], w_dtype)
+    # the strides a segment's base is made of (a dim of size 1 contributes none)
+    x_side = _side("in0", xc, cg, [s for s, d in ((xn, nb), (xh, h), (xw, wd), (cg * xc, groups)) if d > 1], x_dtype)
+    w_side = _side("in1", wc, cg, [s for s, d in ((wo, c_out), (wh, kh), (ww, kw)) if d > 1], w_dtype)
     head, close = _reduction(call, x_side, w_side, kh * kw, "d1")
     loop = [f"let g0 = (d1 / {c_out // groups}u) * {cg}u;",
             f"for (var ky = 0u; ky < {kh}u; ky = ky + 1u) {{",
