@@ -1,11 +1,11 @@
 """WGSL generators of QGEMM and QCONV: integer matrix products and 2-D convolutions of 8-bit codes, accumulated in
 i32, with the int32 bias and the requantize of the reference (``torch_ir.ops.npu_quant._finish``).
 
-One invocation computes one output: the reduction runs over *segments* (the kernel window's positions of a
-convolution; the one row of K of a product) of C consecutive channels, read four at a time as u32 words of four
-bytes. Every byte is moved into the signed range first (a uint8 code minus 128: ``x' = x - cx``, the zero point
-likewise ``xz' = xz - cx``), so that one signed 4x8-bit dot product serves every mix of int8 and uint8 operands,
-and the centred sum is taken apart as
+One invocation computes up to 8 output channels of one output position (``_tile``: each x word it reads serves
+them all): the reduction runs over *segments* (the kernel window's positions of a convolution; the one row of K of a
+product) of C consecutive channels, read four at a time as u32 words of four bytes. Every byte is moved into the
+signed range first (a uint8 code minus 128: ``x' = x - cx``, the zero point likewise ``xz' = xz - cx``), so that one
+signed 4x8-bit dot product serves every mix of int8 and uint8 operands, and the centred sum is taken apart as
 
     Σ (x - xz)(w - wz) = Σ (x' - xz')(w' - wz') = Σ x'w' - wz' Σ x' - xz' Σ w' + KT · xz' · wz'
 
@@ -26,7 +26,7 @@ within 2³¹ - K · 255² of zero cannot). Then, as ``_finish``: int32 out store
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..quant import EXACT_F32, check_scale, code_range
@@ -159,22 +159,42 @@ def _finish(call: Call, ep: _Epilogue, n: str, out_at: str) -> list[str]:
     return lines
 
 
-def _reduction(call: Call, xs: _Side, ws: _Side, segments: int, n: str) -> tuple[list[str], str]:
-    """The accumulator's opening lines (zero points) and the sum's closing line; the caller loops over segments
-    adding ``word_sums(xbase, valid, wbase)``."""
+def _tile(channels: int) -> int:
+    """Output channels per invocation: the most of 8, 4, 2, 1 that divide ``channels`` (each x word read is then
+    used that many times)."""
+    return next(t for t in (8, 4, 2, 1) if channels % t == 0)
+
+
+def _reduction(call: Call, xs: _Side, ws: _Side, segments: int, nt: int) -> list[str]:
+    """The accumulators' opening lines for the ``nt`` output channels from ``n0``, with their zero points."""
+    head = [f"let xz = ld_in3(0u) - {xs.flip};", "let xzw = (u32(xz) & 0xffu) * 0x01010101u;", "var sx = 0;"]
+    for t in range(nt):
+        at = f"n0 + {t}u" if numel(call.ins[5]) > 1 else "0u"
+        head.append(f"let wz{t} = ld_in5({at}) - {ws.flip}; var sxw{t} = 0; var sw{t} = 0;")
+    return head
+
+
+def _segment(xs: _Side, xbase: str, valid: str, wbase: str, w_step: int, nt: int) -> str:
+    """The loop over one segment's words, accumulating Σ x'w' and Σ w' per output channel (channel t's w at
+    ``wbase + t · w_step``) and Σ x' once."""
+    lines = [f"for (var j = 0u; j < {-(-xs.c // 4)}u; j = j + 1u) {{",
+             f"  let a = select(xzw, in0_word({xbase}, j), {valid}); sx = sx + d4(a, {_ONES});"]
+    for t in range(nt):
+        lines.append(f"  let b{t} = in1_word({wbase} + {t * w_step}u, j); sxw{t} = sxw{t} + d4(a, b{t}); "
+                     f"sw{t} = sw{t} + d4(b{t}, {_ONES});")
+    return "\n  ".join([*lines, "}"])
+
+
+def _finish_all(call: Call, ep: _Epilogue, xs: _Side, segments: int, nt: int,
+                out_at: Callable[[str], str]) -> list[str]:
+    """Per output channel ``n0 + t``: its exact sum (module docstring) and ``_finish``, in a block of its own."""
     kt = segments * 4 * -(-xs.c // 4)
-    wz_at = n if numel(call.ins[5]) > 1 else "0u"
-    head = [f"let xz = ld_in3(0u) - {xs.flip};", f"let wz = ld_in5({wz_at}) - {ws.flip};",
-            "let xzw = (u32(xz) & 0xffu) * 0x01010101u;",
-            "var sxw = 0; var sx = 0; var sw = 0;"]
-    return head, f"var acc = sxw - wz * sx - xz * sw + {kt} * xz * wz;"
-
-
-def _segment(xs: _Side, xbase: str, valid: str, wbase: str) -> str:
-    """The loop over one segment's words, accumulating Σ x'w', Σ x', Σ w'."""
-    return (f"for (var j = 0u; j < {-(-xs.c // 4)}u; j = j + 1u) {{ "
-            f"let a = select(xzw, in0_word({xbase}, j), {valid}); let b = in1_word({wbase}, j); "
-            f"sxw = sxw + d4(a, b); sx = sx + d4(a, {_ONES}); sw = sw + d4(b, {_ONES}); }}")
+    lines = []
+    for t in range(nt):
+        n = f"(n0 + {t}u)"
+        lines += ["{", f"var acc = sxw{t} - wz{t} * sx - xz * sw{t} + {kt} * xz * wz{t};",
+                  *_finish(call, ep, n, out_at(n)), "}"]
+    return lines
 
 
 def _check_k(kernel: str, k: int) -> None:
@@ -197,6 +217,7 @@ def qgemm(call: Call) -> Shader:
         raise UnsupportedCall(f"QGEMM: w {wsh} does not reduce over x's K = {k} (trans_b={trans_b})")
     _check_k("QGEMM", k)
     x_dtype, w_dtype, ep = _operands(call, "QGEMM", n_out)
+    nt = _tile(n_out)
     idx = [f"d{i}" for i in range(len(ys))]
     batch = idx[:-2]
     xst, wst = logical_strides(x), logical_strides(w)
@@ -205,13 +226,14 @@ def qgemm(call: Call) -> Shader:
     w_other = [s for i, (s, d) in enumerate(zip(wst, wsh)) if d > 1 and i != len(wsh) + w_k]
     w_side = _side("in1", wst[w_k], k, w_other, w_dtype)
     x_base = offset(x, [*batch, idx[-2], "0u"], [*ys[:-2], ys[-2], k])
-    w_idx = [*batch, idx[-1], "0u"] if trans_b else [*batch, "0u", idx[-1]]
+    w_idx = [*batch, "n0", "0u"] if trans_b else [*batch, "0u", "n0"]
     w_from = [*ys[:-2], n_out, k] if trans_b else [*ys[:-2], k, n_out]
     w_base = offset(w, w_idx, w_from)
-    head, close = _reduction(call, x_side, w_side, 1, idx[-1])
-    body = [unravel("i", ys), *head, _segment(x_side, x_base, "true", w_base), close,
-            *_finish(call, ep, idx[-1], offset(y, idx))]
-    return per_element(call, numel(y), "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
+    w_step = wst[-2] if trans_b else wst[-1]
+    body = [unravel("i", [*ys[:-1], n_out // nt]), f"let n0 = {idx[-1]} * {nt}u;",
+            *_reduction(call, x_side, w_side, 1, nt), _segment(x_side, x_base, "true", w_base, w_step, nt),
+            *_finish_all(call, ep, x_side, 1, nt, lambda n: offset(y, [*idx[:-1], n]))]
+    return per_element(call, numel(y) // nt, "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
 
 
 def _helpers(call: Call, x_side: _Side, w_side: _Side) -> str:
@@ -248,17 +270,17 @@ def qconv(call: Call) -> Shader:
     # the strides a segment's base is made of (a dim of size 1 contributes none)
     x_side = _side("in0", xc, cg, [s for s, d in ((xn, nb), (xh, h), (xw, wd), (cg * xc, groups)) if d > 1], x_dtype)
     w_side = _side("in1", wc, cg, [s for s, d in ((wo, c_out), (wh, kh), (ww, kw)) if d > 1], w_dtype)
-    head, close = _reduction(call, x_side, w_side, kh * kw, "d1")
-    loop = [f"let g0 = (d1 / {c_out // groups}u) * {cg}u;",
+    nt = _tile(c_out // groups)  # the channels of one invocation are in one group
+    loop = [f"let n0 = d1 * {nt}u;", f"let g0 = (n0 / {c_out // groups}u) * {cg}u;",
             f"for (var ky = 0u; ky < {kh}u; ky = ky + 1u) {{",
             f"  let iy = i32(d2 * {sh}u + ky * {dh}u) - {ph};",
             f"  for (var kx = 0u; kx < {kw}u; kx = kx + 1u) {{",
             f"    let ix = i32(d3 * {sw}u + kx * {dw}u) - {pw};",
             f"    let inside = iy >= 0 && iy < {h} && ix >= 0 && ix < {wd};",
             "    let xb = select(0u, d0 * " + f"{xn}u + g0 * {xc}u + u32(iy) * {xh}u + u32(ix) * {xw}u, inside);",
-            f"    let wb = d1 * {wo}u + ky * {wh}u + kx * {ww}u;",
-            "    " + _segment(x_side, "xb", "inside", "wb"),
+            f"    let wb = n0 * {wo}u + ky * {wh}u + kx * {ww}u;",
+            "    " + _segment(x_side, "xb", "inside", "wb", wo, nt),
             "  }", "}"]
-    body = [unravel("i", [nb, c_out, oh, ow]), *head, *loop, close,
-            *_finish(call, ep, "d1", offset(y, ["d0", "d1", "d2", "d3"]))]
-    return per_element(call, numel(y), "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
+    body = [unravel("i", [nb, c_out // nt, oh, ow]), *loop[:1], *_reduction(call, x_side, w_side, kh * kw, nt),
+            *loop[1:], *_finish_all(call, ep, x_side, kh * kw, nt, lambda n: offset(y, ["d0", n, "d2", "d3"]))]
+    return per_element(call, numel(y) // nt, "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
