@@ -114,6 +114,13 @@ def _webgpu_quantized(node: OpNode) -> str | None:
                     "with fallback='cpu' to run it on the host")
     if node.op_type == "QCONV" and node.inputs and len(node.inputs[0].shape) != 4:
         return f"{node.op_type} of a rank-{len(node.inputs[0].shape)} x: the WebGPU kernel is 2-D"
+    if node.op_type in ("QCONV", "QGEMM") and len(node.inputs) >= 6:  # x, w, x_scale, x_zp, w_scale, w_zp, ...
+        codes = {3: node.inputs[0].dtype, 5: node.attrs.get("w_dtype", "int8")}
+        for i, dtype in codes.items():
+            if node.inputs[i].dtype != dtype:
+                zp = node.inputs[i]
+                return (f"{node.op_type}'s zero point {zp.name!r} is {zp.dtype}, not its codes' {dtype}: the WebGPU "
+                        "kernels take ONNX's (compile with fallback='cpu')")
     return None
 
 

@@ -171,6 +171,11 @@ def test_compile_for_webgpu_refuses_codes_it_has_no_kernel_for() -> None:
     x, s = torch.randn(4, 8), torch.rand(4, 2) + 0.1
     with pytest.raises(CompileError, match="int4"):
         run_kernel("QUANTIZE", [x, s], {"dtype": "int4", "axis": 1, "group_size": 4})
+    g = torch.Generator().manual_seed(10)
+    values = [codes((2, 8), torch.uint8, g), codes((3, 8), torch.int8, g), torch.tensor(0.1),
+              torch.tensor(3, dtype=torch.int64), torch.tensor(0.1), torch.tensor(0, dtype=torch.int8)]
+    with pytest.raises(CompileError, match="zero point 'in3' is int64, not its codes' uint8"):
+        run_kernel("QGEMM", values, {"out_dtype": "int32"}, weights=(1,))
 
 
 # -- QGEMM and QCONV ------------------------------------------------------------------------------------------
