@@ -13,7 +13,7 @@ unsupported node, and ``partition`` places those nodes on the CPU with the reaso
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,9 @@ class Target:
     options: dict[str, Any] = field(default_factory=dict)
     #: The NPU description its kernel list comes from (``narrowed``), named in the reasons of what it lacks.
     described_in: str = ""
+    #: Kernel name -> a check of a node's attributes and shapes beyond its dtypes: why the target's kernel cannot
+    #: run that node (None: it can). What a backend's generator would refuse, said at compile time.
+    node_checks: Mapping[str, Callable[[OpNode], str | None]] = field(default_factory=dict)
 
     def runs(self, kernel: str) -> bool:
         """Whether this target has ``kernel``."""
@@ -96,8 +99,36 @@ register_target(Target(
     doc="the CPU backend of npu_runtime: oneDNN convolutions and BLAS GEMMs through PyTorch's CPU kernels",
 ))
 
+#: The code and output types of the WebGPU int8 kernels (``npu_runtime.backends.webgpu.quant``): 8-bit codes, int32
+#: biases and accumulators, float results.
+_WEBGPU_QUANT_TYPES = frozenset({"int8", "uint8", "int32", "float32", "float16", "bfloat16"})
+
+
+def _webgpu_quantized(node: OpNode) -> str | None:
+    """Why the WebGPU int8 kernels cannot run a quantized node: a 4-bit, 16-bit or float8 code type named by an
+    attribute (4-bit codes travel as uint8 bytes, so the dtype check alone misses them), or a convolution not 2-D."""
+    for attr in ("dtype", "w_dtype", "out_dtype"):
+        value = node.attrs.get(attr)
+        if isinstance(value, str) and value not in _WEBGPU_QUANT_TYPES:
+            return (f"{node.op_type} with {attr}={value}: the WebGPU kernels run 8-bit codes (int8, uint8); compile "
+                    "with fallback='cpu' to run it on the host")
+    if node.op_type == "QCONV" and node.inputs and len(node.inputs[0].shape) != 4:
+        return f"{node.op_type} of a rank-{len(node.inputs[0].shape)} x: the WebGPU kernel is 2-D"
+    if node.op_type in ("QCONV", "QGEMM") and len(node.inputs) >= 6:  # x, w, x_scale, x_zp, w_scale, w_zp, ...
+        codes = {3: node.inputs[0].dtype, 5: node.attrs.get("w_dtype", "int8")}
+        for i, dtype in codes.items():
+            if node.inputs[i].dtype != dtype:
+                zp = node.inputs[i]
+                return (f"{node.op_type}'s zero point {zp.name!r} is {zp.dtype}, not its codes' {dtype}: the WebGPU "
+                        "kernels take ONNX's (compile with fallback='cpu')")
+    return None
+
+
 register_target(Target(
-    "webgpu", channels_last=True, alignment=256,
+    # the dtypes WGSL stores (``webgpu.wgsl.binding``): 8-bit codes four to a word; 4-bit, 16-bit and float8 codes
+    # and float64 scales have no WGSL kernel, so compile places their nodes on the host (fallback="cpu")
+    "webgpu", channels_last=True, alignment=256, dtypes=KERNEL_DTYPES,
+    node_checks={op: _webgpu_quantized for op in ("QUANTIZE", "DEQUANTIZE", "QCONV", "QGEMM")},
     doc="the WebGPU backend of npu_runtime: WGSL compute shaders generated from the kernel records, on Metal, "
         "Vulkan, D3D12 or Mesa (256-byte alignment: WebGPU's storage-buffer offset rule)",
 ))
@@ -123,7 +154,8 @@ def unsupported_reason(node: OpNode, target: str | Target = "cpu") -> str | None
                     "(export with fixed shapes, or run this part on the CPU)")
         if t.dtype not in dtypes:
             return f"tensor {t.name!r} is {t.dtype}; {op} on target {target.name!r} runs {', '.join(sorted(dtypes))}"
-    return None
+    check = target.node_checks.get(op)
+    return check(node) if check is not None else None
 
 
 def _missing_kernel(op: str, target: Target) -> str:

@@ -4,8 +4,10 @@ QGEMM and DQGEMM, one :func:`kernel` record each. Loaded by :mod:`npu_program.ke
 Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
 ``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). The CPU backend runs
 QCONV and QGEMM with native int8 kernels (``npu_runtime.backends.cpu_qconv``: 8-bit x, int8 weights, bit-exact;
-any other case the op's reference), the other ops through their reference (``torch_ir.quant.numerics``, REFERENCE);
-a target without the kernels (WebGPU) places them on the host with ``compile(fallback="cpu")``. The FLOPs are those
+any other case the op's reference), the other ops through their reference (``torch_ir.quant.numerics``, REFERENCE).
+The WebGPU backend runs QUANTIZE, DEQUANTIZE, QCONV and QGEMM as WGSL (``webgpu/quant.py``,
+``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); DQGEMM and the 4/16-bit and fp8 cases it refuses at
+compile time, or places on the host with ``compile(fallback="cpu")``. The FLOPs are those
 of the integer convolution or matrix product (a multiply-add counts two, as every contraction of the table); the
 requantize epilogue is not counted, as a CONV's activation is not. The bytes come from each tensor's dtype, so a
 packed int4 weight counts half a byte per element (``torch_ir.dtypes.nbytes``).
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from .array_mapping import conv_mapping, gemm_mapping
 from .cost_formulas import conv_flops, conv_traffic, gemm_flops
-from .kernel_record import ACTIVATIONS, CPU_QCONV, FLOATS, REFERENCE, kernel, t
+from .kernel_record import ACTIVATIONS, CPU_QCONV, FLOATS, REFERENCE, gpu, kernel, t
 from .params import Param, p
 
 #: The integer code types of the quantized ops (4-bit ones travel packed two per byte, as uint8 storage).
@@ -57,7 +59,7 @@ kernel("QUANTIZE", "elementwise", "q = saturate(round_half_even(x / scale) + zer
                                             "PyTorch)", choices=("divide", "multiply_inverse")),
                p("qmin", "int|null", None, "smallest code (null: the type's)"),
                p("qmax", "int|null", None, "largest code (null: the type's)")),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": REFERENCE, "webgpu": gpu("quant", "quantize")},
        test=(t("2,3,8", ":positive", ":uint8:index:256", params={"dtype": "uint8"}, dtypes=_FLOAT_NAMES),
              t("4,8", "4,2:positive", params={"dtype": "int4", "axis": 1, "group_size": 4}),
              t("3,8", "3:positive", params={"dtype": "int8", "axis": 0, "method": "multiply_inverse",
@@ -67,7 +69,7 @@ kernel("DEQUANTIZE", "elementwise", "x = (q - zero_point) · scale, in float32, 
        params=(p("dtype", "str", doc="the codes' type (as QUANTIZE's, or int32: a bias)",
                  choices=(*INT_CODES, "int32", *FP8_CODES)), *_GRAN,
                p("out_dtype", "str", "float32", "the float type of x", choices=_FLOAT_NAMES)),
-       impls={"cpu": REFERENCE},
+       impls={"cpu": REFERENCE, "webgpu": gpu("quant", "dequantize")},
        test=(t("2,3,8:uint8:index:256", ":float32:positive", ":uint8:index:256", params={"dtype": "uint8"}),
              t("4,4:uint8:index:256", "4,2:float32:positive", "4,2:uint8:index:16",
                params={"dtype": "uint4", "axis": 1, "group_size": 4, "out_dtype": "bfloat16"})))
@@ -76,7 +78,7 @@ kernel("QCONV", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): 
        array=conv_mapping, dtypes=QUANT_DTYPES, bias_index=6,
        params=(p("stride", "ints", doc="per spatial dim"), p("padding", "ints", doc="per spatial dim (symmetric)"),
                p("dilation", "ints", doc="per spatial dim"), p("groups", "int", 1, "channel groups"), *_epilogue()),
-       impls={"cpu": f"{CPU_QCONV}:QConv"},
+       impls={"cpu": f"{CPU_QCONV}:QConv", "webgpu": gpu("contraction", "qconv")},
        test=(t(_QX, _W, *_SCALES, ":float32:positive", ":uint8:index:256", weights=(1, 2, 3, 4, 5, 6, 7),
                params={**_CONV, "w_dtype": "int8", "out_dtype": "uint8", "activation": "relu"}),
              t(_QX, _W, *_SCALES, "4:int32", weights=(1, 2, 3, 4, 5, 6),
@@ -86,7 +88,7 @@ kernel("QGEMM", "contraction", "y = requantize(Σ (x - x_zp)(w - w_zp) + bias): 
        dtypes=QUANT_DTYPES, bias_index=6,
        params=(p("trans_b", "bool", True, "w is [N,K] (a linear layer) rather than [...,K,N] (a matmul)"),
                *_epilogue()),
-       impls={"cpu": f"{CPU_QCONV}:QGemm"},
+       impls={"cpu": f"{CPU_QCONV}:QGemm", "webgpu": gpu("contraction", "qgemm")},
        test=(t("2,5,16:int8", "8,16:int8", ":float32:positive", ":int8:index:1", "8:float32:positive",
                "8:int8:index:1", "8:int32", ":float32:positive", ":int8:index:3", weights=(1, 2, 3, 4, 5, 6, 7, 8),
                params={"has_bias": True, "out_dtype": "int8"}),

@@ -23,7 +23,7 @@ from torch_ir.ops.values import dtype_from_name
 
 from ..base import HostKernel, Kernel
 from .contraction.blocks import check_block_call
-from .gpu import GPU, NoAdapterError, get_gpu
+from .gpu import GPU, NoAdapterError, get_gpu, has_packed_dot4
 from .wgsl import Call, Shader, UnsupportedCall
 
 NAME = "webgpu"
@@ -141,7 +141,7 @@ class WebGPUBackend:
         module, _, function = impl.partition(":")
         generate = getattr(importlib.import_module(module), function)
         call = Call(dispatch, record, tuple(specs[n] for n in dispatch.inputs),
-                    tuple(specs[n] for n in dispatch.outputs), self.gpu.has_f16)
+                    tuple(specs[n] for n in dispatch.outputs), self.gpu.has_f16, has_packed_dot4(self.gpu))
         self._check_bindable(dispatch, (*call.ins, *call.outs))
         check_block_call(call)  # GGUF block bytes go only to the kernels that decode them
         shaders = generate(call)

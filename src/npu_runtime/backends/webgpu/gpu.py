@@ -96,6 +96,54 @@ def get_gpu(api: str | None = None) -> GPU:
     return GPU(wgpu, adapter, device, features, limits, str(adapter.info.get("backend_type", "")), adapter.summary)
 
 
+#: False makes the int8 kernels use their emulated dot products even where the adapter has the packed ones (tests
+#: run both paths; ``TORCH_IR_WEBGPU_DOT4=0`` sets it for a process).
+USE_PACKED_DOT4 = os.environ.get("TORCH_IR_WEBGPU_DOT4", "1") != "0"
+_DOT4: dict[int, bool] = {}
+# a probe of signed, unsigned and mixed bytes with a known answer: 4·1 + 3·1 + 2·1 + 1·(-1), 255·255 + 128·2
+_DOT4_PROBE = """
+@group(0) @binding(0) var<storage, read_write> o: array<i32>;
+@compute @workgroup_size(1) fn main() {
+  o[0] = dot4I8Packed(0x01020304u, 0xff010101u); o[1] = i32(dot4U8Packed(0x80ffu, 0x02ffu));
+}
+"""
+
+
+def has_packed_dot4(gpu: GPU) -> bool:
+    """Whether WGSL's ``dot4I8Packed`` / ``dot4U8Packed`` (the ``packed_4x8_integer_dot_product`` language feature)
+    compile and give the right answer on this device: read from ``wgsl_language_features`` where wgpu reports them,
+    else found by compiling and running a probe once (wgpu-native 0.32 reports none, while its compiler has them).
+    False with ``USE_PACKED_DOT4`` off."""
+    if not USE_PACKED_DOT4:
+        return False
+    key = id(gpu.device)
+    if key not in _DOT4:
+        reported = getattr(gpu.wgpu.gpu, "wgsl_language_features", None) or set()
+        _DOT4[key] = "packed_4x8_integer_dot_product" in reported or _probe_dot4(gpu)
+    return _DOT4[key]
+
+
+def _probe_dot4(gpu: GPU) -> bool:
+    wgpu, device = gpu.wgpu, gpu.device
+    try:
+        module = device.create_shader_module(code=_DOT4_PROBE)
+        pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        buffer = device.create_buffer(size=8, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                         entries=[{"binding": 0, "resource": {"buffer": buffer}}])
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, group)
+        compute.dispatch_workgroups(1)
+        compute.end()
+        device.queue.submit([encoder.finish()])
+        got = bytes(device.queue.read_buffer(buffer, 0, 8))
+    except Exception:  # noqa: BLE001 - a compiler without the builtins rejects the probe: use the emulation
+        return False
+    return got == (8).to_bytes(4, "little") + (255 * 255 + 256).to_bytes(4, "little")
+
+
 def adapter_problem() -> str | None:
     """Why there is no WebGPU adapter here (None when there is one): tests skip with this reason."""
     try:

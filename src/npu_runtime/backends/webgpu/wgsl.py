@@ -48,6 +48,8 @@ class Call:
     ins: tuple[TensorSpec, ...]
     outs: tuple[TensorSpec, ...]
     has_f16: bool
+    #: whether WGSL's packed 4x8-bit dot products run here (``gpu.has_packed_dot4``)
+    has_dot4: bool = False
 
     @property
     def params(self) -> dict[str, Any]:
@@ -322,9 +324,11 @@ ENTRY_ARGS = ("@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 GROUP_ID = "(wid.y * nwg.x + wid.x)"
 
 
-def per_element(call: Call, n: int, body: str, scratch: Sequence[str] = ()) -> Shader:
-    """A shader running ``body`` once per index ``i`` in [0, n) (one invocation each)."""
+def per_element(call: Call, n: int, body: str, scratch: Sequence[str] = (), helpers: str = "") -> Shader:
+    """A shader running ``body`` once per index ``i`` in [0, n) (one invocation each); ``helpers``: WGSL
+    functions it calls."""
     code = f"""{call.header(scratch)}
+{helpers}
 @compute @workgroup_size({WORKGROUP})
 fn main({ENTRY_ARGS}) {{
   let i = {GROUP_ID} * {WORKGROUP}u + lid;

@@ -34,7 +34,9 @@ from .kernel import run
 from .linear import gate_up, gemm, qkv_proj
 from .operands import Contraction, Load
 from .products import baddbmm, matmul
+from .qcontraction import qconv, qgemm
 from .tiled import TILING, Tiling
 
 __all__ = ["DIRECT_CONV_CHANNELS", "GEMV_OUTS", "GEMV_RADIX", "GEMV_ROWS", "GEMV_THREADS", "TILING", "Contraction",
-           "Load", "Tiling", "baddbmm", "conv", "gate_up", "gemm", "matmul", "qkv_proj", "run"]
+           "Load", "Tiling", "baddbmm", "conv", "gate_up", "gemm", "matmul", "qconv", "qgemm",
+           "qkv_proj", "run"]

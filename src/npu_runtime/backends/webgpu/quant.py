@@ -1,0 +1,158 @@
+"""WGSL generators of QUANTIZE and DEQUANTIZE, and the exact f32 arithmetic every int8 kernel shares.
+
+Codes are stored as the backend stores every 8-bit tensor: four to a u32 word, little-endian (``wgsl.binding``);
+``ld_`` returns a code as i32 (int8 sign-extended, uint8 zero-extended), ``st_`` sets its byte with two atomics.
+
+Bit-exactness with the reference (``torch_ir.quant.numerics``) rests on three facts of WGSL:
+
+* ``+``, ``-``, ``*`` of f32 are correctly rounded, and ``round`` rounds half to even (the spec's ``round``:
+  "when e lies halfway between integers k and k + 1, the result is k when k is even");
+* ``/`` of f32 is not (2.5 ulp), so a quotient the reference rounds once (``x / scale``, ``1 / scale``, the
+  requantize multiplier ``x_s · w_s / y_s``) is computed by ``div_rne``: the 24 quotient bits of the two
+  significands by restoring long division in u32, rounded to nearest even on the exact remainder. Operands or a
+  quotient outside the normal range (zero, subnormal, infinite, NaN) take WGSL's ``/``: where a QUANTIZE meets
+  them the quotient is 0, ±inf or NaN either way once rounded and clamped (a subnormal quotient rounds to 0);
+* an i32 → f32 conversion is exact only below 2**24 in magnitude (the spec lets a wider one round either way), so
+  ``i2f`` rounds a wider accumulator to 24 significant bits, half to even, in integers first.
+
+The quotient ``1 / scale`` of ``method="multiply_inverse"`` is taken in float64 and rounded to float32 by the
+reference; that equals the correctly rounded f32 quotient, because 1 / s of a 24-bit significand is never within
+2**-49 (relative) of an f32 midpoint, far outside float64's rounding error (2**-53), so the double rounding is
+innocuous.
+"""
+
+from __future__ import annotations
+
+from npu_program.program import TensorSpec
+
+from .wgsl import Call, Shader, UnsupportedCall, numel, offset, per_element, shape_of, unravel
+
+#: The exact f32 helpers (see the module docstring); the compiler drops those a shader does not call.
+EXACT_F32 = """
+fn div_rne(a: f32, b: f32) -> f32 {
+  let ua = bitcast<u32>(a); let ub = bitcast<u32>(b);
+  let ea = i32((ua >> 23u) & 0xffu); let eb = i32((ub >> 23u) & 0xffu);
+  if (ea == 0 || ea == 255 || eb == 0 || eb == 255) { return a / b; }  // zero, subnormal, inf, NaN
+  var ma = (ua & 0x7fffffu) | 0x800000u; let mb = (ub & 0x7fffffu) | 0x800000u;
+  var e = ea - eb;
+  if (ma < mb) { ma = ma << 1u; e = e - 1; }  // now 1 <= ma / mb < 2
+  var q = 0u; var r = ma;
+  for (var i = 0u; i < 24u; i = i + 1u) {  // r < 2 mb < 2**25 throughout
+    q = q << 1u;
+    if (r >= mb) { r = r - mb; q = q | 1u; }
+    r = r << 1u;
+  }
+  if (r > mb || (r == mb && (q & 1u) == 1u)) { q = q + 1u; }  // r = 2 * remainder: above, at or below half
+  if (q == 0x1000000u) { q = 0x800000u; e = e + 1; }
+  let biased = e + 127;
+  if (biased <= 0 || biased >= 255) { return a / b; }  // a subnormal or infinite quotient
+  return bitcast<f32>((((ua ^ ub) & 0x80000000u)) | (u32(biased) << 23u) | (q & 0x7fffffu));
+}
+fn i2f(v: i32) -> f32 {
+  if (v > -16777216 && v < 16777216) { return f32(v); }
+  var m = bitcast<u32>(v);
+  if (v < 0) { m = 0u - m; }  // |v| as u32 (also for -2**31)
+  let drop = 8u - countLeadingZeros(m);  // bits below the 24 kept ones (1 to 8)
+  let rest = m & ((1u << drop) - 1u); let half = 1u << (drop - 1u);
+  var kept = m >> drop;
+  if (rest > half || (rest == half && (kept & 1u) == 1u)) { kept = kept + 1u; }
+  let mag = f32(kept) * exp2(f32(drop));  // kept <= 2**24 and a power of two: both exact
+  return select(mag, -mag, v < 0);
+}
+"""
+
+#: The code types the WebGPU int8 kernels read and write, with their ranges.
+CODE_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def code_range(dtype: str, what: str, kernel: str) -> tuple[int, int]:
+    """The range of an 8-bit code type; other types are refused naming the tensor."""
+    if dtype not in CODE_RANGES:
+        raise UnsupportedCall(f"{kernel}: {what} is {dtype}; the WebGPU kernels run int8 and uint8 codes only "
+                              "(4-bit, 16-bit and float8 codes: compile with fallback='cpu')")
+    return CODE_RANGES[dtype]
+
+
+def check_scale(call: Call, index: int, what: str) -> None:
+    """A scale input must be a float type the shaders load (float64 scales, PT2E's, are not)."""
+    spec = call.ins[index]
+    if spec.dtype not in ("float32", "float16", "bfloat16"):
+        raise UnsupportedCall(f"{call.record.name}: {what} {spec.name!r} is {spec.dtype}; the WebGPU kernels read "
+                              "float32, float16 or bfloat16 scales (cast float64 scales to float32 at import)")
+
+
+def param_index(call: Call, index: int | None, shape: list[int], idx: list[str]) -> str:
+    """The element of a scale or zero point (input ``index``) for the element at logical ``idx`` of a tensor of
+    ``shape``: the one element of a per-tensor one, else along ``axis``: the channel's, or its group's (a per-group
+    one has the tensor's shape with ``shape[axis] / group_size`` along the axis, as ``numerics.expand`` reads it)."""
+    if index is None:
+        return "0u"
+    spec = call.ins[index]
+    n, axis, group = numel(spec), call.param("axis"), call.param("group_size")
+    if n == 1 and group is None:
+        return "0u"
+    rank = len(shape)
+    if not isinstance(axis, int) or not -rank <= axis < rank:
+        raise UnsupportedCall(f"{call.record.name}: {spec.name!r} holds {n} values; per channel or group they need an "
+                              f"axis of the {shape} tensor (axis={axis!r})")
+    axis %= rank
+    if group is None:
+        if shape[axis] != n:
+            raise UnsupportedCall(f"{call.record.name}: {spec.name!r} holds {n} values, not the {shape[axis]} "
+                                  f"channels of axis {axis} of {shape}")
+        return idx[axis]
+    want = [d // group if k == axis else d for k, d in enumerate(shape)]
+    if not isinstance(group, int) or group < 1 or shape[axis] % group or shape_of(spec) != want:
+        raise UnsupportedCall(f"{call.record.name}: {spec.name!r} has shape {shape_of(spec)}; groups of {group!r} "
+                              f"along axis {axis} of {shape} need {want}")
+    return offset(spec, [f"({v}) / {group}u" if k == axis else v for k, v in enumerate(idx)])
+
+
+def _layout_free(spec: TensorSpec) -> None:
+    if spec.quant is not None and spec.quant.block:
+        raise UnsupportedCall(f"{spec.name!r} holds GGUF blocks; QUANTIZE and DEQUANTIZE read plain tensors")
+
+
+def quantize(call: Call) -> Shader:
+    """QUANTIZE: ``q = clamp(round(x / scale) + zp, qmin, qmax)`` per element, ``x / scale`` exact (``div_rne``)."""
+    x, q = call.ins[0], call.outs[0]
+    _layout_free(x)
+    lo, hi = code_range(call.param("dtype"), f"the codes {q.name!r}", "QUANTIZE")
+    if q.dtype != call.param("dtype"):
+        raise UnsupportedCall(f"QUANTIZE: output {q.name!r} is {q.dtype}, not dtype={call.param('dtype')}")
+    check_scale(call, 1, "the scale")
+    lo = max(lo, int(call.param("qmin", lo)))
+    hi = min(hi, int(call.param("qmax", hi)))
+    shape = shape_of(q)
+    idx = [f"d{k}" for k in range(len(shape))]
+    s_at = param_index(call, 1, shape, idx)
+    has_zp = len(call.ins) > 2
+    zp_at = param_index(call, 2, shape, idx) if has_zp else None
+    if call.param("method", "divide") == "divide":
+        y = f"div_rne(ld_in0({offset(x, idx)}), ld_in1({s_at}))"
+    else:  # x · f32(1 / f64(scale)): that inverse is the correctly rounded f32 one (module docstring)
+        y = f"ld_in0({offset(x, idx)}) * div_rne(1.0, ld_in1({s_at}))"
+    zp = f" + f32(ld_in2({zp_at}))" if has_zp else ""
+    body = [unravel("i", shape), f"let y = round({y}){zp};",
+            f"st_out0({offset(q, idx)}, i32(clamp(y, {float(lo)!r}, {float(hi)!r})));"]
+    return per_element(call, numel(q), "\n  ".join(body), helpers=EXACT_F32)
+
+
+def dequantize(call: Call) -> Shader:
+    """DEQUANTIZE: ``x = f32(q - zp) · scale`` per element, cast to out_dtype by the store."""
+    q, x = call.ins[0], call.outs[0]
+    _layout_free(q)
+    dtype = call.param("dtype")
+    if dtype != "int32":
+        code_range(dtype, f"the codes {q.name!r}", "DEQUANTIZE")
+    if q.dtype != dtype:
+        raise UnsupportedCall(f"DEQUANTIZE: input {q.name!r} is {q.dtype}, not dtype={dtype}")
+    check_scale(call, 1, "the scale")
+    shape = shape_of(q)
+    idx = [f"d{k}" for k in range(len(shape))]
+    s_at = param_index(call, 1, shape, idx)
+    zp = f" - ld_in2({param_index(call, 2, shape, idx)})" if len(call.ins) > 2 else ""
+    body = [unravel("i", shape), f"let v = ld_in0({offset(q, idx)}){zp};",  # int32 wraps as torch's does
+            f"st_out0({offset(x, idx)}, i2f(v) * ld_in1({s_at}));"]
+    return per_element(call, numel(q), "\n  ".join(body), helpers=EXACT_F32)
+

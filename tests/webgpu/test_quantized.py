@@ -1,0 +1,329 @@
+"""The WebGPU int8 kernels (QUANTIZE, DEQUANTIZE, QGEMM, QCONV) bit-exact against the ops' reference
+(``torch_ir.ops.npu_quant``) on the same tensors, on both dot-product paths; the exact f32 helpers against numpy;
+and onnxruntime QDQ models compiled for WebGPU giving the reference executor's and the CPU backend's codes."""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import npu_compiler
+from npu_compiler.errors import CompileError
+from npu_runtime import Device, Executor, NPUBuffer, load_weights
+from npu_runtime.backends.webgpu import gpu as webgpu_gpu
+from npu_runtime.backends.webgpu.contraction.qcontraction import MAX_K
+from npu_runtime.backends.webgpu.quant import EXACT_F32
+from npu_runtime.device import RuntimeInputError
+from tests.webgpu.kernels import needs_gpu, run_kernel
+from torch_ir import IRExecutor
+
+pytestmark = needs_gpu
+
+_RANGE = {torch.int8: (-128, 127), torch.uint8: (0, 255)}
+
+
+@pytest.fixture(params=["dot4", "emulated"])
+def dot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both dot-product paths: WGSL's dot4I8Packed where the device has it, and the emulation (forced)."""
+    if request.param == "emulated":
+        monkeypatch.setattr(webgpu_gpu, "USE_PACKED_DOT4", False)
+    elif not webgpu_gpu.has_packed_dot4(webgpu_gpu.get_gpu()):
+        pytest.skip("this adapter's WGSL has no packed 4x8-bit dot products")
+    return request.param
+
+
+def codes(shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator, extreme: bool = False) -> torch.Tensor:
+    lo, hi = _RANGE[dtype]
+    if extreme:  # only the two ends of the range: the largest products and corrections
+        return torch.where(torch.rand(shape, generator=g) < 0.5, lo, hi).to(dtype)
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int32).to(dtype)
+
+
+def assert_exact(name: str, values: list[torch.Tensor], params: dict[str, Any], weights: tuple[int, ...] = ()) -> Any:
+    got, expected, program = run_kernel(name, values, params, weights)
+    assert got[0].dtype == expected[0].dtype
+    mismatched = (got[0] != expected[0]).sum().item()
+    assert mismatched == 0, f"{mismatched} of {expected[0].numel()} differ: {got[0].flatten()[:8]} vs " \
+                            f"{expected[0].flatten()[:8]}"
+    return program
+
+
+def shader_code(program: Any) -> str:
+    """The WGSL of a one-dispatch program's kernel as this device generates it now."""
+    return Executor(program, Device("webgpu")).kernels[0].shaders[0].code
+
+
+# -- the exact f32 helpers against numpy (correctly rounded division and int -> float conversion) ---------------
+
+def _run_wgsl(body: str, a: np.ndarray, b: np.ndarray, out_type: str) -> np.ndarray:
+    gpu = webgpu_gpu.get_gpu()
+    wgpu, device = gpu.wgpu, gpu.device
+    n = len(a)
+    code = (f"@group(0) @binding(0) var<storage, read_write> a: array<{'i32' if a.dtype == np.int32 else 'f32'}>;\n"
+            "@group(0) @binding(1) var<storage, read_write> b: array<f32>;\n"
+            f"@group(0) @binding(2) var<storage, read_write> o: array<{out_type}>;\n{EXACT_F32}\n"
+            f"@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n"
+            f"  let i = id.x; if (i >= {n}u) {{ return; }} o[i] = {body}; }}")
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+    bufs = [device.create_buffer_with_data(data=a.tobytes(), usage=usage),
+            device.create_buffer_with_data(data=b.tobytes(), usage=usage),
+            device.create_buffer(size=4 * n, usage=usage)]
+    pipeline = device.create_compute_pipeline(layout="auto", compute={
+        "module": device.create_shader_module(code=code), "entry_point": "main"})
+    group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+        {"binding": i, "resource": {"buffer": buf}} for i, buf in enumerate(bufs)])
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipeline)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(-(-n // 64))
+    compute.end()
+    device.queue.submit([encoder.finish()])
+    return np.frombuffer(device.queue.read_buffer(bufs[2]), dtype=np.float32 if out_type == "f32" else np.int32)
+
+
+def test_div_rne_is_the_correctly_rounded_quotient() -> None:
+    rng = np.random.default_rng(0)
+    b = np.exp2(rng.uniform(-20, 20, 20000)).astype(np.float32) * rng.choice([-1, 1], 20000).astype(np.float32)
+    k = rng.integers(-300, 300, 20000).astype(np.float32)
+    mid = ((k + 0.5) * b).astype(np.float32)  # quotients at and next to the halfway points of round()
+    a = np.concatenate([mid, np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf)),
+                        (rng.standard_normal(20000) * 1e3).astype(np.float32), np.float32([0.0, -0.0, 1.0, 3.0])])
+    b = np.concatenate([b, b, b, b, np.float32([3.0, 7.0, 3.0, 3.0])])
+    got = _run_wgsl("div_rne(a[i], b[i])", a, b, "f32")
+    want = a / b  # numpy's float32 division is IEEE's, correctly rounded
+    assert np.array_equal(got.view(np.int32), want.view(np.int32)), np.flatnonzero(got != want)[:5]
+
+
+def test_i2f_rounds_to_nearest_even() -> None:
+    rng = np.random.default_rng(1)
+    wide = rng.integers(-2 ** 31, 2 ** 31, 20000, dtype=np.int64)
+    ties = (rng.integers(2 ** 24, 2 ** 30, 2000) | 1) * 1  # odd values past 2**24: halfway ones at 2**25 and up
+    v = np.concatenate([wide, ties, -ties, [2 ** 31 - 1, -2 ** 31, 16777217, -16777217, 33554435, 0]]).astype(np.int32)
+    # "+ b[i]" (zeros, exact) keeps binding 1 in the pipeline's automatic layout
+    got = _run_wgsl("i2f(a[i]) + b[i]", v, np.zeros(len(v), np.float32), "f32")
+    assert np.array_equal(got, v.astype(np.float32))
+
+
+# -- QUANTIZE and DEQUANTIZE ----------------------------------------------------------------------------------
+
+def _halfway(scale: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
+    """x = (k + 0.5) · scale and its float32 neighbours, beside random values and ones far out of range."""
+    k = torch.randint(-200, 200, (n,), generator=g).float()
+    mid = (k + 0.5) * scale
+    up, down = torch.nextafter(mid, torch.tensor(1e30)), torch.nextafter(mid, torch.tensor(-1e30))
+    return torch.cat([mid, up, down, torch.randn(n, generator=g) * 50, torch.tensor([1e9, -1e9, 0.0, -0.0])])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("method", ["divide", "multiply_inverse"])
+def test_quantize_per_tensor_at_halfway_values(dtype: str, method: str) -> None:
+    g = torch.Generator().manual_seed(2)
+    for scale in (0.1, 0.037, 1 / 3, 2.5e-3):
+        s = torch.tensor(scale)
+        x = _halfway(s, 300, g).reshape(4, -1)
+        zp = torch.tensor(3 if dtype == "int8" else 128, dtype=getattr(torch, dtype))
+        assert_exact("QUANTIZE", [x, s, zp], {"dtype": dtype, "method": method})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_quantize_per_channel(axis: int) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 7, generator=g) * 4
+    n = x.shape[axis]
+    s = torch.rand(n, generator=g) * 0.1 + 0.01
+    x = x + 0.5 * s.reshape([-1 if d == axis % 3 else 1 for d in range(3)])  # near halfway points
+    assert_exact("QUANTIZE", [x, s, codes((n,), torch.int8, g)],
+                 {"dtype": "int8", "axis": axis, "qmin": -127, "qmax": 127})
+    assert_exact("QUANTIZE", [x.to(torch.bfloat16), s], {"dtype": "uint8", "axis": axis})
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32"])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
+def test_dequantize(dtype: str, out_dtype: str) -> None:
+    g = torch.Generator().manual_seed(4)
+    if dtype == "int32":  # a bias: values past 2**24, where the conversion to float32 rounds
+        q = torch.randint(-2 ** 31, 2 ** 31 - 1, (4, 9), generator=g, dtype=torch.int64).to(torch.int32)
+        zp = torch.zeros(9, dtype=torch.int32)
+    else:
+        q, zp = codes((4, 9), getattr(torch, dtype), g), codes((9,), getattr(torch, dtype), g)
+    s = torch.rand(9, generator=g) * 0.1
+    assert_exact("DEQUANTIZE", [q, s, zp], {"dtype": dtype, "axis": 1, "out_dtype": out_dtype})
+    assert_exact("DEQUANTIZE", [q, s[:1].reshape(()), zp[:1].reshape(())], {"dtype": dtype, "out_dtype": out_dtype})
+
+
+def test_quantize_and_dequantize_per_group() -> None:
+    g = torch.Generator().manual_seed(8)
+    x, s, zp = torch.randn(4, 8, generator=g) * 3, torch.rand(4, 2, generator=g) + 0.1, codes((4, 2), torch.uint8, g)
+    assert_exact("QUANTIZE", [x, s, zp], {"dtype": "uint8", "axis": 1, "group_size": 4})
+    q = codes((4, 8), torch.int8, g)
+    assert_exact("DEQUANTIZE", [q, s, zp.to(torch.int8) // 2], {"dtype": "int8", "axis": 1, "group_size": 4})
+
+
+def test_compile_for_webgpu_refuses_codes_it_has_no_kernel_for() -> None:
+    x, s = torch.randn(4, 8), torch.rand(4, 2) + 0.1
+    with pytest.raises(CompileError, match="int4"):
+        run_kernel("QUANTIZE", [x, s], {"dtype": "int4", "axis": 1, "group_size": 4})
+    g = torch.Generator().manual_seed(10)
+    values = [codes((2, 8), torch.uint8, g), codes((3, 8), torch.int8, g), torch.tensor(0.1),
+              torch.tensor(3, dtype=torch.int64), torch.tensor(0.1), torch.tensor(0, dtype=torch.int8)]
+    with pytest.raises(CompileError, match="zero point 'in3' is int64, not its codes' uint8"):
+        run_kernel("QGEMM", values, {"out_dtype": "int32"}, weights=(1,))
+
+
+# -- QGEMM and QCONV ------------------------------------------------------------------------------------------
+
+def _epilogue(n: int, out: str, bias: str | None, g: torch.Generator) -> list[torch.Tensor]:
+    values = []
+    if bias == "int32":
+        values.append(torch.randint(-5000, 5000, (n,), generator=g, dtype=torch.int32))
+    elif bias == "float32":
+        values.append(torch.randn(n, generator=g) * 0.5)
+    if out in ("int8", "uint8"):
+        values += [torch.tensor(0.05), codes((), getattr(torch, out), g)]
+    return values
+
+
+_GEMMS = [  # x shape, w shape, trans_b, x dtype, w dtype, per-channel w, out, bias, relu
+    ((5, 16), (8, 16), True, torch.int8, torch.int8, True, "int8", "int32", False),
+    ((3, 13), (7, 13), True, torch.uint8, torch.int8, True, "uint8", "float32", True),
+    ((2, 4, 12), (6, 12), True, torch.uint8, torch.uint8, False, "int32", None, False),
+    ((4, 12), (12, 6), False, torch.int8, torch.uint8, True, "float32", "int32", True),
+    ((2, 3, 9), (2, 9, 5), False, torch.uint8, torch.int8, False, "uint8", None, True),
+    ((1, 40), (9, 40), True, torch.int8, torch.int8, True, "int8", None, True),
+]
+
+
+@pytest.mark.parametrize("case", _GEMMS, ids=[f"{c[0]}x{c[1]}-{c[6]}" for c in _GEMMS])
+@pytest.mark.parametrize("extreme", [False, True])
+def test_qgemm(case: tuple, extreme: bool, dot_path: str) -> None:
+    xs, ws, trans_b, xd, wd, per_channel, out, bias, relu = case
+    g = torch.Generator().manual_seed(5)
+    n = ws[-2] if trans_b else ws[-1]
+    k = (n if per_channel else 1,)
+    values = [codes(xs, xd, g, extreme), codes(ws, wd, g, extreme), torch.tensor(0.02), codes((), xd, g),
+              torch.rand(k, generator=g) * 0.01 + 1e-3, codes(k, wd, g), *_epilogue(n, out, bias, g)]
+    if extreme:  # zero points at the far ends too: centred operands of magnitude 255
+        values[3] = torch.tensor(_RANGE[xd][0], dtype=xd)
+    params = {"trans_b": trans_b, "w_dtype": str(wd).removeprefix("torch."), "has_bias": bias is not None,
+              "out_dtype": out, "activation": "relu" if relu else None}
+    program = assert_exact("QGEMM", values, params, weights=(1, 4, 5, 6) if bias else (1, 4, 5))
+    assert ("dot4I8Packed" in shader_code(program)) == (dot_path == "dot4")
+
+
+_CONVS = [  # x shape, w shape, stride, padding, dilation, groups, x dtype, w dtype, out
+    ((1, 3, 9, 9), (4, 3, 3, 3), [1, 1], [1, 1], [1, 1], 1, torch.uint8, torch.int8, "uint8"),
+    ((2, 6, 7, 9), (4, 3, 3, 3), [2, 1], [1, 2], [1, 2], 2, torch.uint8, torch.uint8, "int8"),
+    ((1, 8, 8, 8), (8, 1, 3, 3), [2, 2], [1, 1], [1, 1], 8, torch.int8, torch.int8, "int32"),  # depthwise
+    ((1, 8, 5, 5), (12, 8, 1, 1), [1, 1], [0, 0], [1, 1], 1, torch.uint8, torch.int8, "float32"),
+    ((2, 8, 1, 1), (12, 8, 1, 1), [1, 1], [0, 0], [1, 1], 1, torch.uint8, torch.int8, "int8"),  # whole words
+    ((1, 5, 6, 6), (7, 5, 2, 3), [1, 2], [0, 1], [1, 1], 1, torch.int8, torch.uint8, "uint8"),  # odd channels
+]
+
+
+@pytest.mark.parametrize("case", _CONVS, ids=[f"{c[0]}-{c[1]}-g{c[5]}-{c[8]}" for c in _CONVS])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_qconv(case: tuple, per_channel: bool, dot_path: str) -> None:
+    xs, ws, stride, padding, dilation, groups, xd, wd, out = case
+    g = torch.Generator().manual_seed(6)
+    k = (ws[0] if per_channel else 1,)
+    values = [codes(xs, xd, g), codes(ws, wd, g), torch.tensor(0.03), codes((), xd, g),
+              torch.rand(k, generator=g) * 0.01 + 1e-3, codes(k, wd, g), *_epilogue(ws[0], out, "int32", g)]
+    params = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+              "w_dtype": str(wd).removeprefix("torch."), "has_bias": True, "out_dtype": out, "activation": "relu"}
+    assert_exact("QCONV", values, params, weights=(1, 4, 5, 6))
+
+
+@pytest.mark.parametrize(("k", "whole"), [(16, True), (13, False)])
+def test_aligned_rows_are_read_as_whole_words(k: int, whole: bool) -> None:
+    """K a multiple of 4: x's and w's bytes are read a word at a time (the fast path the cases above cover), else
+    put together byte by byte (the tail lanes holding x's zero point)."""
+    g = torch.Generator().manual_seed(9)
+    values = [codes((3, k), torch.uint8, g), codes((5, k), torch.int8, g), torch.tensor(0.1),
+              codes((), torch.uint8, g), torch.tensor(0.1), torch.tensor(0, dtype=torch.int8)]
+    program = assert_exact("QGEMM", values, {"out_dtype": "int32"}, weights=(1,))
+    code = shader_code(program)
+    assert ("return in0[(base + 4u * j) / 4u]" in code and "return in1[(base + 4u * j) / 4u]" in code) == whole
+
+
+def test_qgemm_refuses_a_reduction_that_could_leave_int32() -> None:
+    g = torch.Generator().manual_seed(7)
+    k = MAX_K + 1
+    values = [codes((1, k), torch.int8, g), codes((2, k), torch.int8, g), torch.tensor(0.1),
+              torch.tensor(0, dtype=torch.int8), torch.tensor(0.1), torch.tensor(0, dtype=torch.int8)]
+    with pytest.raises(RuntimeInputError, match="may leave i32"):
+        run_kernel("QGEMM", values, {"out_dtype": "int32"}, weights=(1,))
+
+
+# -- end to end: onnxruntime QDQ models -----------------------------------------------------------------------
+
+def _qdq_model(tmp: Path, model: torch.nn.Module, xs: list[torch.Tensor]) -> Path:
+    quantization = pytest.importorskip("onnxruntime.quantization")
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter([{"x": x.numpy()} for x in xs])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (xs[0],), buffer, input_names=["x"], dynamo=False, opset_version=17)
+    (tmp / "float.onnx").write_bytes(buffer.getvalue())
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
+    quantization.quantize_static(tmp / "float.onnx", tmp / "qdq.onnx", Reader(),
+                                 quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                 activation_type=quantization.QuantType.QUInt8,
+                                 weight_type=quantization.QuantType.QInt8)
+    return tmp / "qdq.onnx"
+
+
+def _run(ir: Any, weights: dict[str, torch.Tensor], x: torch.Tensor, target: str) -> tuple[torch.Tensor, Any]:
+    program = npu_compiler.compile(ir, target=target)  # no fallback: every dispatch runs on the target
+    device = Device(target)
+    bound = load_weights({k: v.contiguous() for k, v in weights.items()}, program, device)
+    feeds = {spec.name: NPUBuffer.from_numpy(x.numpy(), device, spec=spec) for spec in program.input_specs}
+    out = Executor(program, device).run(feeds, weights=bound)
+    return torch.from_numpy(out[program.output_specs[0].name].to_numpy()), program
+
+
+_MODELS = {
+    "cnn": (lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), torch.nn.ReLU(),  # depthwise
+        torch.nn.Conv2d(8, 12, 1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(12 * 8 * 8, 10)),
+        (1, 3, 16, 16)),
+    "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(20, 33), torch.nn.ReLU(), torch.nn.Linear(33, 7)), (3, 20)),
+}
+
+
+@pytest.mark.parametrize("name", list(_MODELS))
+def test_qdq_model_on_webgpu_gives_the_reference_codes(name: str, tmp_path: Path) -> None:
+    """quantize_static's QDQ model, imported and normalized into QCONV/QGEMM, compiled for WebGPU: the output (a
+    DEQUANTIZE of the last codes) equals the reference executor's and the CPU backend's exactly."""
+    from npu_compiler.passes import normalize
+    from torch_ir.frontends.onnx import import_onnx
+
+    make, shape = _MODELS[name]
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(*shape, generator=g) for _ in range(4)]
+    ir, weights = import_onnx(_qdq_model(tmp_path, make().eval(), xs[:3]))
+    ir = normalize(ir)
+    ops = ir.op_histogram()
+    assert ops.get("QCONV", 0) + ops.get("QGEMM", 0) >= (4 if name == "cnn" else 2), ops
+    (expected,) = IRExecutor(ir, weights).run([xs[3]])
+    got, program = _run(ir, weights, xs[3], "webgpu")
+    kernels = {d.kernel for d in program.dispatches}
+    assert {"QUANTIZE", "DEQUANTIZE", "QGEMM"} <= kernels and not any(d.host for d in program.dispatches)
+    cpu, _ = _run(ir, weights, xs[3], "cpu")
+    assert torch.equal(got, expected) and torch.equal(got, cpu)
