@@ -198,11 +198,15 @@ def test_without_the_native_library_it_warns_once_and_runs_the_reference(monkeyp
 # ------------------------------------------------------------------------------------------------ the rule
 
 
-def _run_program(ir, weights: dict, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+def _run_program(ir, weights: dict, x: torch.Tensor, disabled: set[str]) -> tuple[torch.Tensor, list]:
+    """``ir`` compiled for the CPU (normalized there with the ``disabled`` rules off) and run on ``x``."""
+    from npu_compiler import CompileOptions
     from npu_compiler import compile as npu_compile
+    from npu_compiler.passes import NormalizeOptions
     from npu_runtime import Device, Executor, NPUBuffer, load_weights
 
-    program = npu_compile(ir, target="cpu", fallback="cpu")
+    options = CompileOptions(normalize_options=NormalizeOptions(disabled_rules=disabled))
+    program = npu_compile(ir, target="cpu", fallback="cpu", options=options)
     device = Device()
     executor = Executor(program, device)
     bound = load_weights({k: v.contiguous() for k, v in weights.items()}, program, device)
@@ -220,9 +224,10 @@ def test_qdq_resnet18_adds_fuse_and_give_the_same_codes(resnet18_qdq_import, qli
     unfused = normalize(raw, NormalizeOptions(disabled_rules=set(QADD_RULES)))
     assert fused.op_histogram().get("QADD") == 8 and "aten.add.Tensor" not in fused.op_histogram()
     assert unfused.op_histogram().get("aten.add.Tensor") == 8 and "QADD" not in unfused.op_histogram()
-    got, kernels = _run_program(fused, weights, x)
+    got, kernels = _run_program(raw, weights, x, set())
     assert sum(isinstance(k, cpu_qelementwise.QAdd) and k.native for k in kernels) == 8
-    before, _ = _run_program(unfused, weights, x)
+    before, kernels = _run_program(raw, weights, x, QADD_RULES)
+    assert not any(isinstance(k, cpu_qelementwise.QAdd) for k in kernels)
     (interpreted,) = IRExecutor(fused, weights).run([x])
     assert torch.equal(got, before) and torch.equal(got, interpreted)
     # against the unnormalized import: QCONV rounds once where a QDQ convolution rounds twice, so only QADD here

@@ -153,7 +153,9 @@ class QAdd:
             return
         a, b, out = inputs[0], inputs[3], outputs[0]
         flat = [_storage_order(t) for t in (a, b, out)]
-        alike = a.stride() == b.stride() == out.stride() and all(v is not None for v in flat)
+        # one element order for all three: contiguous, or one dense permuted layout (equal strides, equal order)
+        alike = all(t.is_contiguous() for t in (a, b, out)) or (
+            a.stride() == b.stride() == out.stride() and all(v is not None for v in flat))
         if alike:
             va, vb, vy = flat
         else:  # stored differently: contiguous copies in, a contiguous result copied into the arena's view
