@@ -3,6 +3,7 @@
     .venv/bin/python bench/runtime/qconv.py                       # ResNet-50's convolutions, then both models
     .venv/bin/python bench/runtime/qconv.py --skip-models --runs 20
     .venv/bin/python bench/runtime/qconv.py --models resnet18 --threads 1 --json out.json
+    .venv/bin/python bench/runtime/qconv.py --skip-convs --threads 1 --profile   # + per-kernel profiles
 
 Part 1, per convolution shape of ResNet-50 (batch 1, 224x224, found by hooks on the model, with how often each
 occurs): uint8 x, per-channel int8 weights, an int32 bias, uint8 y. Timed: our kernel (``cpu_qconv.QConv``, the
@@ -14,7 +15,8 @@ sums over the network weigh each shape by its count.
 
 Part 2, the whole models: onnxruntime's ``quantize_static`` (QDQ, per channel, uint8 activations; the helpers of
 tests/onnx/test_quant_models.py) of the seeded ResNet-18 / ResNet-50 of ``run.py``, imported, normalized into
-QCONV/QGEMM and compiled for the CPU backend, against onnxruntime on the same file, in alternating blocks
+QCONV/QGEMM/QADD and compiled for the CPU backend, the same without the QADD rules (its residual adds as
+DEQUANTIZE/add/QUANTIZE reference dispatches), and onnxruntime on the same file, in alternating blocks
 (``run.time_in_blocks``). The machine is shared: medians and p10-p90 are printed; rerun before trusting a ratio.
 """
 
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))  # the tests' quantization helpers
 from run import build_models, ort_session, time_in_blocks  # noqa: E402 - bench/runtime/run.py
 
 from npu_program.program import Dispatch, TensorSpec  # noqa: E402
-from npu_runtime.backends import cpu_qconv  # noqa: E402
+from npu_runtime.backends import cpu_qconv, cpu_qelementwise  # noqa: E402
 from torch_ir.ops.npu_quant import qconv  # noqa: E402
 
 Shape = tuple[int, int, int, int, int, int, int]  # C, H, W, N, k, stride, padding
@@ -181,43 +183,63 @@ def per_conv(runs: int, threads: int) -> dict:
     return {"rows": rows, "totals_ms": dict(totals)}
 
 
-def whole_model(name: str, runs: int, threads: int) -> dict:
+def _program(ir, weights: dict, x: torch.Tensor, disabled: set[str]):
+    """``ir`` normalized (``disabled`` rules off), compiled for the CPU and bound: (executor, run, feeds, bound)."""
+    import npu_compiler
+    from npu_compiler.passes import NormalizeOptions
+    from npu_runtime import Device, Executor, NPUBuffer, load_weights
+
+    options = npu_compiler.CompileOptions(normalize_options=NormalizeOptions(disabled_rules=disabled))
+    program = npu_compiler.compile(ir, target="cpu", fallback="cpu", options=options)
+    device = Device()
+    executor = Executor(program, device)
+    bound = load_weights({k: v.contiguous() for k, v in weights.items()}, program, device)
+    spec, out_name = program.input_specs[0], program.output_specs[0].name
+    feeds = {spec.name: NPUBuffer.from_numpy(x.numpy(), device, spec=spec)}
+    return executor, lambda: executor.run(feeds, weights=bound)[out_name].to_numpy(), feeds, bound
+
+
+def whole_model(name: str, runs: int, threads: int, profile: bool = False) -> dict:
+    """Ours with QADD (the residual adds fused), ours without (``qdq_add`` rules off: DEQUANTIZE, add, QUANTIZE as
+    reference dispatches) and onnxruntime, alternating; with ``profile``, each of ours per kernel."""
     from tests.onnx import test_quant_models as qm
 
-    import npu_compiler
-    from npu_compiler.passes import normalize
-    from npu_runtime import Device, Executor, NPUBuffer, load_weights
     from torch_ir.frontends.onnx import import_onnx
 
     _, model = build_models(name)
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(1, 3, 224, 224, generator=g) for _ in range(3)]
-    proto = qm._export(qm._Wrap(model, "logits"), (xs[0],), ["x"])
+    proto = qm.export_for_quantization(qm._Wrap(model, "logits"), (xs[0],), ["x"])
     path = qm._quantize(Path(tempfile.mkdtemp()), proto, [{"x": x.numpy()} for x in xs[:2]], "static", "uint8")
     ir, weights = import_onnx(path)
-    program = npu_compiler.compile(normalize(ir), target="cpu", fallback="cpu")
-    device = Device()
-    executor = Executor(program, device)
-    bound = load_weights({k: v.contiguous() for k, v in weights.items()}, program, device)
-    spec, out_name = program.input_specs[0], program.output_specs[0].name
-    feeds = {spec.name: NPUBuffer.from_numpy(xs[2].numpy(), device, spec=spec)}
+    executor, ours, feeds, bound = _program(ir, weights, xs[2], set())
+    executor_before, before, feeds_before, bound_before = _program(ir, weights, xs[2], {"qdq_add", "qdq_add_relu"})
     session = ort_session(str(path), threads)
-    runners = {"onnxruntime": lambda: session.run(None, {"x": xs[2].numpy()})[0],
-               "ours": lambda: executor.run(feeds, weights=bound)[out_name].to_numpy()}
-    ours, theirs = runners["ours"](), runners["onnxruntime"]()
+    runners = {"onnxruntime": lambda: session.run(None, {"x": xs[2].numpy()})[0], "ours": ours,
+               "ours_without_qadd": before}
+    out, theirs = ours(), runners["onnxruntime"]()
     top5 = lambda a: np.argsort(-a[0], kind="stable")[:5].tolist()  # noqa: E731
     native = sum(isinstance(k, (cpu_qconv.QConv, cpu_qconv.QGemm)) and k.native for k in executor.kernels)
+    qadds = sum(isinstance(k, cpu_qelementwise.QAdd) and k.native for k in executor.kernels)
     samples = time_in_blocks(runners, runs, warmup=3)
-    result = {"native_kernels": native, "max_abs_logit_diff": float(np.abs(ours - theirs).max()),
-              "top5_equal": top5(ours) == top5(theirs)}
+    result = {"native_kernels": native, "native_qadd": qadds, "max_abs_logit_diff": float(np.abs(out - theirs).max()),
+              "top5_equal": top5(out) == top5(theirs), "same_as_without_qadd": bool(np.array_equal(out, before()))}
     for runner, ms in samples.items():
         q = statistics.quantiles(ms, n=10)
         result[runner] = {"median_ms": statistics.median(ms), "p10": q[0], "p90": q[-1]}
-    ours_ms, ort_ms = result["ours"], result["onnxruntime"]
-    print(f"{name} QDQ ({native} native QCONV/QGEMM): ours {ours_ms['median_ms']:.2f} ms (p10-p90 "
-          f"{ours_ms['p10']:.2f}-{ours_ms['p90']:.2f}), onnxruntime {ort_ms['median_ms']:.2f} ms ({ort_ms['p10']:.2f}-"
-          f"{ort_ms['p90']:.2f}); ratio {ours_ms['median_ms'] / ort_ms['median_ms']:.2f}; logits max |diff| "
-          f"{result['max_abs_logit_diff']:.3g}, top-5 {'equal' if result['top5_equal'] else 'differ'}")
+    ours_ms, pre_ms, ort_ms = result["ours"], result["ours_without_qadd"], result["onnxruntime"]
+    print(f"{name} QDQ ({native} native QCONV/QGEMM, {qadds} native QADD): ours {ours_ms['median_ms']:.2f} ms (p10-p90 "
+          f"{ours_ms['p10']:.2f}-{ours_ms['p90']:.2f}), without QADD {pre_ms['median_ms']:.2f} ms ({pre_ms['p10']:.2f}-"
+          f"{pre_ms['p90']:.2f}), onnxruntime {ort_ms['median_ms']:.2f} ms ({ort_ms['p10']:.2f}-{ort_ms['p90']:.2f}); "
+          f"ratio {ours_ms['median_ms'] / ort_ms['median_ms']:.2f}; logits max |diff| "
+          f"{result['max_abs_logit_diff']:.3g}, top-5 {'equal' if result['top5_equal'] else 'differ'}, "
+          f"{'the same' if result['same_as_without_qadd'] else 'NOT the same'} as without QADD")
+    if profile:
+        for label, ex, f, b in (("with QADD", executor, feeds, bound),
+                                ("without QADD", executor_before, feeds_before, bound_before)):
+            prof = ex.profile(f, b, runs=max(5, runs // 3), threads=threads)
+            result[f"profile {label}"] = prof.by_kernel()
+            print(f"-- {name}, {label}, per kernel\n{prof.table(top=5)}")
     return result
 
 
@@ -228,6 +250,7 @@ def main() -> None:
     parser.add_argument("--skip-convs", action="store_true")
     parser.add_argument("--skip-models", action="store_true")
     parser.add_argument("--threads", type=int, help="torch's and onnxruntime's intra-op threads (default: torch's)")
+    parser.add_argument("--profile", action="store_true", help="also time each model's dispatches, per kernel")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.threads:
@@ -237,7 +260,7 @@ def main() -> None:
     if not args.skip_convs:
         results["convs"] = per_conv(args.runs, threads)
     if not args.skip_models:
-        results["models"] = {name: whole_model(name, args.runs, threads) for name in args.models}
+        results["models"] = {name: whole_model(name, args.runs, threads, args.profile) for name in args.models}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
 

@@ -1,15 +1,17 @@
 """The kernel table's rows for the quantized NPU ops (``torch_ir.ops.npu_quant``): QUANTIZE, DEQUANTIZE, QCONV,
-QGEMM and DQGEMM, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after ``npu_kernels``.
+QGEMM, DQGEMM and QADD, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after ``npu_kernels``.
 
 Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
 ``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). The CPU backend runs
 QCONV and QGEMM with native int8 kernels (``npu_runtime.backends.cpu_qconv``: 8-bit x, int8 weights, bit-exact;
-any other case the op's reference), the other ops through their reference (``torch_ir.quant.numerics``, REFERENCE).
-The WebGPU backend runs QUANTIZE, DEQUANTIZE, QCONV and QGEMM as WGSL (``webgpu/quant.py``,
-``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); DQGEMM and the 4/16-bit and fp8 cases it refuses at
-compile time, or places on the host with ``compile(fallback="cpu")``. The FLOPs are those
+any other case the op's reference) and QADD with a native elementwise kernel
+(``npu_runtime.backends.cpu_qelementwise``), the other ops through their reference (``torch_ir.quant.numerics``,
+REFERENCE). The WebGPU backend runs QUANTIZE, DEQUANTIZE, QCONV and QGEMM as WGSL (``webgpu/quant.py``,
+``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); QADD, DQGEMM and the 4/16-bit and fp8 cases it
+refuses at compile time, or places on the host with ``compile(fallback="cpu")``. The FLOPs are those
 of the integer convolution or matrix product (a multiply-add counts two, as every contraction of the table); the
-requantize epilogue is not counted, as a CONV's activation is not. The bytes come from each tensor's dtype, so a
+requantize epilogue is not counted, as a CONV's activation is not; QADD counts one operation per output
+element, as an elementwise add. The bytes come from each tensor's dtype, so a
 packed int4 weight counts half a byte per element (``torch_ir.dtypes.nbytes``).
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from .array_mapping import conv_mapping, gemm_mapping
 from .cost_formulas import conv_flops, conv_traffic, gemm_flops
-from .kernel_record import ACTIVATIONS, CPU_QCONV, FLOATS, REFERENCE, gpu, kernel, t
+from .kernel_record import ACTIVATIONS, CPU_QCONV, CPU_QELEMENTWISE, FLOATS, REFERENCE, gpu, kernel, t
 from .params import Param, p
 
 #: The integer code types of the quantized ops (4-bit ones travel packed two per byte, as uint8 storage).
@@ -113,3 +115,17 @@ kernel("DQGEMM", "contraction", "y = act(x · dequantize(w)ᵀ + bias): a weight
              t("3,16", "8,8:uint8:index:256", "8,2:positive", "8,2:uint8:index:16", weights=(1, 2, 3),
                params={"w_dtype": "uint4", "axis": 1, "group_size": 8, "has_zero_point": True,
                        "activation": "relu"})))
+
+_ADD_CODES = ("int8", "uint8")
+kernel("QADD", "elementwise", "y = quantize(act(dequantize(a) + dequantize(b))): a quantized residual add with its "
+       "own requantize, the QDQ chain's float32 steps (onnxruntime QLinearAdd)", dtypes=QUANT_DTYPES,
+       params=(p("out_dtype", "str", "int8", "y's code type", choices=_ADD_CODES),
+               p("activation", "str|null", None, "null or relu (applied to the float32 sum)", choices=("relu",)),
+               p("method", "str", "divide", "divide (the sum / y_scale: ONNX) or multiply_inverse (PyTorch)",
+                 choices=("divide", "multiply_inverse"))),
+       impls={"cpu": f"{CPU_QELEMENTWISE}:QAdd"},
+       test=(t("2,3,5,7:uint8:index:256", ":float32:positive", ":uint8:index:256", "2,3,5,7:uint8:index:256",
+               ":float32:positive", ":uint8:index:256", ":float32:positive", ":uint8:index:256",
+               params={"out_dtype": "uint8", "activation": "relu"}),
+             t("3,37:int8", ":float32:positive", ":int8:index:1", "3,37:uint8:index:256", ":float32:positive",
+               ":uint8:index:256", ":float32:positive", ":int8:index:1", params={"out_dtype": "int8"})))

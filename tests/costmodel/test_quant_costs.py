@@ -283,3 +283,25 @@ def test_the_cli_costs_at_a_precision(gemm, tmp_path: Path, capsys: pytest.Captu
     assert "--precision w2a2: not a precision the cost model knows; fix: give one of fp32" in capsys.readouterr().err
     assert main(["cost", str(path), "--hw", "edge_4tops", "--precision", "w8a8", "--dtype", "int8"]) == 2
     assert "both say what to cost at" in capsys.readouterr().err
+
+
+def test_a_compiled_qadd_moves_its_codes_bytes_whatever_dtype_says():
+    """QADD (the quantized residual add) is vector work at its codes' width: three 1-byte tensors and six scalars,
+    under any ``dtype`` or ``precision`` override."""
+    shape = [1, 64, 14, 14]
+    n = 64 * 14 * 14
+    scalars = [_spec(name, [], dtype) for name, dtype in (("sa", "float32"), ("za", "uint8"), ("sb", "float32"),
+                                                          ("zb", "uint8"), ("sy", "float32"), ("zy", "uint8"))]
+    tensors = [_spec("a", shape, "uint8"), _spec("b", shape, "uint8"), *scalars, _spec("y", shape, "uint8")]
+    specs = {t.name: t for t in tensors}
+    program = CompiledProgram(
+        model_name="qadd", target="cpu", input_specs=[specs["a"], specs["b"]], output_specs=[specs["y"]],
+        weight_specs=scalars, weight_keys={}, tensors=specs,
+        dispatches=[Dispatch("QADD", "add", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"],
+                             params={"out_dtype": "uint8", "activation": None, "method": "divide"})],
+        memory=MemoryPlan(arena_bytes=0, offsets={}, no_reuse_bytes=0))
+    assert KERNELS["QADD"].cost(tensors[:8], tensors[8:]).flops == n  # one operation an element, as an add
+    hw = hw_with({"int8": 1, "fp16": 0.5, "bf16": 0, "fp32": 0})
+    for kw in ({}, {"dtype": "fp16"}, {"precision": "w8a8"}):
+        row = cost_program(program, hw, **kw).rows[0]
+        assert row.dram_bytes_read + row.dram_bytes_written == 3 * n + 3 * 4 + 3 and row.dtype == "int8", kw

@@ -237,3 +237,31 @@ def test_missing_zero_points_become_zeros() -> None:
     assert ops(after) == ["aten.full.default", "aten.full.default", "QGEMM"]
     feeds = [g.codes("int8", [4, 16])]
     _within_one_step(g.run(after, feeds)[0], g.run(before, feeds)[0])
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qdq_residual_add_becomes_qadd_exactly(activation: str | None, dtype: str) -> None:
+    """QUANTIZE([relu](add(DEQUANTIZE(a), DEQUANTIZE(b)))) -> QADD (rules qdq_add, qdq_add_relu): the same float32
+    steps, so the codes are the chain's bit for bit; a DEQUANTIZE read elsewhere keeps the chain, saying so."""
+    g = QDQGraph(3)
+    zp = 128 if dtype == "uint8" else 3
+    a_q, a = g.quantized_input("a_q", [1, 8, 5, 5], dtype, scale=0.021, zero_point=zp)
+    b_q, b = g.quantized_input("b_q", [1, 8, 5, 5], dtype, scale=0.017, zero_point=zp - 3)
+    s = g.op("aten.add.Tensor", [a, b], a.shape)
+    if activation:
+        s = g.op("aten.relu.default", [s], s.shape)
+    y_q = g.quantize(s, g.scale("y_scale", 0.03), g.zp("y_zp", zp - 7, dtype), dtype, "y_q")
+    before = g.ir([y_q])
+    after = normalize(before)
+    rule = "qdq_add_relu" if activation else "qdq_add"
+    assert ops(after) == ["QADD"] and applied(after)[rule] == 1
+    qadd = after.nodes[0]
+    assert [t.name for t in qadd.inputs] == ["a_q", "a_q_scale", "a_q_zp", "b_q", "b_q_scale", "b_q_zp", "y_scale",
+                                             "y_zp"]
+    assert qadd.attrs == {"out_dtype": dtype, "activation": activation, "method": "divide"}
+    feeds = [g.codes(dtype, [1, 8, 5, 5]), g.codes(dtype, [1, 8, 5, 5])]
+    assert torch.equal(g.run(after, feeds)[0], g.run(before, feeds)[0])
+    # the dequantized a also a graph output: the chain stays, with the reason
+    kept = normalize(g.ir([y_q, a]))
+    assert "QADD" not in ops(kept) and any(r[0] == rule and "read" in r[2] for r in rejected(kept))

@@ -217,14 +217,13 @@ def test_a_wrong_output_is_refused_before_the_call(qlib) -> None:
 
 
 @pytest.fixture(scope="module")
-def resnet18_qdq(tmp_path_factory: pytest.TempPathFactory):
+def resnet18_qdq_import(tmp_path_factory: pytest.TempPathFactory):
     """onnxruntime's quantize_static (QDQ, per-channel int8 weights, uint8 activations) of a seeded ResNet-18,
-    imported and normalized into QCONV/QGEMM (the helpers of tests/onnx/test_quant_models.py)."""
+    imported as it is: ``(ir, weights, x)`` (the helpers of tests/onnx/test_quant_models.py)."""
     pytest.importorskip("onnxruntime.quantization")
     pytest.importorskip("transformers")
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    from npu_compiler.passes import normalize
     from tests.onnx import test_quant_models as qm
     from torch_ir.frontends.onnx import import_onnx
 
@@ -238,7 +237,16 @@ def resnet18_qdq(tmp_path_factory: pytest.TempPathFactory):
     path = qm._quantize(tmp_path_factory.mktemp("qconv_resnet18"), proto, [{"x": x.numpy()} for x in xs[:3]],
                         "static", "uint8")
     ir, weights = import_onnx(path)
-    return normalize(ir), weights, xs[3]
+    return ir, weights, xs[3]
+
+
+@pytest.fixture(scope="module")
+def resnet18_qdq(resnet18_qdq_import):
+    """The ResNet-18 of ``resnet18_qdq_import`` normalized into QCONV/QGEMM/QADD."""
+    from npu_compiler.passes import normalize
+
+    ir, weights, x = resnet18_qdq_import
+    return normalize(ir), weights, x
 
 
 def test_compiled_qdq_resnet18_gives_the_references_codes(resnet18_qdq, qlib) -> None:

@@ -12,7 +12,8 @@ Stages, in order (a rule family belongs to one stage; families can be switched o
 3. fusion: ``llm`` (QKV_PROJ, RMS_NORM, SILU_GATE, ROPE, KV_UPDATE), ``residual`` (the add after a GEMM,
    into it), ``attention``, ``conv``, ``norm``, ``embedding``
 4. late fusion: ``softmax`` (the softmax attention did not take), ``activation`` (into GEMM/CONV), then
-   ``quantized`` (QDQ patterns around CONV/GEMM/matmul into QCONV, QGEMM, DQGEMM: ``quantized.py``)
+   ``quantized`` (QDQ patterns around CONV/GEMM/matmul into QCONV, QGEMM, DQGEMM: ``quantized.py``; the
+   residual add into QADD: ``quantized_add.py``)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch_ir.ops.npu import NPU_OPS
 from torch_ir.ops.registry import check_node_attrs
 from torch_ir.rewrite import RewriteResult, Rule, eliminate_dead_code, rewrite, select
 
-from . import attention, canonical, cleanup, decoder, fusion, quantized
+from . import attention, canonical, cleanup, decoder, fusion, quantized, quantized_add
 from .annotate import QConfig, annotate
 
 STAGES: list[tuple[str, list[Rule]]] = [
@@ -38,7 +39,7 @@ STAGES: list[tuple[str, list[Rule]]] = [
     ("canonicalize", cleanup.IDENTITY_RULES + canonical.RULES),
     ("fuse", cleanup.IDENTITY_RULES + decoder.DECODER_RULES + attention.ATTENTION_RULES + fusion.RULES),
     ("late_fuse", cleanup.IDENTITY_RULES + fusion.LATE_NORM_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES
-     + quantized.RULES),  # after ReLU has joined its CONV/GEMM: the integer ops fuse it
+     + quantized.RULES + quantized_add.RULES),  # after ReLU has joined its CONV/GEMM: the integer ops fuse it
 ]
 
 STAGE_NAMES: tuple[str, ...] = tuple(name for name, _ in STAGES)

@@ -1,7 +1,9 @@
-"""The quantized NPU ops: (de)quantize, and CONV/GEMM computed in integers or with quantized weights.
+"""The quantized NPU ops: (de)quantize, CONV/GEMM computed in integers or with quantized weights, and the
+quantized residual add (QADD).
 
 Their reference implementations are ``torch_ir.quant.numerics``, bit-exact with the formats they follow
-(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize). A quantized
+(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize; QADD is the
+QDQ chain it replaces, step for step). A quantized
 tensor's codes have the tensor's dtype; 4-bit ones travel packed two per byte (uint8), so the ops that read them
 are told the type (``dtype``, ``w_dtype``). Every zero point is an input (zeros when symmetric).
 """
@@ -171,3 +173,30 @@ def dqgemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *rest: torch
     wf = qn.dequantize(w, w_scale, zp, dtype=w_dtype, axis=axis, group_size=group_size, out_dtype=x.dtype)
     y = x @ (wf.t() if trans_b else wf)
     return apply_activation(activation, y if bias is None else y + bias)
+
+
+def _broadcast_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    a, b = list(inputs[0].shape), list(inputs[3].shape)
+    width = max(len(a), len(b))
+    a, b = [1] * (width - len(a)) + a, [1] * (width - len(b)) + b
+    return [[y if x == 1 else x for x, y in zip(a, b)]]
+
+
+@npu_op("QADD", inputs="a a_scale a_zero_point b b_scale b_zero_point y_scale y_zero_point", outputs="y",
+        shape=_broadcast_shape, attrs={
+            "out_dtype": "y's code type (int8 or uint8)", "activation": "null or relu (applied to the float sum)",
+            "method": "how the sum is quantized: divide (by y_scale: ONNX) or multiply_inverse (PyTorch)"})
+def qadd(a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor, b: torch.Tensor,
+         b_scale: torch.Tensor, b_zero_point: torch.Tensor, y_scale: torch.Tensor, y_zero_point: torch.Tensor, *,
+         out_dtype: str = "int8", activation: str | None = None, method: str = "divide") -> torch.Tensor:
+    """y = quantize(act(dequantize(a) + dequantize(b))): a quantized elementwise add with its own requantize
+    (onnxruntime's QLinearAdd), computed as the QDQ chain it replaces computes it: each input dequantized to
+    float32, the float32 sum (broadcast as aten.add), relu if any, quantized with the QUANTIZE's method and
+    saturated. Scales and zero points are per tensor."""
+    if activation not in (None, "relu"):
+        raise ValueError(f"QADD fuses only relu, got activation={activation!r}")
+    s = qn.dequantize(a, a_scale, a_zero_point, dtype=qn.dtype_name(a)) \
+        + qn.dequantize(b, b_scale, b_zero_point, dtype=qn.dtype_name(b))
+    if activation == "relu":
+        s = torch.relu(s)
+    return qn.quantize(s, y_scale, y_zero_point, dtype=out_dtype, method=method)

@@ -1,0 +1,88 @@
+"""The quantized residual add: ``QUANTIZE([relu](add(DEQUANTIZE(a), DEQUANTIZE(b))))`` -> ``QADD``.
+
+A QDQ ResNet (onnxruntime's ``quantize_static``) leaves each residual add as two DEQUANTIZE, a float add (a ReLU
+after it, where the quantizer kept one) and a QUANTIZE: four dispatches with float32 intermediates, as slow as all
+the convolutions together on one thread. ``QADD`` computes the same float32 steps in one pass over the codes
+(onnxruntime's QLinearAdd, an NPU's quantized elementwise add), so the rule is exact, not an approximation.
+
+It applies when every scale and zero point is per tensor, the codes are int8/uint8, the inputs dequantize to float32
+and have the output's shape (no broadcasting), and the DEQUANTIZE, add and ReLU outputs are read by nothing else
+(the engine rejects a match whose interior is read elsewhere, with that reason); otherwise the chain stays.
+"""
+
+from __future__ import annotations
+
+from torch_ir.activations import ATEN_ACTIVATION_OPS, activation_of
+from torch_ir.ir import OpNode
+from torch_ir.rewrite import Match, Op, Rule, Var
+
+from .build import node
+from .quantized import _zero_point
+
+_DQ, _Q = "DEQUANTIZE", "QUANTIZE"
+#: the code types QADD reads and writes (its CPU kernel's)
+CODES = ("int8", "uint8")
+_METHODS = ("divide", "multiply_inverse")
+
+
+def _dq(name: str) -> Op:
+    return Op(_DQ, Var(f"{name}_q"), exact_arity=False, name=f"dq_{name}")
+
+
+_ADD = Op("aten.add.Tensor", _dq("a"), _dq("b"), name="add")
+
+
+def _per_tensor(n: OpNode, what: str) -> str | None:
+    a = n.attrs
+    if a.get("dtype") not in CODES:
+        return f"the {what} is {a.get('dtype')} codes; QADD takes {', '.join(CODES)}"
+    scales = n.inputs[1:3]
+    if a.get("axis") is not None or a.get("group_size") is not None or any(t.numel() != 1 for t in scales):
+        return f"the {what} is quantized per channel or group (QADD takes per-tensor scales)"
+    return None
+
+
+def _check(m: Match) -> str | None:
+    add, q = m.node("add"), m.node()
+    if add.attrs.get("alpha", 1) != 1:
+        return f"the add has alpha={add.attrs['alpha']}"
+    act = m.nodes.get("act")
+    if act is not None and activation_of(act.op_type, act.attrs) != "relu":
+        return f"{act.op_type} between the add and the QUANTIZE (QADD fuses relu only)"
+    for name, what in (("dq_a", "first input"), ("dq_b", "second input")):
+        dq = m.node(name)
+        problem = _per_tensor(dq, what)
+        if problem:
+            return problem
+        if dq.attrs.get("out_dtype", "float32") != "float32":
+            return f"the {what} dequantizes to {dq.attrs['out_dtype']} (QADD adds in float32)"
+        if list(dq.outputs[0].shape) != list(q.outputs[0].shape):
+            return f"the {what} has shape {dq.outputs[0].shape}, the sum {q.outputs[0].shape} (a broadcast add)"
+    problem = _per_tensor(q, "output")
+    if problem:
+        return problem
+    if q.attrs.get("qmin") is not None or q.attrs.get("qmax") is not None:
+        return "the output is quantized to a narrowed range"
+    if q.attrs.get("method", "divide") not in _METHODS or q.inputs[0].dtype != "float32":
+        return f"the QUANTIZE reads {q.inputs[0].dtype} with method {q.attrs.get('method')!r}"
+    return None
+
+
+def _qadd(m: Match) -> list[OpNode]:
+    q, da, db = m.node(), m.node("dq_a"), m.node("dq_b")
+    new: list[OpNode] = []
+    a_zp, b_zp = _zero_point(m, da, new), _zero_point(m, db, new)
+    y_zp = q.inputs[2] if len(q.inputs) > 2 else _zero_point(m, OpNode("", _DQ, q.inputs[:2], [], q.attrs), new)
+    inputs = [da.inputs[0], da.inputs[1], a_zp, db.inputs[0], db.inputs[1], b_zp, q.inputs[1], y_zp]
+    activation = "relu" if "act" in m.nodes else None
+    return [*new, node(m, "QADD", inputs, {"out_dtype": q.attrs["dtype"], "activation": activation,
+                                            "method": q.attrs.get("method", "divide")})]
+
+
+RULES = [
+    Rule("qdq_add", "quantized", Op(_Q, _ADD, exact_arity=False), _qadd, check=_check,
+         doc="QUANTIZE(add(DEQUANTIZE(a), DEQUANTIZE(b))) -> QADD (a quantized residual add)"),
+    Rule("qdq_add_relu", "quantized",
+         Op(_Q, Op(ATEN_ACTIVATION_OPS, _ADD, name="act"), exact_arity=False), _qadd, check=_check,
+         doc="QUANTIZE(relu(add(DEQUANTIZE(a), DEQUANTIZE(b)))) -> QADD(activation=relu)"),
+]
