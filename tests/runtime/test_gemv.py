@@ -327,3 +327,23 @@ def test_gemm_accepts_one_float_dtype_only():
     assert not Gemm.accepts(d, specs("float32", "bfloat16", "float32"), {"w"})
     assert not Gemm.accepts(d, specs("int32", "int32", "int32"), {"w"})
     assert not Gemm.accepts(d, specs("float32", "float32", "float32"), set())  # W must be a weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (True, True)])
+def test_prefill_rows_match_float64_linear(dtype, bias, residual):
+    """Past ``GEMV_ROWS`` rows the contraction kernels multiply with oneDNN (fp32) or torch (bf16): within the dtype's
+    rounding of a K-long fp32 sum of the float64 result, bias and residual included."""
+    from npu_runtime.backends.cpu_kernels import GEMV_ROWS, _Linear
+
+    g = torch.Generator().manual_seed(7)
+    m, k, n = 4 * GEMV_ROWS + 3, 384, 200
+    x, w = (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype))
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    r = torch.randn(m, n, generator=g).to(dtype) if residual else None
+    out = torch.empty(m, n, dtype=dtype)
+    _Linear(w, b)(x, out, r)
+    want = x.double() @ w.double().t() + (b.double() if bias else 0) + (r.double() if residual else 0)
+    eps = torch.finfo(dtype).eps
+    bound = 4 * eps * float((x.double().abs() @ w.double().abs().t()).max()) + 2 * eps * float(want.abs().max())
+    assert float((out.double() - want).abs().max()) <= bound
