@@ -9,7 +9,7 @@
 Batch 1. Per model and precision, our runtime and the peers that run that precision:
 
 * fp32: ours (the IR extracted from the model), onnxruntime and OpenVINO f32 (the float ONNX export);
-* bf16: ours with ``CompileOptions(precision="bf16")`` where that option exists ("n/a (not built)" otherwise),
+* bf16: ours with ``CompileOptions(precision="bf16")`` (the IR cast at compile time),
   OpenVINO with the bf16 inference precision hint (it says what it executed: on a CPU without bf16 it runs f32);
 * int8: the one per-channel QDQ model onnxruntime's ``quantize_static`` makes from the float export (seeded random
   calibration inputs): ours imports and compiles it, onnxruntime and OpenVINO run it.
@@ -26,7 +26,6 @@ Markdown to stdout, progress to stderr, every sample with ``--json``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -60,11 +59,6 @@ PEERS = {"fp32": ("ort", "openvino"), "bf16": ("openvino",), "int8": ("ort", "op
 LABELS = {"ours": "ours", "ort": "onnxruntime", "openvino": "openvino"}
 TARGET_RATIO = 1.0  # ours / the fastest peer of the precision (issue 30)
 ROUNDS = 5  # of alternating blocks (fewer when --runs is smaller: a block has at least one run)
-
-
-def precision_option_built() -> bool:
-    """Whether ``CompileOptions`` has ``precision`` (issue 30, item 1): without it there is no bf16 program of ours."""
-    return "precision" in {f.name for f in dataclasses.fields(npu_compiler.CompileOptions)}
 
 
 @dataclass
@@ -135,10 +129,6 @@ def ours_program(model: Model, precision: str, files: dict[str, Path]) -> tuple[
 
 def make_ours(model: Model, precision: str, files: dict[str, Path]) -> Runner:
     runner = Runner("ours", precision)
-    if precision == "bf16" and not precision_option_built():
-        runner.status = "n/a (not built)"
-        runner.detail["why"] = "npu_compiler.CompileOptions has no precision option yet (issue 30, item 1)"
-        return runner
     try:
         program, weights = ours_program(model, precision, files)
         device = Device(CPUBackend())
@@ -270,10 +260,6 @@ def costs(runners: list[Runner], hw_name: str) -> dict[str, dict[str, Any]]:
         out[r.precision] = {"latency_ms": report.latency_ms, "weight_bytes": report.weight_bytes,
                             "activation_bytes": report.activation_bytes, "widths": report.width_mix(),
                             "host_dispatches": len(report.host)}
-        if r.precision == "fp32" and not precision_option_built():
-            for what in ("bf16", "w8a8"):
-                out[f"fp32 program costed as {what}"] = {
-                    "latency_ms": cost_program(r.program, hw, precision=what).latency_ms}
     return out
 
 
