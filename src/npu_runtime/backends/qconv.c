@@ -87,14 +87,23 @@ static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c
 }
 
 #ifdef QC_X86
-/* n <= BLOCK positions of 4 rows read contiguously (stride 1) as 4-byte groups: bytes interleaved by unpacks within
-   128-bit lanes, then the lanes put back in position order. Masked loads and stores touch only the n bytes of each
-   row and the n groups. */
+/* n <= BLOCK bytes of a row at stride sw (1 or 2) into one vector; a masked load touches only the bytes it keeps
+   (the last at (n - 1) * sw). Stride 2 keeps the even bytes of 16-bit words (vpmovwb). */
+static inline __attribute__((always_inline)) VNNI __m512i row_bytes(const uint8_t *r, int n, int64_t sw) {
+    if (sw == 1) return _mm512_maskz_loadu_epi8(n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), r);
+    const int bytes = 2 * n - 1, hi = bytes - 64;        /* bytes to read, and of them past the first 64 */
+    const __m512i w0 = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << bytes) - 1), r);
+    const __m512i w1 = hi <= 0 ? _mm512_setzero_si512()
+                               : _mm512_maskz_loadu_epi8(((__mmask64)1 << hi) - 1, r + 64);  /* hi <= 63 */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w0)), _mm512_cvtepi16_epi8(w1), 1);
+}
+
+/* n <= BLOCK positions of 4 rows (stride sw, 1 or 2) as 4-byte groups: bytes interleaved by unpacks within
+   128-bit lanes, then the lanes put back in position order; masked stores write only the n groups. */
 static VNNI void interleave_vnni(u32_unaligned *d, const uint8_t *r0, const uint8_t *r1, const uint8_t *r2,
-                                 const uint8_t *r3, int n, uint32_t flip) {
-    const __mmask64 m = n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
-    const __m512i a = _mm512_maskz_loadu_epi8(m, r0), b = _mm512_maskz_loadu_epi8(m, r1);
-    const __m512i c = _mm512_maskz_loadu_epi8(m, r2), e = _mm512_maskz_loadu_epi8(m, r3);
+                                 const uint8_t *r3, int n, int64_t sw, uint32_t flip) {
+    const __m512i a = row_bytes(r0, n, sw), b = row_bytes(r1, n, sw);
+    const __m512i c = row_bytes(r2, n, sw), e = row_bytes(r3, n, sw);
     const __m512i ab0 = _mm512_unpacklo_epi8(a, b), ab1 = _mm512_unpackhi_epi8(a, b);
     const __m512i ce0 = _mm512_unpacklo_epi8(c, e), ce1 = _mm512_unpackhi_epi8(c, e);
     const __m512i f = _mm512_set1_epi32((int)flip);
@@ -118,7 +127,7 @@ static VNNI void interleave_vnni(u32_unaligned *d, const uint8_t *r0, const uint
    it, so it is read from L1/L2. xp: the bordered copy (flip 0), or x itself when it needs no border (flip: int8 x's
    sign bits). A padding row k >= K meets zero weights: it reads `fill` (Wp bytes), whatever they become. (c, i, j)
    of k are stepped, not divided. The tail q >= np is zeroed (its sums are never stored). vec: the rows of a stride
-   1 convolution go through interleave_vnni (the caller is compiled for it). */
+   1 or 2 convolution go through interleave_vnni (the caller is compiled for it). */
 static inline __attribute__((always_inline))
 void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b, int64_t p0,
                 int np, const int vec) {
@@ -142,7 +151,7 @@ void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t
             const uint8_t *r2 = base[2] + oh * step[2] + ow * sw, *r3 = base[3] + oh * step[3] + ow * sw;
             u32_unaligned *dq = d + q;
 #ifdef QC_X86
-            if (vec && sw == 1) interleave_vnni(dq, r0, r1, r2, r3, n, flip);
+            if (vec && sw <= 2) interleave_vnni(dq, r0, r1, r2, r3, n, sw, flip);
             else
 #endif
             if (sw == 1)
