@@ -39,6 +39,7 @@ enum { OUT_U8 = 0, OUT_I8 = 1, OUT_I32 = 2, OUT_F32 = 3 };
 #define QR 8       /* output channels per tile */
 #define PANEL 32   /* output positions per tile */
 #define BLOCK 64   /* output positions a thread lays out at once (BLOCK / PANEL tiles): its im2col panel */
+#define ROW (BLOCK * 4)  /* bytes from one group of 4 k to the next in the panel: a constant, so loads take offsets */
 
 /* qconv_packed's argument block: 33 int64 then 4 doubles (_ARGS in cpu_qconv.py). */
 typedef struct {
@@ -54,7 +55,7 @@ typedef struct {
     const QArgs *a;
     const uint8_t *b;   /* the thread's im2col panel, [K4][BLOCK][4]: a tile reads its PANEL positions of it */
     char *y;            /* this image's output */
-    int64_t P, row;     /* positions; bytes from one group of 4 k to the next (BLOCK * 4) */
+    int64_t P;          /* positions */
 } Job;
 
 /* ------------------------------------------------------------------------------------------ im2col */
@@ -143,7 +144,7 @@ void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t
             step[s] = real ? a->sh * Wp : 0;
             if (++jj == a->kw) { jj = 0; if (++i == a->kh) { i = 0; c++; } }
         }
-        u32_unaligned *d = (u32_unaligned *)(b + k4 * BLOCK * 4);
+        u32_unaligned *d = (u32_unaligned *)(b + k4 * ROW);
         int64_t oh = oh0, ow = ow0;
         for (int q = 0; q < np;) {                      /* one output row's run of positions at a time */
             const int n = OW - ow < np - q ? (int)(OW - ow) : np - q;
@@ -202,7 +203,7 @@ static void tile_c(const Job *j, int64_t nb, int64_t panel, int np) {
     int32_t acc[QR][PANEL];
     memset(acc, 0, sizeof acc);
     for (int64_t k = 0; k < K4; k++) {
-        const uint8_t *bk = b + k * j->row;
+        const uint8_t *bk = b + k * ROW;
         for (int r = 0; r < QR; r++) {
             const int8_t *wr = w + (k * QR + r) * 4;
             for (int q = 0; q < PANEL; q++)
@@ -248,8 +249,8 @@ static inline AVX2 void rows4_avx2(const Job *j, int64_t nb, int64_t panel, int 
     __m256i acc[4][2];
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t k = 0; k < K4; k++) {
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * j->row));
-        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * j->row + 32));
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * ROW));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * ROW + 32));
         const __m256i e0 = _mm256_and_si256(v0, lo8), o0 = _mm256_srli_epi16(v0, 8);
         const __m256i e1 = _mm256_and_si256(v1, lo8), o1 = _mm256_srli_epi16(v1, 8);
         const int32_t *wk = w + (k * QR + r0) * 2;
@@ -307,8 +308,8 @@ void tile_vnni_j(const Job *j, int64_t nb, int64_t panel, int np, const int J) {
     __m512i acc[QR][2];
     for (int r = 0; r < QR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++) {
-        const __m512i b0 = _mm512_loadu_si512(b + k * j->row);
-        const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * j->row + 64) : b0;
+        const __m512i b0 = _mm512_loadu_si512(b + k * ROW);
+        const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * ROW + 64) : b0;
         const int32_t *wk = w + k * QR;
         for (int r = 0; r < QR; r++) {
             const __m512i wr = _mm512_set1_epi32(wk[r]);
@@ -425,7 +426,7 @@ static int qconv(const QArgs *a) {
     const int64_t items = panels * groups;
     for (int64_t im = 0; im < a->batch; im++) {
         const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
-        Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P, BLOCK * 4};
+        Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P};
         if (nthreads <= 1) {
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
             for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa);
