@@ -367,22 +367,25 @@ static VNNI void panel_vnni(const QArgs *a, const uint8_t *xp, const uint8_t *fi
                             int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 1); }
 #endif
 
-/* Work item `it` of `groups` per panel: the panel built into this thread's buffer (job->b), then its share of the
-   channel tiles (all of them when groups is 1; a panel split in groups is built by each, a small repeat that
-   keeps both threads busy on a small image). */
+/* Work item `it` of `groups` per panel: the panel built into this thread's buffer (job->b) unless it holds it
+   already (*built: the panel it holds, -1 none), then its share of the channel tiles (all of them when groups is
+   1; a small image's panel split in groups keeps both threads busy, each building it once). */
 static void run_item(const Job *job, const uint8_t *src, const uint8_t *fill, uint32_t flip, int64_t it,
-                     int64_t groups, int isa) {
+                     int64_t groups, int isa, int64_t *built) {
     const QArgs *a = job->a;
     const int64_t block = it / groups, g = it % groups, nbs = (a->N + QR - 1) / QR;
     const int64_t left = job->P - block * BLOCK;
     const int nblock = left < BLOCK ? (int)left : BLOCK;
     uint8_t *b = (uint8_t *)job->b;
+    if (*built != block) {
+        *built = block;
 #ifdef QC_X86
-    if (isa >= ISA_VNNI) panel_vnni(a, src, fill, flip, b, block * BLOCK, nblock);
-    else if (isa == ISA_AVX2) panel_avx2(a, src, fill, flip, b, block * BLOCK, nblock);
-    else
+        if (isa >= ISA_VNNI) panel_vnni(a, src, fill, flip, b, block * BLOCK, nblock);
+        else if (isa == ISA_AVX2) panel_avx2(a, src, fill, flip, b, block * BLOCK, nblock);
+        else
 #endif
-    panel_c(a, src, fill, flip, b, block * BLOCK, nblock);
+        panel_c(a, src, fill, flip, b, block * BLOCK, nblock);
+    }
     for (int64_t nb = g * nbs / groups; nb < (g + 1) * nbs / groups; nb++)
         for (int sub = 0; sub * PANEL < nblock; sub++) {   /* the channel tile's weights read once per panel */
             const int64_t panel = block * (BLOCK / PANEL) + sub;
@@ -404,6 +407,7 @@ static int qconv(const QArgs *a) {
     if (a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->ph < 0 || a->pw < 0 || a->OH < 1 || a->OW < 1
         || (a->OH - 1) * a->sh + (a->kh - 1) * a->dh >= Hp || (a->OW - 1) * a->sw + (a->kw - 1) * a->dw >= Wp)
         return -2;                                      /* a window would leave the bordered copy */
+    if (a->nthreads > 65536) return -2;                 /* an int, and one scratch panel each */
     int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads, isa = (int)a->isa;
     if (qconv_scratch_bytes(a->K4, a->C, Hp, Wp, nthreads) > a->scratch_bytes) return -1;
     if (isa > qconv_isa()) isa = qconv_isa();
@@ -428,8 +432,9 @@ static int qconv(const QArgs *a) {
         const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
         Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P};
         if (nthreads <= 1) {
+            int64_t built = -1;
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
-            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa);
+            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
             continue;
         }
 #ifdef _OPENMP
@@ -438,10 +443,11 @@ static int qconv(const QArgs *a) {
 #pragma omp parallel num_threads(nthreads) firstprivate(job)
         {
             job.b = b + (int64_t)omp_get_thread_num() * panel_bytes(a->K4);
+            int64_t built = -1;
 #pragma omp for schedule(dynamic, 4)
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa);
+            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
         }
 #endif
     }
