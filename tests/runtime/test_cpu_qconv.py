@@ -106,6 +106,28 @@ def test_qconv_is_the_reference_bit_for_bit(case: tuple, isa: str) -> None:
     assert y.dtype == expected.dtype and torch.equal(y, expected), (y.double() - expected.double()).abs().max()
 
 
+# the im2col panels of 64 positions: long rows at stride 1 and 2 (a row over several panels, a masked tail), int8 x
+# read in place at stride 2, and products big enough for the threads (a 7x7 image split by output channels)
+PANELS = [
+    (1, 5, 7, 150, 9, 3, 2, 1, 1, "uint8", 30, "int32", "uint8", True),
+    (1, 16, 4, 141, 24, 1, 2, 0, 1, "int8", -20, "int32", "int8", False),
+    (1, 32, 30, 30, 72, 3, 1, 1, 1, "uint8", 5, "float", "uint8", True),
+    (2, 256, 7, 7, 256, 3, 1, 1, 1, "int8", 9, "int32", "int8", False),
+    (1, 24, 31, 29, 80, 3, 2, 1, 1, "uint8", 140, "int32", "float32", False),
+]
+
+
+@pytest.mark.parametrize("case", PANELS, ids=[f"p{i}" for i in range(len(PANELS))])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qconv_panels_and_threads_are_the_reference(case: tuple, threads: int, isa: str) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        test_qconv_is_the_reference_bit_for_bit(case, isa)
+    finally:
+        torch.set_num_threads(before)
+
+
 # x shape, N, trans_b, x type, x_zp, bias, out, relu, per channel
 GEMMS = [
     ((1, 512), 10, True, "uint8", 131, "float", "uint8", False, True),

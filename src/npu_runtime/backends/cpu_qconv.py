@@ -17,10 +17,11 @@ int8 kernels. This module runs them with a small C kernel (``qconv.c`` beside th
 * AVX-512 VNNI (``vpdpbusd``: unsigned x times signed w, 4 products a lane, no saturation), AVX2 (x widened to
   int16 pairs and ``madd``: ``maddubs`` would saturate) or portable C, chosen at run time; ``TORCH_IR_QCONV_ISA``
   (``c``, ``avx2``, ``vnni``) caps it, for tests and comparisons;
-* per image, x is copied once with a border of its zero point (a 1x1 convolution reads x itself), then laid out
-  as an im2col matrix of groups of 4 k (``[K/4][P][4]`` bytes, P rounded up to 32; both in a scratch buffer kept
-  per thread), the weights prepacked once as lanes of 4 consecutive k per output channel; a tile of 8 channels x
-  32 positions keeps its sums in registers; tiles go to torch's OpenMP threads in dynamic chunks.
+* per image, x is copied once with a border of its zero point (a 1x1 convolution reads x itself); torch's OpenMP
+  threads then take panels of 64 output positions, each building the panel's im2col groups of 4 k (``[K/4][64][4]``
+  bytes, in its own part of a scratch buffer kept per calling thread) just before running every tile of 8 output
+  channels over it from L1/L2 (a small image's panels are split by channels too); the weights are prepacked once
+  as lanes of 4 consecutive k per output channel; a tile keeps its sums in registers.
 
 When the kernel cannot be had (no compiler, ``TORCH_IR_NATIVE_GEMV=0``) the reference runs and one warning says
 why. Memory safety: every tensor the C code touches is checked by ``cpu_gemv_build.tensor_arg`` (dtype, shape,
@@ -51,8 +52,9 @@ SOURCE_NAME = "qconv.c"
 #: ``isa`` values: the kernel's codes (``qconv_isa`` in ``qconv.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "vnni": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
-#: output channels per tile (``QR``) and positions per im2col panel (``PANEL``) of ``qconv.c``
-QR, PANEL = 8, 32
+#: output channels per tile (``QR``), positions per tile (``PANEL``) and per thread's im2col panel (``BLOCK``) of
+#: ``qconv.c``
+QR, PANEL, BLOCK = 8, 32, 64
 #: the output types the kernel writes (``OUT_*`` of ``qconv.c``)
 OUT_CODES = {"uint8": 0, "int8": 1, "int32": 2, "float32": 3}
 _X_DTYPES = {torch.uint8: 0, torch.int8: 1}
@@ -95,10 +97,11 @@ def native_status() -> str:
     return _kernel.status()
 
 
-def scratch_bytes(k4: int, positions: int, channels: int, padded_h: int, padded_w: int) -> int:
-    """Scratch bytes of one image (``qconv_scratch_bytes`` of ``qconv.c``): its im2col matrix (positions rounded up
-    to 32), then x's copy bordered by the zero point (``[C][H + 2 ph][W + 2 pw]``) and one row of the zero point."""
-    return -(-positions // PANEL) * k4 * PANEL * 4 + channels * padded_h * padded_w + padded_w
+def scratch_bytes(k4: int, channels: int, padded_h: int, padded_w: int, threads: int) -> int:
+    """Scratch bytes of one call (``qconv_scratch_bytes`` of ``qconv.c``): one im2col panel per thread
+    (``[K/4][64][4]``; ``threads`` below 1 counts as 1), then x's copy bordered by the zero point
+    (``[C][H + 2 ph][W + 2 pw]``) and one row of the zero point."""
+    return max(threads, 1) * k4 * BLOCK * 4 + channels * padded_h * padded_w + padded_w
 
 
 def _scratch_for(nbytes: int) -> Tensor:
@@ -249,15 +252,15 @@ class _QContraction:
         if cpu_gemv_build.overlaps(xp, xn, yp, yn):
             raise ValueError(f"{self.kind}: out overlaps x")
         g = geometry
-        need = scratch_bytes(self.k4, g["positions"], g["C"], g["H"] + 2 * g["padding"][0],
-                             g["W"] + 2 * g["padding"][1])
+        threads = torch.get_num_threads()
+        need = scratch_bytes(self.k4, g["C"], g["H"] + 2 * g["padding"][0], g["W"] + 2 * g["padding"][1], threads)
         sp, _, sn = cpu_gemv_build.tensor_arg(_scratch_for(need), self.kind, "scratch", {torch.uint8: 0})
         args = _ARGS.pack(
             xp, g["batch"], g["C"], g["H"], g["W"], *g["xs"], self.flip, self.zp_u,
             *g["kernel"], *g["stride"], *g["padding"], *g["dilation"], g["OH"], g["OW"],
             self._w_arg[0], self._w2_arg[0], self.n, self.k4, self._off_arg[0], self._m_arg[0],
             yp, *g["ys"], OUT_CODES[self.out_dtype],
-            sp, sn, torch.get_num_threads(), min(library.isa, _isa_cap()), int(self.relu),
+            sp, sn, threads, min(library.isa, _isa_cap()), int(self.relu),
             self.zp, self.lo, self.hi, 0.0)
         status = library.lib.qconv_packed(args)
         if status != 0:

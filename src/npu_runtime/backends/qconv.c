@@ -7,11 +7,13 @@
    the packed weight layouts (QR, and the AVX2 pair order) and the scratch size (scratch_bytes).
 
    Plan: per image, x's codes are copied once with a border of the zero point (int8 x made unsigned by flipping its
-   sign bit: x + 128; a 1x1 convolution reads x itself), then laid out as an im2col matrix of groups of 4 k,
-   [K4][Ppad][4] uint8 (k = c * kh * kw + i * kw + j, as OIHW weights flatten; k padded to a multiple of 4; Ppad: P
-   rounded up to the tile's 32 positions; a position outside the image reads the zero point, so the zero-point
-   correction is one constant per channel). The weights come packed at prepare time as [N / QR][K4][QR]
-   int32 lanes of 4 consecutive k (VNNI, C) and as pairs of int16 (k0, k2), (k1, k3) per lane (AVX2). A tile is
+   sign bit: x + 128; a 1x1 convolution reads x itself). The threads then take panels of BLOCK output positions: a
+   thread lays its panel out as im2col groups of 4 k, [K4][BLOCK][4] uint8 in its own scratch buffer (k = c * kh * kw
+   + i * kw + j, as OIHW weights flatten; k padded to a multiple of 4; a position outside the image reads the zero
+   point, so the zero-point correction is one constant per channel), and at once runs every output-channel tile
+   over it, so the panel is read from L1/L2 and both threads build panels in parallel. The weights come packed at
+   prepare time as [N / QR][K4][QR] int32 lanes of 4 consecutive k (VNNI, C) and as pairs of int16 (k0, k2),
+   (k1, k3) per lane (AVX2). A tile is
    QR output channels x 16 or 32 positions; its int32 sums are exact (unsigned x times signed w: vpdpbusd adds
    groups of 4 products into int32 without saturation; AVX2 widens to int16 and uses madd, so nothing saturates).
    The epilogue adds off[n] = bias[n] - x_zp_u * sum w[n] (wrapping adds: the result fits, Python checked) and then
@@ -28,12 +30,16 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define QC_X86 1
+#define AVX2 __attribute__((target("avx2,fma")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
 #endif
 
 enum { ISA_C = 0, ISA_AVX2 = 1, ISA_VNNI = 2 };
 enum { OUT_U8 = 0, OUT_I8 = 1, OUT_I32 = 2, OUT_F32 = 3 };
 #define QR 8       /* output channels per tile */
-#define PANEL 32   /* output positions per tile: a panel of the im2col matrix */
+#define PANEL 32   /* output positions per tile */
+#define BLOCK 64   /* output positions a thread lays out at once (BLOCK / PANEL tiles): its im2col panel */
+#define ROW (BLOCK * 4)  /* bytes from one group of 4 k to the next in the panel: a constant, so loads take offsets */
 
 /* qconv_packed's argument block: 33 int64 then 4 doubles (_ARGS in cpu_qconv.py). */
 typedef struct {
@@ -47,9 +53,9 @@ typedef struct {
 
 typedef struct {
     const QArgs *a;
-    const uint8_t *b;   /* this image's im2col groups, [K4][Ppad][4] */
+    const uint8_t *b;   /* the thread's im2col panel, [K4][BLOCK][4]: a tile reads its PANEL positions of it */
     char *y;            /* this image's output */
-    int64_t P, row;     /* positions; bytes from one group of 4 k to the next (positions padded to PANEL, x4) */
+    int64_t P;          /* positions */
 } Job;
 
 /* ------------------------------------------------------------------------------------------ im2col */
@@ -81,33 +87,85 @@ static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c
     memset(dst + (a->ph + a->H) * Wp, fill, (size_t)(a->ph * Wp));
 }
 
-/* The 4-byte groups of k4 (rows 4 * k4 .. 4 * k4 + 3 of the im2col matrix) for every position: position p's group at
-   (k4 * Ppad + p) * 4, Ppad = P rounded up to PANEL (a tile reads PANEL positions of each k4 group).
-   xp: the bordered copy (flip 0), or x itself when it needs no border (flip: int8 x's sign bits). A padding row
-   k >= K meets zero weights: it reads `fill` (Wp bytes), whatever they become. */
-static void im2col_k4(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
-                      int64_t k4) {
-    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw, khw = a->kh * a->kw, OW = a->OW, sw = a->sw;
-    const uint8_t *base[4];
-    int64_t step[4];
-    for (int s = 0; s < 4; s++) {
-        const int64_t k = 4 * k4 + s, c = k / khw, i = (k / a->kw) % a->kh, j = k % a->kw;
-        const int real = k < a->C * khw;
-        base[s] = real ? xp + c * Hp * Wp + i * a->dh * Wp + j * a->dw : fill;
-        step[s] = real ? a->sh * Wp : 0;
+#ifdef QC_X86
+/* n <= BLOCK bytes of a row at stride sw (1 or 2) into one vector; a masked load touches only the bytes it keeps
+   (the last at (n - 1) * sw). Stride 2 keeps the even bytes of 16-bit words (vpmovwb). */
+static inline __attribute__((always_inline)) VNNI __m512i row_bytes(const uint8_t *r, int n, int64_t sw) {
+    if (sw == 1) return _mm512_maskz_loadu_epi8(n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), r);
+    const int bytes = 2 * n - 1, hi = bytes - 64;        /* bytes to read, and of them past the first 64 */
+    const __m512i w0 = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << bytes) - 1), r);
+    const __m512i w1 = hi <= 0 ? _mm512_setzero_si512()
+                               : _mm512_maskz_loadu_epi8(((__mmask64)1 << hi) - 1, r + 64);  /* hi <= 63 */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w0)), _mm512_cvtepi16_epi8(w1), 1);
+}
+
+/* n <= BLOCK positions of 4 rows (stride sw, 1 or 2) as 4-byte groups: bytes interleaved by unpacks within
+   128-bit lanes, then the lanes put back in position order; masked stores write only the n groups. */
+static VNNI void interleave_vnni(u32_unaligned *d, const uint8_t *r0, const uint8_t *r1, const uint8_t *r2,
+                                 const uint8_t *r3, int n, int64_t sw, uint32_t flip) {
+    const __m512i a = row_bytes(r0, n, sw), b = row_bytes(r1, n, sw);
+    const __m512i c = row_bytes(r2, n, sw), e = row_bytes(r3, n, sw);
+    const __m512i ab0 = _mm512_unpacklo_epi8(a, b), ab1 = _mm512_unpackhi_epi8(a, b);
+    const __m512i ce0 = _mm512_unpacklo_epi8(c, e), ce1 = _mm512_unpackhi_epi8(c, e);
+    const __m512i f = _mm512_set1_epi32((int)flip);
+    /* t_i, lane l: positions 16 l + 4 i .. + 3 */
+    const __m512i t0 = _mm512_unpacklo_epi16(ab0, ce0), t1 = _mm512_unpackhi_epi16(ab0, ce0);
+    const __m512i t2 = _mm512_unpacklo_epi16(ab1, ce1), t3 = _mm512_unpackhi_epi16(ab1, ce1);
+    const __m512i u0 = _mm512_shuffle_i32x4(t0, t1, 0x44), u1 = _mm512_shuffle_i32x4(t2, t3, 0x44);
+    const __m512i v0 = _mm512_shuffle_i32x4(t0, t1, 0xee), v1 = _mm512_shuffle_i32x4(t2, t3, 0xee);
+    const __m512i out[4] = {_mm512_shuffle_i32x4(u0, u1, 0x88), _mm512_shuffle_i32x4(u0, u1, 0xdd),
+                            _mm512_shuffle_i32x4(v0, v1, 0x88), _mm512_shuffle_i32x4(v0, v1, 0xdd)};
+    for (int q = 0; q < 4 && 16 * q < n; q++) {
+        const int left = n - 16 * q;
+        const __mmask16 mq = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        _mm512_mask_storeu_epi32((void *)(d + 16 * q), mq, _mm512_xor_si512(out[q], f));
     }
-    const int64_t Ppad = (a->OH * OW + PANEL - 1) / PANEL * PANEL;
-    for (int64_t oh = 0; oh < a->OH; oh++) {
-        const uint8_t *r0 = base[0] + oh * step[0], *r1 = base[1] + oh * step[1];
-        const uint8_t *r2 = base[2] + oh * step[2], *r3 = base[3] + oh * step[3];
-        u32_unaligned *d = (u32_unaligned *)(b + (k4 * Ppad + oh * OW) * 4);
-        if (sw == 1)                                    /* contiguous: vectorized */
-            for (int64_t e = 0; e < OW; e++)
-                d[e] = ((uint32_t)r0[e] | (uint32_t)r1[e] << 8 | (uint32_t)r2[e] << 16 | (uint32_t)r3[e] << 24) ^ flip;
-        else
-            for (int64_t e = 0; e < OW; e++)
-                d[e] = ((uint32_t)r0[e * sw] | (uint32_t)r1[e * sw] << 8 | (uint32_t)r2[e * sw] << 16
-                        | (uint32_t)r3[e * sw] << 24) ^ flip;
+}
+#endif
+
+/* The im2col panel of positions p0 .. p0 + np - 1 (np <= BLOCK): every group of 4 k, [K4][BLOCK][4] into b (k4's
+   group of position p0 + q at (k4 * BLOCK + q) * 4), built by the thread that then runs every channel tile over
+   it, so it is read from L1/L2. xp: the bordered copy (flip 0), or x itself when it needs no border (flip: int8 x's
+   sign bits). A padding row k >= K meets zero weights: it reads `fill` (Wp bytes), whatever they become. (c, i, j)
+   of k are stepped, not divided. The tail q >= np is zeroed (its sums are never stored). vec: the rows of a stride
+   1 or 2 convolution go through interleave_vnni (the caller is compiled for it). */
+static inline __attribute__((always_inline))
+void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b, int64_t p0,
+                int np, const int vec) {
+    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw, OW = a->OW, sw = a->sw, K = a->C * a->kh * a->kw;
+    const int64_t oh0 = p0 / OW, ow0 = p0 % OW;
+    int64_t c = 0, i = 0, jj = 0;                       /* k = c * kh * kw + i * kw + jj */
+    for (int64_t k4 = 0; k4 < a->K4; k4++) {
+        const uint8_t *base[4];
+        int64_t step[4];
+        for (int s = 0; s < 4; s++) {
+            const int real = 4 * k4 + s < K;
+            base[s] = real ? xp + c * Hp * Wp + i * a->dh * Wp + jj * a->dw : fill;
+            step[s] = real ? a->sh * Wp : 0;
+            if (++jj == a->kw) { jj = 0; if (++i == a->kh) { i = 0; c++; } }
+        }
+        u32_unaligned *d = (u32_unaligned *)(b + k4 * ROW);
+        int64_t oh = oh0, ow = ow0;
+        for (int q = 0; q < np;) {                      /* one output row's run of positions at a time */
+            const int n = OW - ow < np - q ? (int)(OW - ow) : np - q;
+            const uint8_t *r0 = base[0] + oh * step[0] + ow * sw, *r1 = base[1] + oh * step[1] + ow * sw;
+            const uint8_t *r2 = base[2] + oh * step[2] + ow * sw, *r3 = base[3] + oh * step[3] + ow * sw;
+            u32_unaligned *dq = d + q;
+#ifdef QC_X86
+            if (vec && sw <= 2) interleave_vnni(dq, r0, r1, r2, r3, n, sw, flip);
+            else
+#endif
+            if (sw == 1)
+                for (int e = 0; e < n; e++)
+                    dq[e] = ((uint32_t)r0[e] | (uint32_t)r1[e] << 8 | (uint32_t)r2[e] << 16 | (uint32_t)r3[e] << 24)
+                            ^ flip;
+            else
+                for (int e = 0; e < n; e++)
+                    dq[e] = ((uint32_t)r0[e * sw] | (uint32_t)r1[e * sw] << 8 | (uint32_t)r2[e * sw] << 16
+                             | (uint32_t)r3[e * sw] << 24) ^ flip;
+            q += n, ow = 0, oh++;
+        }
+        if (np < BLOCK) memset(d + np, 0, (size_t)(BLOCK - np) * 4);
     }
 }
 
@@ -141,11 +199,11 @@ static void tile_c(const Job *j, int64_t nb, int64_t panel, int np) {
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int8_t *w = (const int8_t *)(intptr_t)a->w + nb * K4 * QR * 4;
-    const uint8_t *b = j->b + panel * PANEL * 4;
+    const uint8_t *b = j->b + panel % (BLOCK / PANEL) * PANEL * 4;
     int32_t acc[QR][PANEL];
     memset(acc, 0, sizeof acc);
     for (int64_t k = 0; k < K4; k++) {
-        const uint8_t *bk = b + k * j->row;
+        const uint8_t *bk = b + k * ROW;
         for (int r = 0; r < QR; r++) {
             const int8_t *wr = w + (k * QR + r) * 4;
             for (int q = 0; q < PANEL; q++)
@@ -156,8 +214,6 @@ static void tile_c(const Job *j, int64_t nb, int64_t panel, int np) {
 }
 
 #ifdef QC_X86
-#define AVX2 __attribute__((target("avx2,fma")))
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
 
 /* ------------------------------------------------------------------------------------------- AVX2 */
 
@@ -188,13 +244,13 @@ static inline AVX2 void rows4_avx2(const Job *j, int64_t nb, int64_t panel, int 
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int32_t *w = (const int32_t *)(intptr_t)a->w2 + nb * K4 * QR * 2;
-    const uint8_t *b = j->b + panel * PANEL * 4 + half * 64;
+    const uint8_t *b = j->b + panel % (BLOCK / PANEL) * PANEL * 4 + half * 64;
     const __m256i lo8 = _mm256_set1_epi16(0x00ff);
     __m256i acc[4][2];
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t k = 0; k < K4; k++) {
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * j->row));
-        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * j->row + 32));
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * ROW));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * ROW + 32));
         const __m256i e0 = _mm256_and_si256(v0, lo8), o0 = _mm256_srli_epi16(v0, 8);
         const __m256i e1 = _mm256_and_si256(v1, lo8), o1 = _mm256_srli_epi16(v1, 8);
         const int32_t *wk = w + (k * QR + r0) * 2;
@@ -248,12 +304,12 @@ void tile_vnni_j(const Job *j, int64_t nb, int64_t panel, int np, const int J) {
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int32_t *w = (const int32_t *)(intptr_t)a->w + nb * K4 * QR;
-    const uint8_t *b = j->b + panel * PANEL * 4;
+    const uint8_t *b = j->b + panel % (BLOCK / PANEL) * PANEL * 4;
     __m512i acc[QR][2];
     for (int r = 0; r < QR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++) {
-        const __m512i b0 = _mm512_loadu_si512(b + k * j->row);
-        const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * j->row + 64) : b0;
+        const __m512i b0 = _mm512_loadu_si512(b + k * ROW);
+        const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * ROW + 64) : b0;
         const int32_t *wk = w + k * QR;
         for (int r = 0; r < QR; r++) {
             const __m512i wr = _mm512_set1_epi32(wk[r]);
@@ -295,23 +351,51 @@ int qconv_openmp(void) { return 1; }
 int qconv_openmp(void) { return 0; }
 #endif
 
-/* Scratch bytes one image needs: its im2col groups, then x's bordered copy and a row of the zero point
+/* Scratch bytes one call needs: one im2col panel per thread, then x's bordered copy and a row of the zero point
    (cpu_qconv.scratch_bytes is the same rule). */
-static int64_t groups_bytes(int64_t K4, int64_t P) { return ((P + PANEL - 1) / PANEL) * K4 * PANEL * 4; }
-int64_t qconv_scratch_bytes(int64_t K4, int64_t P, int64_t C, int64_t Hp, int64_t Wp) {
-    return groups_bytes(K4, P) + C * Hp * Wp + Wp;
+static int64_t panel_bytes(int64_t K4) { return K4 * BLOCK * 4; }
+int64_t qconv_scratch_bytes(int64_t K4, int64_t C, int64_t Hp, int64_t Wp, int64_t nthreads) {
+    return (nthreads < 1 ? 1 : nthreads) * panel_bytes(K4) + C * Hp * Wp + Wp;
 }
 
-static void run_tile(const Job *j, int64_t t, int64_t nbs, int isa) {
-    const int64_t panel = t / nbs, nb = t % nbs;
-    const int64_t left = j->P - panel * PANEL;
-    const int np = left < PANEL ? (int)left : PANEL;
+static void panel_c(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b, int64_t p0,
+                    int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
 #ifdef QC_X86
-    if (isa >= ISA_VNNI) { tile_vnni(j, nb, panel, np); return; }
-    if (isa == ISA_AVX2) { tile_avx2(j, nb, panel, np); return; }
+static AVX2 void panel_avx2(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
+                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
+static VNNI void panel_vnni(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
+                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 1); }
 #endif
-    (void)isa;
-    tile_c(j, nb, panel, np);
+
+/* Work item `it` of `groups` per panel: the panel built into this thread's buffer (job->b) unless it holds it
+   already (*built: the panel it holds, -1 none), then its share of the channel tiles (all of them when groups is
+   1; a small image's panel split in groups keeps both threads busy, each building it once). */
+static void run_item(const Job *job, const uint8_t *src, const uint8_t *fill, uint32_t flip, int64_t it,
+                     int64_t groups, int isa, int64_t *built) {
+    const QArgs *a = job->a;
+    const int64_t block = it / groups, g = it % groups, nbs = (a->N + QR - 1) / QR;
+    const int64_t left = job->P - block * BLOCK;
+    const int nblock = left < BLOCK ? (int)left : BLOCK;
+    uint8_t *b = (uint8_t *)job->b;
+    if (*built != block) {
+        *built = block;
+#ifdef QC_X86
+        if (isa >= ISA_VNNI) panel_vnni(a, src, fill, flip, b, block * BLOCK, nblock);
+        else if (isa == ISA_AVX2) panel_avx2(a, src, fill, flip, b, block * BLOCK, nblock);
+        else
+#endif
+        panel_c(a, src, fill, flip, b, block * BLOCK, nblock);
+    }
+    for (int64_t nb = g * nbs / groups; nb < (g + 1) * nbs / groups; nb++)
+        for (int sub = 0; sub * PANEL < nblock; sub++) {   /* the channel tile's weights read once per panel */
+            const int64_t panel = block * (BLOCK / PANEL) + sub;
+            const int np = nblock - sub * PANEL < PANEL ? nblock - sub * PANEL : PANEL;
+#ifdef QC_X86
+            if (isa >= ISA_VNNI) { tile_vnni(job, nb, panel, np); continue; }
+            if (isa == ISA_AVX2) { tile_avx2(job, nb, panel, np); continue; }
+#endif
+            tile_c(job, nb, panel, np);
+        }
 }
 
 /* One call: every image of the batch. 0, -1 when the scratch is too small, -2 for arguments out of range. */
@@ -323,44 +407,48 @@ static int qconv(const QArgs *a) {
     if (a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->ph < 0 || a->pw < 0 || a->OH < 1 || a->OW < 1
         || (a->OH - 1) * a->sh + (a->kh - 1) * a->dh >= Hp || (a->OW - 1) * a->sw + (a->kw - 1) * a->dw >= Wp)
         return -2;                                      /* a window would leave the bordered copy */
-    if (qconv_scratch_bytes(a->K4, P, a->C, Hp, Wp) > a->scratch_bytes) return -1;
+    if (a->nthreads > 65536) return -2;                 /* an int, and one scratch panel each */
     int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads, isa = (int)a->isa;
+    if (qconv_scratch_bytes(a->K4, a->C, Hp, Wp, nthreads) > a->scratch_bytes) return -1;
     if (isa > qconv_isa()) isa = qconv_isa();
-    const int64_t nbs = (a->N + QR - 1) / QR, panels = (P + PANEL - 1) / PANEL, tiles = nbs * panels;
+    const int64_t nbs = (a->N + QR - 1) / QR, panels = (P + BLOCK - 1) / BLOCK;
     const size_t esize = a->out == OUT_I32 || a->out == OUT_F32 ? 4 : 1;
-    uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + groups_bytes(a->K4, P), *fill = xp + a->C * Hp * Wp;
+    uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + nthreads * panel_bytes(a->K4);
+    uint8_t *fill = xp + a->C * Hp * Wp;
     memset(fill, (uint8_t)a->zp_u, (size_t)Wp);
     /* no border and x contiguous (a 1x1 convolution, say): im2col reads x itself, flipping int8 x's sign bits */
     const int direct = a->ph == 0 && a->pw == 0 && a->xs_w == 1 && a->xs_h == a->W && a->xs_c == a->H * a->W;
     const uint32_t flip = direct ? (uint32_t)a->flip * 0x01010101u : 0u;
     const int64_t C = direct ? 0 : a->C;                /* channels to copy */
+    if (nthreads > 1 && nbs * panels * (BLOCK / PANEL) * K <= 65536) nthreads = 1;  /* small: no parallel region */
+#ifndef _OPENMP
+    nthreads = 1;
+#endif
+    /* items: panels, each split into channel groups until there are about 4 a thread (a 7x7 image has 1 panel) */
+    int64_t groups = 1;
+    while (nthreads > 1 && panels * groups < 4 * (int64_t)nthreads && groups * 2 <= nbs) groups *= 2;
+    const int64_t items = panels * groups;
     for (int64_t im = 0; im < a->batch; im++) {
         const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
-        const Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P, panels * PANEL * 4};
-        if (nthreads <= 1 || tiles * K <= 65536) {      /* a small product: no parallel region (~1 us each) */
+        Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P};
+        if (nthreads <= 1) {
+            int64_t built = -1;
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
-            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
-            for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
+            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
             continue;
         }
 #ifdef _OPENMP
-        /* dynamic chunks of tiles (about 8 a thread, inside one panel where they fit, so a thread reuses the panel
-           it loaded): a thread that lost its core to a neighbour process leaves its share to the others */
-        int64_t chunk = tiles / (8 * (int64_t)nthreads);
-        chunk = chunk < 1 ? 1 : (chunk > nbs ? nbs : chunk);
-#pragma omp parallel num_threads(nthreads)
+        /* dynamic items: a thread that lost its core to a neighbour process leaves its share to the others; each
+           thread builds its panels in its own buffer (team size <= nthreads, so the buffers suffice) */
+#pragma omp parallel num_threads(nthreads) firstprivate(job)
         {
+            job.b = b + (int64_t)omp_get_thread_num() * panel_bytes(a->K4);
+            int64_t built = -1;
 #pragma omp for schedule(dynamic, 4)
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
-#pragma omp for schedule(dynamic, chunk)
-            for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
+            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
         }
-#else
-        for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
-        for (int64_t k = 0; k < a->K4; k++) im2col_k4(a, src, fill, flip, b, k);
-        for (int64_t t = 0; t < tiles; t++) run_tile(&job, t, nbs, isa);
 #endif
     }
     return 0;
