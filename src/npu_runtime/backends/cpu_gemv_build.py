@@ -183,6 +183,33 @@ def load_q() -> Library:
     return Library(lib, path, int(lib.qgemv_isa()), bool(lib.qgemv_openmp()))
 
 
+def load_packed(source_name: str, prefix: str) -> Library:
+    """A kernel built from ``source_name`` whose C exports ``<prefix>_packed(const char *args) -> int`` (one argument
+    block), ``<prefix>_isa()`` and ``<prefix>_openmp()``, loaded like :func:`load` (``qconv.c``, ``qelementwise.c``)."""
+    try:
+        source = kernel_source(source_name)
+    except OSError as exc:
+        raise BuildError(f"cannot read {source_name}: {exc}") from exc
+    lib, path = open_library(source, prefix)
+    entry = getattr(lib, f"{prefix}_packed")
+    entry.argtypes, entry.restype = [ctypes.c_char_p], ctypes.c_int
+    isa, openmp = getattr(lib, f"{prefix}_isa"), getattr(lib, f"{prefix}_openmp")
+    isa.restype = openmp.restype = ctypes.c_int
+    log.debug("%s kernel: %s", prefix, path)
+    return Library(lib, path, int(isa()), bool(openmp()))
+
+
+def isa_cap(variable: str, isas: Mapping[str, int]) -> int:
+    """The environment variable ``variable`` (``TORCH_IR_QGEMV_ISA``, ...) as one of ``isas``' codes: the best there
+    is when it is unset; a value it cannot be is an error naming the choices."""
+    value = os.environ.get(variable, "").strip().lower()
+    if not value:
+        return max(isas.values())
+    if value not in isas:
+        raise ValueError(f"{variable}={value!r} is not one of {', '.join(isas)}")
+    return isas[value]
+
+
 class NativeKernel:
     """One compiled kernel as its Python module uses it: built on first use by ``build`` (:func:`load`,
     :func:`load_q`), the outcome kept (the library, or why it could not be had: then every call takes the torch

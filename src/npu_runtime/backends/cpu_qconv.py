@@ -30,8 +30,6 @@ contiguity, bytes in its storage), the output may not overlap x, and the scratch
 
 from __future__ import annotations
 
-import ctypes
-import os
 import struct
 import threading
 
@@ -43,7 +41,7 @@ from torch_ir.quant import numerics as qn
 from torch_ir.quant.spec import QTYPES
 
 from . import cpu_gemv_build
-from .cpu_gemv_build import BuildError, Library
+from .cpu_gemv_build import Library
 from .cpu_kernels import Reference, _pair
 
 Tensor = torch.Tensor
@@ -64,26 +62,11 @@ _INT32_MAX = 2 ** 31 - 1
 
 
 def _build() -> Library:
-    try:
-        source = cpu_gemv_build.kernel_source(SOURCE_NAME)
-    except OSError as exc:
-        raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
-    lib, path = cpu_gemv_build.open_library(source, "qconv")
-    lib.qconv_packed.argtypes = [ctypes.c_char_p]
-    lib.qconv_packed.restype = ctypes.c_int
-    lib.qconv_isa.restype = ctypes.c_int
-    lib.qconv_openmp.restype = ctypes.c_int
-    return Library(lib, path, int(lib.qconv_isa()), bool(lib.qconv_openmp()))
+    return cpu_gemv_build.load_packed(SOURCE_NAME, "qconv")
 
 
 def _isa_cap() -> int:
-    """``TORCH_IR_QCONV_ISA`` as a code (the best there is when unset); a value it cannot be is an error."""
-    value = os.environ.get("TORCH_IR_QCONV_ISA", "").strip().lower()
-    if not value:
-        return max(ISAS.values())
-    if value not in ISAS:
-        raise ValueError(f"TORCH_IR_QCONV_ISA={value!r} is not one of {', '.join(ISAS)}")
-    return ISAS[value]
+    return cpu_gemv_build.isa_cap("TORCH_IR_QCONV_ISA", ISAS)
 
 
 _kernel = cpu_gemv_build.NativeKernel(

@@ -18,9 +18,7 @@ written through a temporary. When the kernel cannot be had the reference runs an
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import struct
 
 import torch
@@ -29,7 +27,7 @@ from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.quant.spec import QTYPES
 
 from . import cpu_gemv_build
-from .cpu_gemv_build import BuildError, Library
+from .cpu_gemv_build import Library
 from .cpu_kernels import Reference
 
 Tensor = torch.Tensor
@@ -45,26 +43,11 @@ _ARGS = struct.Struct("<13q7d")
 
 
 def _build() -> Library:
-    try:
-        source = cpu_gemv_build.kernel_source(SOURCE_NAME)
-    except OSError as exc:
-        raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
-    lib, path = cpu_gemv_build.open_library(source, "qelementwise")
-    lib.qadd_packed.argtypes = [ctypes.c_char_p]
-    lib.qadd_packed.restype = ctypes.c_int
-    lib.qadd_isa.restype = ctypes.c_int
-    lib.qadd_openmp.restype = ctypes.c_int
-    return Library(lib, path, int(lib.qadd_isa()), bool(lib.qadd_openmp()))
+    return cpu_gemv_build.load_packed(SOURCE_NAME, "qadd")
 
 
 def _isa_cap() -> int:
-    """``TORCH_IR_QADD_ISA`` as a code (the best there is when unset); a value it cannot be is an error."""
-    value = os.environ.get("TORCH_IR_QADD_ISA", "").strip().lower()
-    if not value:
-        return max(ISAS.values())
-    if value not in ISAS:
-        raise ValueError(f"TORCH_IR_QADD_ISA={value!r} is not one of {', '.join(ISAS)}")
-    return ISAS[value]
+    return cpu_gemv_build.isa_cap("TORCH_IR_QADD_ISA", ISAS)
 
 
 _kernel = cpu_gemv_build.NativeKernel(

@@ -145,13 +145,7 @@ def set_native_enabled(enabled: bool) -> bool:
 
 
 def _isa_cap() -> int:
-    """``TORCH_IR_QGEMV_ISA`` as a code (the best there is when unset); a value it cannot be is an error."""
-    value = os.environ.get("TORCH_IR_QGEMV_ISA", "").strip().lower()
-    if not value:
-        return max(ISAS.values())
-    if value not in ISAS:
-        raise ValueError(f"TORCH_IR_QGEMV_ISA={value!r} is not one of {', '.join(ISAS)}")
-    return ISAS[value]
+    return cpu_gemv_build.isa_cap("TORCH_IR_QGEMV_ISA", ISAS)
 
 
 def native_status() -> str:
