@@ -327,3 +327,18 @@ def test_qdq_model_on_webgpu_gives_the_reference_codes(name: str, tmp_path: Path
     assert {"QUANTIZE", "DEQUANTIZE", "QGEMM"} <= kernels and not any(d.host for d in program.dispatches)
     cpu, _ = _run(ir, weights, xs[3], "cpu")
     assert torch.equal(got, expected) and torch.equal(got, cpu)
+
+
+def test_a_bias_that_could_overflow_the_sum_is_refused_when_bound() -> None:
+    """The reference raises where bias + Σ leaves int32; the WGSL kernel would wrap, so a bias within K · 255² of
+    int32's end is refused when the weights are bound (conservatively: these codes' own sum is 0), naming the fix."""
+    g = torch.Generator().manual_seed(9)
+    bias = torch.full((4,), 2 ** 31 - 1000, dtype=torch.int32)
+    values = [torch.zeros(2, 16, dtype=torch.int8), codes((4, 16), torch.int8, g), torch.tensor(0.02),
+              torch.tensor(0, dtype=torch.int8), torch.full((4,), 0.01), torch.zeros(4, dtype=torch.int8), bias]
+    params = {"trans_b": True, "w_dtype": "int8", "has_bias": True, "out_dtype": "int32", "activation": None}
+    with pytest.raises(RuntimeInputError, match=r"QGEMM .*int32 sum could overflow.*run the program on the CPU"):
+        run_kernel("QGEMM", values, params, weights=(1, 4, 5, 6))
+    values[6] = torch.full((4,), 2 ** 31 - 1 - 16 * 255 * 255, dtype=torch.int32)  # the largest bias that fits
+    got, want, _ = run_kernel("QGEMM", values, params, weights=(1, 4, 5, 6))
+    assert torch.equal(got[0], want[0])

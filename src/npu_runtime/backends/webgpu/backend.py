@@ -356,7 +356,16 @@ class ShaderKernel:
         return self._layouts[key]
 
     def prepare(self, weights: dict[str, Any]) -> None:
-        pass
+        for shader in self.shaders:
+            if shader.bind_check is not None:
+                shader.bind_check(lambda i: self._bound_value(weights, i))
+
+    def _bound_value(self, weights: dict[str, Any], index: int) -> np.ndarray | None:
+        """Input ``index``'s values when they are bound before any run (a weight, a constant), else None."""
+        handle = weights.get(self.dispatch.inputs[index])
+        if not isinstance(handle, GPUTensor) or handle.spec is None:
+            return None
+        return self.backend.download(handle, handle.spec)
 
     def _bind_group(self, index: int, tensors: list[GPUTensor]) -> Any:
         """The bind group of shader ``index`` over ``tensors`` (inputs, outputs, then its scratch buffers)."""

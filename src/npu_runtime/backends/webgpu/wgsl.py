@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from npu_program.kernels import KernelDef
 from npu_program.program import Dispatch, TensorSpec
@@ -92,6 +94,9 @@ class Shader:
     workgroups: tuple[int, int, int]
     #: byte sizes of scratch buffers bound after the outputs (allocated once per kernel)
     scratch: tuple[int, ...] = field(default=())
+    #: a check of the values bound before any run (weights, constants), given a reader of input ``i`` (None when
+    #: that input is an activation); raises ValueError naming what the kernel cannot compute exactly
+    bind_check: Callable[[Callable[[int], np.ndarray | None]], None] | None = field(default=None, compare=False)
 
 
 # -- types and accessors ----------------------------------------------------------------------------------

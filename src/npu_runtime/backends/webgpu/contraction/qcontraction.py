@@ -17,8 +17,9 @@ sum of four i32 products (the emulated path, chosen also with ``USE_PACKED_DOT4 
 Exactness: the centred operands lie in [-255, 255], so the true sum is bounded by K · 255² and the generator
 refuses K > 33025 (where it could leave i32). Every intermediate term (Σ x'w' ≤ KT · 128², the corrections) is
 computed in i32, whose + - * wrap modulo 2³² in WGSL; the true result being within i32, the wrapped one equals
-it. The bias is added in i32 (the reference stops with an error where that overflows; this kernel wraps: a bias
-within 2³¹ - K · 255² of zero cannot). Then, as ``_finish``: int32 out stores the accumulator; float32 out
+it. The bias is added in i32: the reference stops with an error where that overflows, where this kernel would wrap,
+so a bias beyond 2³¹ - 1 - K · 255² is refused when the weights are bound (``_checking_bias``). Then, as
+``_finish``: int32 out stores the accumulator; float32 out
 ``i2f(acc) · (x_s · w_s)``; a code type ``round(i2f(acc) · m) + y_zp`` clamped (relu: from y_zp), with
 ``m = div_rne(x_s · w_s, y_s)``: the reference's float32 product and quotient in its order, each correctly rounded
 (``quant``), so m has the bits of ``requant_multiplier``.
@@ -26,8 +27,14 @@ within 2³¹ - K · 255² of zero cannot). Then, as ``_finish``: int32 out store
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from torch_ir.ops.npu_quant import int_bias
 
 from ..quant import EXACT_F32, check_scale, code_range
 from ..wgsl import Call, Shader, UnsupportedCall, logical_strides, numel, offset, per_element, shape_of, unravel
@@ -233,7 +240,32 @@ def qgemm(call: Call) -> Shader:
     body = [unravel("i", [*ys[:-1], n_out // nt]), f"let n0 = {idx[-1]} * {nt}u;",
             *_reduction(call, x_side, w_side, 1, nt), _segment(x_side, x_base, "true", w_base, w_step, nt),
             *_finish_all(call, ep, x_side, 1, nt, lambda n: offset(y, [*idx[:-1], n]))]
-    return per_element(call, numel(y) // nt, "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
+    shader = per_element(call, numel(y) // nt, "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
+    return _checking_bias(shader, "QGEMM", call.dispatch.node, k, ep)
+
+
+def _checking_bias(shader: Shader, kernel: str, node: str, k: int, ep: _Epilogue) -> Shader:
+    """``shader`` refusing, when its weights are bound, a bias that could carry the i32 sum out of range: the
+    reference raises where the sum overflows, this kernel would wrap (module docstring). Conservative, as the CPU
+    kernel's check: ``max |bias codes| + K · 255²`` must stay within int32. A bias computed at run time (an
+    activation) is not checked."""
+    if ep.bias is None:
+        return shader
+
+    def check(read: Callable[[int], np.ndarray | None]) -> None:
+        bias, x_s, w_s = read(ep.bias), read(2), read(4)
+        if bias is None or (np.issubdtype(bias.dtype, np.floating) and (x_s is None or w_s is None)):
+            return
+        codes = int_bias(torch.as_tensor(bias), torch.as_tensor(x_s if x_s is not None else 1.0),
+                         torch.as_tensor(w_s if w_s is not None else 1.0))
+        worst = int(codes.abs().max()) + k * 255 * 255 if codes.numel() else 0
+        if worst > 2 ** 31 - 1:
+            raise ValueError(f"{kernel} (node {node!r}): its bias reaches {int(codes.abs().max())} at the "
+                             f"accumulator's scale, and with {k} products of 8-bit codes the int32 sum could overflow, "
+                             "where the reference raises and this WGSL kernel would wrap; run the program on the CPU "
+                             "backend, whose kernel checks each sum")
+
+    return dataclasses.replace(shader, bind_check=check)
 
 
 def _helpers(call: Call, x_side: _Side, w_side: _Side) -> str:
@@ -283,4 +315,5 @@ def qconv(call: Call) -> Shader:
             "  }", "}"]
     body = [unravel("i", [nb, c_out // nt, oh, ow]), *loop[:1], *_reduction(call, x_side, w_side, kh * kw, nt),
             *loop[1:], *_finish_all(call, ep, x_side, kh * kw, nt, lambda n: offset(y, ["d0", n, "d2", "d3"]))]
-    return per_element(call, numel(y) // nt, "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
+    shader = per_element(call, numel(y) // nt, "\n  ".join(body), helpers=_helpers(call, x_side, w_side))
+    return _checking_bias(shader, "QCONV", call.dispatch.node, cg * kh * kw, ep)
