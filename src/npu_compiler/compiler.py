@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as dc_replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from npu_compiler.passes import NormalizeOptions, normalize
+from npu_program.dynamic import DynamicProgram
 from npu_program.kernels import KERNELS
 from npu_program.program import bind_outputs
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity, load_ir
@@ -35,6 +36,7 @@ from torch_ir.weights import build_buffer
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
 from .cost import node_flops
+from .dynamic import Buckets, compile_dynamic
 from .errors import CompileError, UnsupportedOpsError
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
@@ -82,7 +84,9 @@ IRSource = NPU_IR | dict | str | os.PathLike
 def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001 - the seed's name
             options: CompileOptions | None = None, fallback: str | None = None,
             bind: Mapping[str, int] | None = None,
-            input_shapes: Mapping[str, Sequence[int]] | None = None) -> CompiledProgram:
+            input_shapes: Mapping[str, Sequence[int]] | None = None,
+            dynamic: Buckets | Mapping[str, Sequence[int]] | None = None,
+            progress: Callable[[str], None] | None = None) -> CompiledProgram | DynamicProgram:
     """Compile an IR (an ``NPU_IR``, its JSON dict, or a path to its JSON file) into a ``CompiledProgram``.
 
     ``fallback=None`` (strict) raises ``UnsupportedOpsError`` listing every node the target cannot run.
@@ -94,12 +98,17 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
 
     ``bind`` (``{"batch": 1}``) and ``input_shapes`` (``{"x": [1, 16]}``) fix symbolic dimensions first
     (``npu_compiler.static_shapes``): a program is planned for static shapes.
+
+    ``dynamic`` (``{"seq": [128, 256, 512]}`` or a ``Buckets``) compiles one static variant per bucket instead and
+    returns an ``npu_program.DynamicProgram`` (``npu_compiler.dynamic``); ``progress`` hears of each variant.
     """
     _check_fallback(fallback)
     options = options or CompileOptions()
     precision_dtype(options.precision)  # an unknown precision is refused before any work
     target = get_target(target)
     ir = bind_shapes(load_source(ir_or_path), bind, input_shapes)
+    if dynamic is not None:
+        return _compile_buckets(ir, dynamic, target, options, fallback, progress)
     check_static_inputs(ir)
     if options.normalize:
         ir = normalize(ir, options.normalize_options)
@@ -114,6 +123,19 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     lowered = lower(ir, target, host, slots)
     memory = plan(lowered, ir, options, options.alignment or target.alignment)
     return _program(ir, target, lowered, memory, options, fallback, slots)
+
+
+def _compile_buckets(ir: NPU_IR, dynamic: Buckets | Mapping[str, Sequence[int]], target: Target,
+                     options: CompileOptions, fallback: str | None,
+                     progress: Callable[[str], None] | None) -> DynamicProgram:
+    """The variants compiled without the IR each (the symbolic IR goes into the program once)."""
+    buckets = dynamic if isinstance(dynamic, Buckets) else Buckets(dynamic)
+    one = dc_replace(options, embed_ir=False)
+    program = compile_dynamic(ir, buckets, lambda static: compile(static, target=target, options=one,
+                                                                  fallback=fallback), progress=progress)
+    if options.embed_ir:
+        program.ir = _deterministic_ir_dict(ir)
+    return program
 
 
 def _check_fallback(fallback: str | None) -> None:
@@ -358,5 +380,5 @@ def _constant_bytes(value: Any, dtype: str) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-__all__ = ["COMPILER_VERSION", "FALLBACKS", "CompileError", "CompileOptions", "TensorSpec", "UnsupportedOpsError",
-           "compile", "host_refusal"]
+__all__ = ["COMPILER_VERSION", "FALLBACKS", "Buckets", "CompileError", "CompileOptions", "TensorSpec",
+           "UnsupportedOpsError", "compile", "host_refusal"]

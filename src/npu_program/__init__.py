@@ -9,7 +9,8 @@ parameters, their check and the IR's encoding of them (``aten_params``: the ATen
 the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-checks a loaded program
 (``memory_check``: the memory-plan checker it shares with the compiler). The one dtype table is
 ``torch_ir.dtypes``, below this package. ``kernels``, ``params``, ``codec`` and ``program`` import neither
-torch nor numpy.
+torch nor numpy. ``dynamic`` holds a program of several static variants (shape buckets) and how the runtime picks
+one; ``npubin_dynamic`` its file (format 3) and ``load_program``, which reads either kind.
 """
 
 from .cost_formulas import KernelCost

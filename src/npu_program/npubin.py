@@ -52,6 +52,8 @@ MAGIC = b"NPUBIN\0\0"
 FORMAT_VERSION = (2, 1)
 # Majors this reader understands; a new major means the layout changed in a way old readers must refuse.
 SUPPORTED_MAJORS = (1, 2)
+# The major of a file holding a dynamic program (`npu_program.npubin_dynamic`): several static variants.
+DYNAMIC_MAJOR = 3
 ALIGNMENT = 64
 
 _FIXED = struct.Struct("<8sHHQ")  # magic, major, minor, header length
@@ -228,6 +230,9 @@ def _check_fixed_header(data: bytes, path: Path | str) -> int:
     if magic != MAGIC:
         raise _error(path, f"not a .npubin file (magic {magic!r}, expected {MAGIC!r})",
                      "pass a file written by CompiledProgram.save / write_npubin")
+    if major == DYNAMIC_MAJOR:
+        raise _error(path, "holds a dynamic program (several shape buckets, format 3), not one static program",
+                     "load it with npu_program.load_program (or DynamicProgram.load); Executor runs either")
     if major not in SUPPORTED_MAJORS:
         supported = ", ".join(f"{m}.x" for m in SUPPORTED_MAJORS)
         raise _error(path, f"format version {major}.{minor} is not supported (this reader supports {supported})",

@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 
 from npu_program.check import check_program
+from npu_program.dynamic import DynamicProgram
 from npu_program.kernels import kernels_for
 from npu_program.memory_check import alias_roots
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
+from .dynamic import DynamicExecutor
 from .embedding_ids import check_ids, ids_checks
 from .reference import check_host_dispatches, check_output_shapes
 from .state import State, check_slot
@@ -49,8 +51,19 @@ class Executor:
         outputs = executor.run(inputs={"input": buffer}, weights=weights)   # name -> NPUBuffer
     """
 
-    def __init__(self, program: CompiledProgram, device: Device | Any = None, *, validate: bool = False) -> None:
-        """``validate=True`` checks every dispatch's outputs against the reference implementation of the op it
+    def __new__(cls, program: CompiledProgram | DynamicProgram, *args: Any, **kwargs: Any) -> Any:
+        """A ``DynamicProgram`` (shape buckets) gets a ``DynamicExecutor``, which takes inputs of any shape it
+        serves; a ``CompiledProgram`` an ``Executor``."""
+        if cls is Executor and isinstance(program, DynamicProgram):
+            return DynamicExecutor(program, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, program: CompiledProgram, device: Device | Any = None, *, validate: bool = False,
+                 arena: Any = None) -> None:
+        """``arena``: device memory of at least ``program.arena_bytes`` to place the activations in (the
+        variants of a dynamic program share one); None allocates it.
+
+        ``validate=True`` checks every dispatch's outputs against the reference implementation of the op it
         came from, run on the same inputs, and stops at the first that diverges (``ValidationError``
         names the dispatch, its IR node and the error), as tinygrad's ``VALIDATE_WITH_CPU`` does."""
         self.program = program
@@ -69,7 +82,7 @@ class Executor:
         check_program(program, kernels=kernels if kernels is not None else kernels_for(backend.target))
         # host dispatches name ops, not kernels: each must be an op the registry has and may run
         check_host_dispatches(program)
-        self.arena = backend.allocate(program.arena_bytes)
+        self.arena = backend.allocate(program.arena_bytes) if arena is None else arena
         self.tensors = self._place()
         self.constants = {name: backend.from_bytes(data, program.tensors[name])
                           for name, data in program.constants.items()}

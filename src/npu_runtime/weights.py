@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from npu_program.dynamic import DynamicProgram
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir import dtypes
 from torch_ir.errors import TorchIRError
@@ -43,7 +44,8 @@ class Weights(Mapping[str, NPUBuffer]):
         return f"Weights({self.program.model_name!r}, {len(self)} tensors, {len(self.unused)} unused keys)"
 
 
-def load_weights(source: WeightsInput, program: CompiledProgram, device: Device | Any = None) -> Weights:
+def load_weights(source: WeightsInput, program: CompiledProgram | DynamicProgram,
+                 device: Device | Any = None) -> Weights:
     """Load every weight slot of ``program`` from ``source`` onto ``device``.
 
     ``source`` is a ``.safetensors`` (or ``.pt``/``.pth`` state dict) file, a dict of tensors or arrays
@@ -55,8 +57,11 @@ def load_weights(source: WeightsInput, program: CompiledProgram, device: Device 
     A slot that is a non-persistent buffer (BERT's ``position_ids``: ``model.state_dict()`` and checkpoints never
     hold one) and that the source lacks is rebuilt from the program's recipe
     (``metadata["non_persistent_buffers"]``, carried over from the IR), so the model's own state dict loads; one
-    without a recipe is named as such, with the fix.
+    without a recipe is named as such, with the fix. A ``DynamicProgram``'s variants share one weight table: it is
+    loaded once for all of them.
     """
+    if isinstance(program, DynamicProgram):
+        program = program.weight_program
     device = as_device(device if device is not None else "cpu")
     where = str(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__
     state = _read(source, where)

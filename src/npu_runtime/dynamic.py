@@ -1,0 +1,124 @@
+"""``DynamicExecutor``: run a ``DynamicProgram`` (shape buckets) with inputs of any shape it serves.
+
+Per run: the symbols are read from the inputs' shapes, the program picks the variant
+(``DynamicProgram.select``: exact sizes, or the smallest larger bucket where the compiler found padding
+harmless), the inputs are padded with their pad values, the variant runs, and the outputs are cut back to the
+actual sizes. ``Executor(dynamic_program)`` makes one of these, so callers need not know which kind of
+program a file holds.
+
+One weight set serves every variant: the weights are loaded once (``load_weights(path, dynamic_program)``)
+and each variant's executor binds the same buffers; a variant's executor is made the first time a shape
+needs it. Only one variant runs at a time, so the variants share one arena (the largest) unless one of
+them keeps bind-time results in its arena, which a shared arena would overwrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from npu_program.dynamic import DynamicProgram, ShapeError, Variant, check_dynamic
+from npu_program.program import TensorSpec
+
+from .device import Device, NPUBuffer, RuntimeInputError, as_device
+from .state import State
+from .weights import Weights, load_weights
+
+
+class DynamicExecutor:
+    """Runs a ``DynamicProgram`` on one device; ``run`` takes inputs of any shape the program serves."""
+
+    def __init__(self, program: DynamicProgram, device: Device | Any = None, *, validate: bool = False) -> None:
+        try:
+            check_dynamic(program, f"dynamic program {program.model_name!r}")
+        except ShapeError as err:
+            raise RuntimeInputError(str(err)) from None
+        self.program = program
+        self.device = as_device(device if device is not None else "cpu")
+        self.validate = validate
+        self.executors: dict[int, Any] = {}
+        self.arena = self.device.backend.allocate(program.arena_bytes) if program.shares_arena else None
+        self.bound: Weights | Mapping[str, NPUBuffer] | None = None
+        self.state: State | None = None
+        self.last_variant: Variant | None = None  # the variant the last run took (for tests and profiles)
+
+    def executor_for(self, variant: Variant) -> Any:
+        """The executor of ``variant``, made on first use over the shared arena."""
+        index = self.program.variants.index(variant)
+        if index not in self.executors:
+            from .executor import Executor  # the module that imports this one
+
+            self.executors[index] = Executor(variant.program, self.device, validate=self.validate, arena=self.arena)
+        return self.executors[index]
+
+    def bind(self, weights: Weights | Mapping[str, NPUBuffer] | Any, state: State | None = None) -> None:
+        """Load ``weights`` once (a path, a state dict, a module or a ``load_weights`` result) for every variant."""
+        if not isinstance(weights, Weights) and not (isinstance(weights, Mapping) and
+                                                     all(isinstance(v, NPUBuffer) for v in weights.values())):
+            weights = load_weights(weights, self.program.weight_program, self.device)
+        self.bound = weights
+        if state is not None or self.state is None:
+            self.state = state if state is not None else State(self.program.weight_program, self.device)
+
+    def run(self, inputs: Mapping[str, Any], weights: Weights | Mapping[str, NPUBuffer] | Any = None,
+            state: State | None = None) -> dict[str, NPUBuffer]:
+        """Run the variant for the inputs' shapes; the outputs have the actual sizes."""
+        if weights is not None and weights is not self.bound:
+            self.bind(weights, state)
+        elif self.bound is None:
+            if self.program.weight_specs:
+                raise RuntimeInputError(
+                    f"program {self.program.model_name!r} has {len(self.program.weight_specs)} weight slots and no "
+                    "weights were given: pass weights=npu_runtime.load_weights(path, program, device)")
+            self.bind({}, state)
+        elif state is not None:
+            self.state = state
+        arrays = {name: _host(value) for name, value in inputs.items()}
+        try:
+            sizes = self.program.bind_symbols({name: a.shape for name, a in arrays.items()})
+            variant = self.program.select(sizes)
+        except ShapeError as err:
+            raise RuntimeInputError(str(err)) from None
+        self.last_variant = variant
+        padded = {name: self._pad(name, array, variant) for name, array in arrays.items()}
+        outputs = self.executor_for(variant).run(padded, weights=self.bound, state=self.state)
+        return {name: self._cut(buffer, sizes, variant) for name, buffer in outputs.items()}
+
+    def _pad(self, name: str, array: np.ndarray, variant: Variant) -> np.ndarray:
+        for symbol, padding in self.program.padding.items():
+            for axis in padding.inputs:
+                have, want = array.shape[axis.axis], variant.sizes[symbol]
+                if axis.name == name and have < want:
+                    widths = [(0, 0)] * array.ndim
+                    widths[axis.axis] = (0, want - have)
+                    array = np.pad(array, widths, constant_values=np.array(axis.value).astype(array.dtype))
+        return array
+
+    def _cut(self, buffer: NPUBuffer, sizes: Mapping[str, int], variant: Variant) -> NPUBuffer:
+        cuts = [(axis.axis, sizes[symbol]) for symbol, padding in self.program.padding.items()
+                for axis in padding.outputs if axis.name == buffer.spec.name and variant.sizes[symbol] > sizes[symbol]]
+        if not cuts:
+            return buffer
+        array = buffer.to_numpy()
+        index = [slice(None)] * array.ndim
+        for axis, size in cuts:
+            index[axis] = slice(0, size)
+        array = np.ascontiguousarray(array[tuple(index)])
+        spec = TensorSpec(buffer.spec.name, list(array.shape), buffer.spec.dtype)
+        return NPUBuffer.from_numpy(array, self.device, spec=spec)
+
+
+def _host(value: Any) -> np.ndarray:
+    """An input as a host array: padding and reading its shape happen on the host (the input is copied into
+    the arena anyway)."""
+    if isinstance(value, NPUBuffer):
+        return value.to_numpy()
+    if hasattr(value, "detach"):  # a torch.Tensor
+        value = value.detach().cpu()
+        return value.float().numpy() if str(value.dtype) == "torch.bfloat16" else value.numpy()
+    return np.asarray(value)
+
+
+__all__ = ["DynamicExecutor"]
