@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
+from typing import Any
 
 from npu_program.dynamic import DynamicProgram, ShapeError, SymbolPadding, SymbolRange, Variant, check_dynamic
 from torch_ir.ir import NPU_IR
@@ -36,12 +37,19 @@ class Buckets:
     serves what its buckets cover: every size up to the largest bucket where padding is allowed, the bucket
     sizes themselves where not). ``pad_values``: input name -> the value padded positions take (default 0: a pad
     token id, a zero attention-mask entry, a zero). ``padding=False`` serves every symbol at its bucket sizes only.
+    ``weights``: what the padding check runs the model with (anything ``IRExecutor`` takes: a state dict, a file, a
+    module); the model's own give the most faithful answer (its buffers hold masks and tables that random values
+    do not); None: seeded random weights. ``specialize``: how a bucket's static IR is made (None:
+    ``torch_ir.ir.specialize`` of the IR; an ONNX model whose shape arithmetic folds only at import:
+    ``torch_ir.frontends.onnx.onnx_specializer``).
     """
 
     sizes: Mapping[str, Sequence[int]]
     ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     pad_values: Mapping[str, float] = field(default_factory=dict)
     padding: bool = True
+    weights: Any = None
+    specialize: Callable[[Mapping[str, int]], NPU_IR] | None = None
 
 
 Progress = Callable[[str], None]
@@ -60,7 +68,7 @@ def compile_dynamic(ir: NPU_IR, buckets: Buckets, compile_one: Callable[[NPU_IR]
     for i, combo in enumerate(combos):
         if progress is not None:
             progress(f"variant {i + 1}/{len(combos)}: {' '.join(f'{k}={v}' for k, v in combo.items())}")
-        variants.append(Variant(combo, compile_one(_specialized(ir, combo))))
+        variants.append(Variant(combo, compile_one(_specialized(ir, combo, buckets.specialize))))
     output_names = [s.name for s in variants[0].program.output_specs]
     padding = {s: _padding(ir, s, sizes, buckets, output_names) for s in sizes}
     program = DynamicProgram(
@@ -108,9 +116,10 @@ def _check_buckets(ir: NPU_IR, buckets: Buckets) -> dict[str, list[int]]:
     return out
 
 
-def _specialized(ir: NPU_IR, sizes: Mapping[str, int]) -> NPU_IR:
+def _specialized(ir: NPU_IR, sizes: Mapping[str, int],
+                 specializer: Callable[[Mapping[str, int]], NPU_IR] | None) -> NPU_IR:
     try:
-        return specialize(ir, sizes)
+        return specialize(ir, sizes) if specializer is None else specializer(sizes)
     except IRValidationError as e:  # a recorded guard (a derived symbol out of its range, say) refuses the size
         raise CompileError(f"bucket {dict(sizes)}: {e}") from None
 
@@ -126,7 +135,8 @@ def _padding(ir: NPU_IR, symbol: str, sizes: Mapping[str, list[int]], buckets: B
     if not bigger:
         return SymbolPadding(reason=f"no bucket is larger than {low}, the smallest size served")
     others = {s: v[0] for s, v in sizes.items() if s != symbol}
-    return padding_for(ir, symbol, (low, bigger[0]), others, buckets.pad_values, output_names)
+    return padding_for(ir, symbol, (low, bigger[0]), others, buckets.pad_values, output_names,
+                       lambda sizes: _specialized(ir, sizes, buckets.specialize), buckets.weights)
 
 
 def _range_min(ir: NPU_IR, symbol: str, values: list[int], buckets: Buckets) -> int:

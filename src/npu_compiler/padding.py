@@ -15,7 +15,7 @@ some sizes, or only for particular weight values, would pass it; such models are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -32,17 +32,23 @@ PAD_TOLERANCE = 1e-4
 
 
 def padding_for(ir: NPU_IR, symbol: str, sizes: tuple[int, int], others: Mapping[str, int],
-                pad_values: Mapping[str, float], output_names: list[str], seed: int = 0) -> SymbolPadding:
-    """How ``symbol`` is padded, or the reason it may not be: the axes carrying it, then the reference check of
-    ``sizes`` (actual, padded) with the other symbols at ``others``. ``output_names`` are the program's names of
-    ``ir.graph_outputs``, in order."""
+                pad_values: Mapping[str, float], output_names: list[str], make_ir: Callable[[dict[str, int]], NPU_IR],
+                weights: Any = None, seed: int = 0) -> SymbolPadding:
+    """How ``symbol`` is padded, or the reason it may not be: the axes of ``ir`` (symbolic) carrying it, then the
+    reference check of ``sizes`` (actual, padded) with the other symbols at ``others``: the static IRs
+    ``make_ir`` gives for both run with ``weights`` (None: seeded random ones). ``output_names`` are the
+    program's names of ``ir.graph_outputs``, in order."""
     inputs = [PaddedAxis(t.name, axis, float(pad_values.get(t.name, 0)))
               for t in ir.graph_inputs for axis, d in enumerate(t.shape) if d == symbol]
     outputs = [PaddedAxis(name, axis) for t, name in zip(ir.graph_outputs, output_names)
                for axis, d in enumerate(t.shape) if d == symbol]
     reason = _structural_reason(ir, symbol)
     if reason is None:
-        reason = _reference_check(ir, symbol, sizes, others, inputs, outputs, output_names, seed)
+        actual, padded = (make_ir({**others, symbol: n}) for n in sizes)
+        weights = weights if weights is not None else seeded_weights(actual, seed)
+        # strict_weights=False: a static import may fold a weight away (ONNX: the expanded class token)
+        run = [IRExecutor(one, weights, strict_weights=False) for one in (actual, padded)]
+        reason = _reference_check(*run, symbol, sizes, inputs, outputs, output_names, seed)
     return SymbolPadding(inputs, outputs, reason)
 
 
@@ -62,16 +68,14 @@ def _names(expr: str) -> set[str]:
     return sym_names(expr)
 
 
-def _reference_check(ir: NPU_IR, symbol: str, sizes: tuple[int, int], others: Mapping[str, int],
+def _reference_check(small_ir: IRExecutor, big_ir: IRExecutor, symbol: str, sizes: tuple[int, int],
                      inputs: list[PaddedAxis], outputs: list[PaddedAxis], output_names: list[str],
                      seed: int) -> str | None:
+    """Run the actual size and the padded one, cut the padded outputs back and compare."""
     actual, padded = sizes
-    shapes = {t.name: [others.get(d, actual if d == symbol else d) if isinstance(d, str) else d for d in t.shape]
-              for t in ir.graph_inputs}
-    small = random_inputs(ir, seed, shapes=shapes)
-    big = [_pad(x, t.name, inputs, padded) for x, t in zip(small, ir.graph_inputs)]
-    executor = IRExecutor(ir, seeded_weights(ir, seed))
-    want, got = executor.run(small), executor.run(big)
+    small = random_inputs(small_ir.ir, seed)
+    big = [_pad(x, t.name, inputs, padded) for x, t in zip(small, small_ir.ir.graph_inputs)]
+    want, got = small_ir.run(small), big_ir.run(big)
     cut = {a.name: a.axis for a in outputs}
     for name, w, g in zip(output_names, want, got):
         if name in cut:
@@ -80,12 +84,13 @@ def _reference_check(ir: NPU_IR, symbol: str, sizes: tuple[int, int], others: Ma
             return f"output {name!r} is {list(g.shape)} padded and {list(w.shape)} not"
         w, g = w.double(), g.double()
         if not (torch.isfinite(w).all() and torch.isfinite(g).all()):
-            return f"the padding check was inconclusive: output {name!r} is not finite with seeded weights"
+            return (f"the padding check was inconclusive: output {name!r} is not finite with the weights it ran with "
+                    "(give the model's own: Buckets(weights=...), torch-ir compile --weights)")
         scale = max(w.abs().max().item(), 1e-30) if w.numel() else 1.0
         error = (w - g).abs().max().item() / scale if w.numel() else 0.0
         if error > PAD_TOLERANCE:
             return (f"padding {symbol} from {actual} to {padded} changes output {name!r} by {error:.2g} of its "
-                    "largest value in the reference executor (seeded weights)")
+                    "largest value in the reference executor")
     return None
 
 
@@ -99,7 +104,8 @@ def _pad(x: torch.Tensor, name: str, axes: list[PaddedAxis], size: int) -> torch
 
 
 def seeded_weights(ir: NPU_IR, seed: int = 0) -> dict[str, Any]:
-    """Random weights for ``ir`` by state-dict key: small uniform floats (variances positive), zero integers.
+    """Random weights for ``ir`` by state-dict key: small uniform floats (variances positive), zero integers, True
+    bools.
     Non-persistent buffers with a recipe (position ids, rotary tables) are left out: the executor rebuilds them,
     and a random position id would index out of its table."""
     g = torch.Generator().manual_seed(seed)
@@ -114,8 +120,8 @@ def seeded_weights(ir: NPU_IR, seed: int = 0) -> dict[str, Any]:
             low = 0.5 if "var" in key.rsplit(".", 1)[-1] else -0.1
             value = torch.rand(shape, generator=g) * (1.0 - low if low > 0 else 0.2) + low
             out[key] = value.to(dtype)
-        else:
-            out[key] = torch.zeros(shape, dtype=dtype)
+        else:  # a bool buffer is most often a mask: all True keeps every value finite
+            out[key] = torch.ones(shape, dtype=dtype) if dtype == torch.bool else torch.zeros(shape, dtype=dtype)
     return out
 
 

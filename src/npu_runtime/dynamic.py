@@ -75,6 +75,12 @@ class DynamicExecutor:
             self.bind({}, state)
         elif state is not None:
             self.state = state
+        sizes, variant, padded = self.prepare(inputs)
+        outputs = self.executor_for(variant).run(padded, weights=self.bound, state=self.state)
+        return {name: self._cut(buffer, sizes, variant) for name, buffer in outputs.items()}
+
+    def prepare(self, inputs: Mapping[str, Any]) -> tuple[dict[str, int], Variant, dict[str, np.ndarray]]:
+        """The symbol sizes of ``inputs``, the variant that serves them and the inputs padded to its sizes."""
         arrays = {name: _host(value) for name, value in inputs.items()}
         try:
             sizes = self.program.bind_symbols({name: a.shape for name, a in arrays.items()})
@@ -82,9 +88,14 @@ class DynamicExecutor:
         except ShapeError as err:
             raise RuntimeInputError(str(err)) from None
         self.last_variant = variant
-        padded = {name: self._pad(name, array, variant) for name, array in arrays.items()}
-        outputs = self.executor_for(variant).run(padded, weights=self.bound, state=self.state)
-        return {name: self._cut(buffer, sizes, variant) for name, buffer in outputs.items()}
+        return sizes, variant, {name: self._pad(name, array, variant) for name, array in arrays.items()}
+
+    def profile(self, inputs: Mapping[str, Any], weights: Any = None, **kwargs: Any) -> Any:
+        """Profile the variant that serves ``inputs`` (padded to its sizes); see ``Executor.profile``."""
+        if weights is not None and weights is not self.bound:
+            self.bind(weights)
+        _, variant, padded = self.prepare(inputs)
+        return self.executor_for(variant).profile(padded, self.bound, **kwargs)
 
     def _pad(self, name: str, array: np.ndarray, variant: Variant) -> np.ndarray:
         for symbol, padding in self.program.padding.items():

@@ -11,6 +11,8 @@ from npu_compiler.library import Target
 from npu_compiler.llm import DEFAULT_CHUNK
 from npu_compiler.passes.precision import PRECISIONS
 from npu_tools import cli_options as options
+from npu_tools.commands.compile_dynamic import OnnxSource, check_flags, compile_buckets
+from npu_tools.commands.compile_dynamic import add_arguments as add_dynamic_arguments
 from npu_tools.commands.import_onnx import UsageError, parse_input_shapes
 from torch_ir.naming import default_output
 
@@ -36,13 +38,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="fix a symbolic dimension (a dynamic batch: --bind batch=1); repeatable")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                    help="fix an input's symbolic dimensions by its shape (--input-shape x=1,3,224,224); repeatable")
+    add_dynamic_arguments(p)
     p.add_argument("--name", help="the program's model name (default: the IR's)")
     p.add_argument("--precision", choices=sorted(PRECISIONS), default=None,
                    help="compute a float model in this dtype (weights and activations; the program's inputs and "
                         "outputs keep theirs); the summary gives the error against fp32 on seeded inputs when the "
                         "weights are at hand (a model source, or --weights)")
     options.kv_bits(p)
-    options.weights(p, default_help="with --precision and an IR file: the weights to measure the error with")
+    options.weights(p, default_help="with an IR file: the weights to measure --precision's error with, and to check "
+                                    "--buckets' padding with")
     options.inputs(p)
     options.seed(p)
     p.set_defaults(func=cmd_compile)
@@ -79,18 +83,28 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if args.output:  # refuse an unwritable path before compiling, not after
         check_output_path(args.output, "program file")
+    check_flags(args)
     bind = _parse_bind(args.bind)
     shapes = parse_input_shapes(args.input_shape)
-    ir, spec = _load_with_spec(args.source)
+    if args.source.endswith(".onnx"):  # with --buckets (check_flags): imported once per bucket
+        spec = OnnxSource(args.source)
+        ir = spec.ir
+    else:
+        ir, spec = _load_with_spec(args.source)
     if args.name:
         ir.model_name = args.name
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir,
                              precision=args.precision)
     if is_lm(ir):
+        if args.buckets:
+            raise UsageError(f"--buckets: IR {ir.model_name!r} is an LLM with a KV cache, whose prefill and decode "
+                             "programs are made by compile's LLM path; leave --buckets out")
         return _compile_lm(ir, args, options)
     if args.kv_bits is not None:
         raise UsageError(f"--kv-bits: IR {ir.model_name!r} has no KV cache (not an LLM extracted with its cache); "
                          "leave --kv-bits out")
+    if args.buckets:
+        return compile_buckets(ir, spec, args, options, bind, shapes)
     try:
         program = compile(ir, target=args.target, options=options, fallback=args.fallback, bind=bind,
                           input_shapes=shapes)

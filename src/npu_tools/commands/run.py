@@ -67,22 +67,35 @@ def add_timing_options(p: argparse.ArgumentParser, runs: int | None = None) -> N
 
 
 def _setup(args: argparse.Namespace):
-    from npu_program.program import CompiledProgram
+    from npu_program.npubin_dynamic import load_program
     from npu_runtime import Device, Executor, load_weights
 
-    program = CompiledProgram.load(args.program)
+    program = load_program(args.program)
     device = Device(args.backend)
     executor = Executor(program, device, validate=getattr(args, "validate", False))
     weights = load_weights(args.weights, program, device)
-    return program, executor, weights, _inputs(program, args.input, args.seed)
+    specs = _random_specs(program, args.input)
+    return program, executor, weights, _inputs(specs, args.input, args.seed)
 
 
-def _inputs(program, given: list[str], seed: int) -> dict[str, np.ndarray]:
+def _random_specs(program, given: list[str]) -> list:
+    """The input specs random inputs are made for: a dynamic program's smallest bucket (a shape its ``--input``
+    arrays do not fix must come from somewhere); a static program's own."""
+    variants = getattr(program, "variants", None)
+    if variants is None:
+        return program.input_specs
+    if not given:
+        print(f"inputs at the smallest bucket ({' '.join(f'{k}={v}' for k, v in variants[0].sizes.items())}); give "
+              "--input arrays of any shape the program serves", file=sys.stderr)
+    return variants[0].program.input_specs
+
+
+def _inputs(specs: list, given: list[str], seed: int) -> dict[str, np.ndarray]:
     """Arrays from ``--input`` (``NAME=FILE.npy``, or an ``.npz`` of them all, by the toolkit's one reader); the
     others random (floats normal, integers 0 or 1, as token ids or masks)."""
-    arrays = read_cli_inputs(given, [spec.name for spec in program.input_specs])
+    arrays = read_cli_inputs(given, [spec.name for spec in specs])
     rng = np.random.default_rng(seed)
-    for spec in program.input_specs:
+    for spec in specs:
         if spec.name in arrays:
             continue
         if spec.dtype.startswith(("float", "bfloat")):
@@ -101,7 +114,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_output_path(args.output, "outputs file")
     program, executor, weights, inputs = _setup(args)
     outputs = {name: buf.to_numpy() for name, buf in executor.run(inputs, weights=weights).items()}
-    print(f"{program.model_name}: {program.dispatch_count} dispatches")
+    variant = getattr(executor, "last_variant", None)
+    if variant is None:
+        print(f"{program.model_name}: {program.dispatch_count} dispatches")
+    else:
+        print(f"{program.model_name}: bucket {' '.join(f'{k}={v}' for k, v in variant.sizes.items())}, "
+              f"{variant.program.dispatch_count} dispatches")
     for name, value in outputs.items():
         line = f"{name}: {value.dtype}{list(value.shape)} min {value.min():.5g} max {value.max():.5g} " \
                f"mean {value.mean():.5g}"

@@ -12,7 +12,7 @@ counterpart), ``verify`` (compare an imported IR with onnxruntime).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 import torch
@@ -50,5 +50,19 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto, *,
     return Importer(loaded, name, reference_fallback=reference_fallback).run()
 
 
+def onnx_specializer(model_or_path: str | os.PathLike | onnx.ModelProto, ir: NPU_IR,
+                     ) -> Callable[[Mapping[str, int]], NPU_IR]:
+    """``sizes -> static IR`` for the symbols of ``ir`` (the model imported with its symbolic inputs): the model
+    imported again with those sizes bound, so that its shape arithmetic (``Shape``, ``Gather``, ``Concat`` into a
+    ``Reshape``: what a legacy export of a dynamic axis leaves) folds to static attributes, which
+    ``torch_ir.ir.specialize`` of the symbolic IR cannot do. What a dynamic program (``npu_compiler.Buckets``)
+    compiles an ONNX model's buckets from."""
+    def specialize(sizes: Mapping[str, int]) -> NPU_IR:
+        shapes = {t.name: [sizes.get(d, d) if isinstance(d, str) else d for d in t.shape] for t in ir.graph_inputs}
+        return import_onnx(model_or_path, input_shapes=shapes, model_name=ir.model_name)[0]
+
+    return specialize
+
+
 __all__ = ["MAX_OPSET", "MIN_OPSET", "InvalidModelError", "ModelNotFoundError", "import_onnx", "load_model",
-           "register_onnx_ops"]
+           "onnx_specializer", "register_onnx_ops"]
