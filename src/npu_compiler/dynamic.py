@@ -64,16 +64,23 @@ def compile_dynamic(ir: NPU_IR, buckets: Buckets, compile_one: Callable[[NPU_IR]
     if len(combos) > MAX_VARIANTS:
         raise CompileError(f"--buckets give {len(combos)} variants of IR {ir.model_name!r}; at most {MAX_VARIANTS} "
                            "are compiled into one program: use fewer sizes per symbol")
-    variants = []
-    for i, combo in enumerate(combos):
+    variants: list[Variant] = []
+
+    def compile_next() -> None:
+        combo = combos[len(variants)]
         if progress is not None:
-            progress(f"variant {i + 1}/{len(combos)}: {' '.join(f'{k}={v}' for k, v in combo.items())}")
+            progress(f"variant {len(variants) + 1}/{len(combos)}: {' '.join(f'{k}={v}' for k, v in combo.items())}")
         variants.append(Variant(combo, compile_one(_specialized(ir, combo, buckets.specialize))))
+
+    compile_next()  # the program's output names, which the padding records, come from the first variant
     output_names = [s.name for s in variants[0].program.output_specs]
     padding = {s: _padding(ir, s, sizes, buckets, output_names) for s in sizes}
+    covered = {s: _covered(ir, s, sizes[s], buckets, padding[s]) for s in sizes}  # before the other compiles
+    while len(variants) < len(combos):
+        compile_next()
     program = DynamicProgram(
         model_name=ir.model_name, target=variants[0].program.target,
-        symbols={s: _covered(ir, s, sizes[s], buckets, padding[s]) for s in sizes},
+        symbols=covered,
         input_shapes={t.name: list(t.shape) for t in ir.graph_inputs},
         output_shapes={name: list(t.shape) for t, name in zip(ir.graph_outputs, output_names)},
         padding=padding, variants=variants,
@@ -113,7 +120,26 @@ def _check_buckets(ir: NPU_IR, buckets: Buckets) -> dict[str, list[int]]:
                                f"was exported for ({low}..{high}); use sizes in that range, or export with a wider "
                                "torch.export.Dim")
         out[symbol] = values
+        if symbol in buckets.ranges:
+            _check_range(ir, symbol, values, buckets.ranges[symbol])
+    unknown_ranges = sorted(set(buckets.ranges) - set(out))
+    if unknown_ranges:
+        raise CompileError(f"{where}: --range names {unknown_ranges}, which have no --buckets")
     return out
+
+
+def _check_range(ir: NPU_IR, symbol: str, values: list[int], asked: tuple[int, int]) -> None:
+    """A range asked for lies inside the exported one and ends at or below the largest bucket."""
+    lo, hi = int(asked[0]), int(asked[1])
+    spec = ir.symbols[symbol]
+    if lo > hi or (spec.get("min") is not None and lo < spec["min"]) or (spec.get("max") is not None and
+                                                                         hi > spec["max"]):
+        raise CompileError(f"IR {ir.model_name!r}: --range {symbol}={lo}:{hi} is not inside the range the model was "
+                           f"exported for ({spec.get('min')}..{spec.get('max')})")
+    if hi > values[-1]:
+        raise CompileError(f"IR {ir.model_name!r}: the buckets {values} do not cover {symbol} {lo}..{hi} asked for: "
+                           f"the largest bucket is {values[-1]}; add a bucket of {hi}, or narrow the range "
+                           f"(--range {symbol}={lo}:{values[-1]})")
 
 
 def _specialized(ir: NPU_IR, sizes: Mapping[str, int],
@@ -153,18 +179,12 @@ def _covered(ir: NPU_IR, symbol: str, values: list[int], buckets: Buckets, paddi
     asked = buckets.ranges.get(symbol)
     if asked is None:
         return covered
-    lo, hi = int(asked[0]), int(asked[1])
-    spec = ir.symbols[symbol]
-    if lo > hi or (spec.get("min") is not None and lo < spec["min"]) or (spec.get("max") is not None and
-                                                                         hi > spec["max"]):
-        raise CompileError(f"IR {ir.model_name!r}: --range {symbol}={lo}:{hi} is not inside the range the model was "
-                           f"exported for ({spec.get('min')}..{spec.get('max')})")
+    lo, hi = int(asked[0]), int(asked[1])  # inside the exported range and the buckets: _check_range
     gaps = [] if padding.allowed else [v for v in range(lo, hi + 1) if v not in values][:5]
-    if hi > values[-1] or gaps:
-        missing = f"sizes {gaps} have no bucket of their own ({symbol} cannot be padded: {padding.reason})" if gaps \
-            else f"the largest bucket is {values[-1]}"
+    if gaps:
         raise CompileError(f"IR {ir.model_name!r}: the buckets {values} do not cover {symbol} {lo}..{hi} asked for: "
-                           f"{missing}; add buckets, or narrow the range (--range {symbol}=LO:HI)")
+                           f"sizes {gaps} have no bucket of their own ({symbol} cannot be padded: {padding.reason}); "
+                           f"add buckets, or narrow the range (--range {symbol}=LO:HI)")
     return dc_replace(covered, min=lo)
 
 

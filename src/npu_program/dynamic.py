@@ -104,17 +104,17 @@ class DynamicProgram:
         return self.weight_program.state_specs
 
     @property
-    def shares_arena(self) -> bool:
-        """One arena serves every variant (one runs at a time), unless a variant keeps what its bind-time
-        dispatches computed in its arena, which another variant's run would overwrite."""
-        return not any(v.program.bind_outputs for v in self.variants)
+    def arena_bytes(self) -> int:
+        """The one arena the runtime allocates for every variant (one runs at a time): the largest variant's.
+        What a variant's bind-time dispatches compute lives beside it (``bind_bytes``), since another variant's
+        run would overwrite it there."""
+        return max(v.program.arena_bytes for v in self.variants)
 
     @property
-    def arena_bytes(self) -> int:
-        """The activation memory the runtime allocates: the largest variant's arena when they share one, else
-        the sum of their arenas."""
-        sizes = [v.program.arena_bytes for v in self.variants]
-        return max(sizes) if self.shares_arena else sum(sizes)
+    def bind_bytes(self) -> int:
+        """The memory the variants' bind-time results take beside the shared arena, all variants together."""
+        return sum(v.program.tensors[name].nbytes for v in self.variants for name in v.program.bind_outputs
+                   if name in v.program.memory.offsets)
 
     def bucket_list(self) -> str:
         return ", ".join(_sizes_text(v.sizes) for v in self.variants)
@@ -208,10 +208,9 @@ class DynamicProgram:
         for v in self.variants:
             p = v.program
             lines.append(f"  {_sizes_text(v.sizes)}: {p.dispatch_count} dispatches, arena {p.arena_bytes} bytes")
-        shared = "one for all variants (the largest)" if self.shares_arena else \
-            "one per variant (they keep bind-time results in their arenas)"
-        lines.append(f"arena: {self.arena_bytes} bytes, {shared}; weights: {len(self.weight_specs)} tensors, "
-                     f"{self.weight_program.weight_bytes} bytes, bound once")
+        beside = f" (+ {self.bind_bytes} bytes of bind-time results beside it)" if self.bind_bytes else ""
+        lines.append(f"arena: {self.arena_bytes} bytes, one for all variants (the largest){beside}; weights: "
+                     f"{len(self.weight_specs)} tensors, {self.weight_program.weight_bytes} bytes, bound once")
         return "\n".join(lines)
 
 

@@ -176,7 +176,10 @@ def _check_shapes(header: DynamicHeader, path: str | os.PathLike[str]) -> None:
         for name, shape in ((s.name, s.shape) for s in shapes):
             for d in shape:
                 if isinstance(d, str):
-                    parse_sym(d, f"{path}: {kind} {name!r}")
+                    try:
+                        parse_sym(d, f"{kind} {name!r}")
+                    except TorchIRError as err:
+                        raise _error(path, str(err)) from None
                 elif not isinstance(d, int) or isinstance(d, bool) or d < 0:
                     raise _error(path, f"{kind} {name!r} has the dimension {d!r}: expected a size or a symbol")
     for name, covered in header.symbols.items():

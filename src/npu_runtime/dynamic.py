@@ -8,8 +8,9 @@ program a file holds.
 
 One weight set serves every variant: the weights are loaded once (``load_weights(path, dynamic_program)``)
 and each variant's executor binds the same buffers; a variant's executor is made the first time a shape
-needs it. Only one variant runs at a time, so the variants share one arena (the largest) unless one of
-them keeps bind-time results in its arena, which a shared arena would overwrite.
+needs it. Only one variant runs at a time, so the variants share one arena (the largest); what a variant's
+bind-time dispatches compute gets memory of its own beside it (``Executor(arena=...)``), since another
+variant's run would overwrite it in the shared one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class DynamicExecutor:
         self.device = as_device(device if device is not None else "cpu")
         self.validate = validate
         self.executors: dict[int, Any] = {}
-        self.arena = self.device.backend.allocate(program.arena_bytes) if program.shares_arena else None
+        self.arena = self.device.backend.allocate(program.arena_bytes)
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
         self.state: State | None = None
         self.last_variant: Variant | None = None  # the variant the last run took (for tests and profiles)

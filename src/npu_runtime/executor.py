@@ -60,8 +60,9 @@ class Executor:
 
     def __init__(self, program: CompiledProgram, device: Device | Any = None, *, validate: bool = False,
                  arena: Any = None) -> None:
-        """``arena``: device memory of at least ``program.arena_bytes`` to place the activations in (the
-        variants of a dynamic program share one); None allocates it.
+        """``arena``: device memory of at least ``program.arena_bytes`` to place the activations in, shared with
+        other programs (the variants of a dynamic program; the bind-time results then get memory of their own);
+        None allocates it.
 
         ``validate=True`` checks every dispatch's outputs against the reference implementation of the op it
         came from, run on the same inputs, and stops at the first that diverges (``ValidationError``
@@ -83,7 +84,7 @@ class Executor:
         # host dispatches name ops, not kernels: each must be an op the registry has and may run
         check_host_dispatches(program)
         self.arena = backend.allocate(program.arena_bytes) if arena is None else arena
-        self.tensors = self._place()
+        self.tensors = self._place(shared_arena=arena is not None)
         self.constants = {name: backend.from_bytes(data, program.tensors[name])
                           for name, data in program.constants.items()}
         self.specs: dict[str, TensorSpec] = {**program.tensors, **{w.name: w for w in program.weight_specs},
@@ -115,14 +116,20 @@ class Executor:
                 f"dispatch {index} ({dispatch.kernel}, node {dispatch.node!r}) of program {self.program.model_name!r} "
                 f"has parameters its kernel cannot use ({type(e).__name__}: {e}); recompile the model") from None
 
-    def _place(self) -> dict[str, Any]:
-        """Every activation (and view) at its offset in the arena."""
+    def _place(self, shared_arena: bool = False) -> dict[str, Any]:
+        """Every activation (and view) at its offset in the arena. In an arena shared with other programs (the
+        variants of a dynamic program), what the bind-time dispatches compute gets memory of its own: it must
+        survive the other programs' runs, and its arena bytes are then left unused."""
         memory, backend = self.program.memory, self.device.backend
         placed = {}
         roots = alias_roots(memory.aliases)  # once: resolving each view on its own is quadratic in a chain
+        kept = {roots.get(n, n) for n in self.program.bind_outputs} & set(memory.offsets) if shared_arena else set()
+        own = {root: backend.allocate(self.program.tensors[root].nbytes) for root in sorted(kept)}
         for name, spec in self.program.tensors.items():
             root = roots.get(name, name)
-            if root in memory.offsets:
+            if root in own:
+                placed[name] = backend.view(own[root], 0, spec)
+            elif root in memory.offsets:
                 placed[name] = backend.view(self.arena, memory.offsets[root], spec)
         return placed
 
