@@ -106,14 +106,16 @@ def _buckets(fig: Any, report: DynamicReport) -> None:
 
 def _sets(fig: Any, report: DynamicReport) -> None:
     ax = fig.add_subplot(1, 1, 1)
-    for s in report.sets:
+    for i, s in enumerate(report.sets):
         ax.scatter([s.expected_latency_ms], [100 * s.waste], s=40, color=_COLOURS[s.name], label=s.name)
         sizes = f"run-time <= {report.high}" if s is report.upper_bound else ",".join(map(str, s.sizes))
         text = ax.annotate(plain_line(f"{sizes}; arena {s.arena_shared / 2**20:.2f} MiB"),
-                           (s.expected_latency_ms, 100 * s.waste), xytext=(5, 5), textcoords="offset points",
+                           (s.expected_latency_ms, 100 * s.waste), xytext=(6, 6 if i % 2 == 0 else -12),
+                           textcoords="offset points",
                            fontsize=7)
         text.set_parse_math(False)
-    ax.margins(0.3)  # room for the labels beside the points
+    ax.margins(0.3)  # room for the labels beside the points (alternately above and below: sets may lie close)
+    ax.set_ylim(bottom=-5)
     ax.set_xlabel("expected latency per request (ms)")
     ax.set_ylabel("padded compute (% of executed FLOPs)")
     _title(ax, f"{report.model_name}: bucket sets over the observed {report.symbol}")

@@ -179,7 +179,6 @@ class _Measure:
         self.ir, self.symbol, self.bind, self.target, self.options = ir, symbol, bind, target, options
         self.hardware, self.dtype, self.progress = hardware, dtype, progress
         self.costs: dict[int, SizeCost] = {}
-        self.failed: set[int] = set()
         self.total = 0
 
     def plan(self, total: int) -> None:
