@@ -13,6 +13,8 @@ from npu_compiler.passes.precision import PRECISIONS
 from npu_tools import cli_options as options
 from npu_tools.commands.compile_dynamic import OnnxSource, check_flags, compile_buckets
 from npu_tools.commands.compile_dynamic import add_arguments as add_dynamic_arguments
+from npu_tools.commands.dynamic_report import add_arguments as add_report_arguments
+from npu_tools.commands.dynamic_report import run_report, wants_report
 from npu_tools.commands.import_onnx import UsageError, parse_input_shapes
 from torch_ir.naming import default_output
 
@@ -49,6 +51,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "--buckets' padding with")
     options.inputs(p)
     options.seed(p)
+    add_report_arguments(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="placement summary: which nodes run on the NPU, which on the CPU and why")
@@ -93,6 +96,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         ir, spec = _load_with_spec(args.source)
     if args.name:
         ir.model_name = args.name
+    if wants_report(args):  # --report-dynamic: a report on buckets, no program
+        return run_report(args, ir)
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir,
                              precision=args.precision)
     if is_lm(ir):

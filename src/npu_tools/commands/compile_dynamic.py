@@ -11,10 +11,11 @@ from torch_ir.naming import default_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--buckets", action="append", default=[], metavar="SYMBOL=S1,S2,...",
-                   help="compile one variant per size of a symbolic dimension (--buckets seq=128,256,512; repeat "
-                        "for another symbol: every combination is a variant) into one program file; the runtime "
-                        "picks the smallest that fits, padding where that changes nothing")
+    """--buckets (also the bucket set ``--report-dynamic`` compares), --range, --pad-value and --no-padding."""
+    p.add_argument("--buckets", action="extend", nargs="+", default=[], metavar="SYMBOL=S1,S2,...",
+                   help="compile one variant per size of a symbolic dimension (--buckets batch=1,4,16 "
+                        "seq=128,256,512: every combination is a variant) into one program file; the runtime picks "
+                        "the smallest that fits, padding where that changes nothing")
     p.add_argument("--range", action="append", default=[], metavar="SYMBOL=LO:HI", dest="ranges",
                    help="with --buckets: the sizes the program must serve; buckets that do not cover them are "
                         "refused (default: what the buckets cover)")
@@ -26,20 +27,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_buckets(items: list[str]) -> dict[str, list[int]]:
-    """``["seq=128,256", "batch=1,4"]`` -> ``{"seq": [128, 256], "batch": [1, 4]}``, refused as a usage error."""
+    """``["seq=128,256,512", "batch=1,4"]`` -> ``{"seq": [128, 256, 512], "batch": [1, 4]}``: one symbol per
+    item, whole sizes, sorted; a symbol given twice or a size repeated is refused."""
     out: dict[str, list[int]] = {}
     for item in items:
         name, sep, sizes = item.partition("=")
-        values = [v.strip() for v in sizes.split(",")]
-        if not sep or not name.strip() or not all(v.isdigit() and int(v) > 0 for v in values):
-            raise UsageError(f"--buckets {item!r}: expected SYMBOL=S1,S2,... with whole numbers of at least 1 "
-                             "(e.g. --buckets seq=128,256,512)")
-        if name.strip() in out:
-            raise UsageError(f"--buckets names {name.strip()!r} twice; give all its sizes in one --buckets")
-        if len(set(values)) != len(values):
-            raise UsageError(f"--buckets {item!r} lists a size twice")
-        out[name.strip()] = sorted(int(v) for v in values)
+        name = name.strip()
+        parts = [p.strip() for p in sizes.split(",")]
+        if not sep or not name or not all(p.isdigit() for p in parts):
+            raise UsageError(f"--buckets {item!r}: expected SYMBOL=S1,S2,... with whole numbers (e.g. --buckets "
+                             "seq=128,256,512)")
+        if name in out:
+            raise UsageError(f"--buckets {name}= is given twice; fix: give each symbol's sizes once "
+                             f"(--buckets {name}=S1,S2,...)")
+        values = sorted(int(p) for p in parts)
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise UsageError(f"--buckets {item!r}: size {repeated[0]} is given twice; fix: list each size once")
+        if values[0] < 1:
+            raise UsageError(f"--buckets {item!r}: sizes must be 1 or more")
+        out[name] = values
     return out
+
 
 
 def _parse_ranges(items: list[str]) -> dict[str, tuple[int, int]]:
