@@ -86,8 +86,8 @@ def check_flags(args: argparse.Namespace) -> None:
         stray = [flag for flag, given in (("--range", args.ranges), ("--pad-value", args.pad_value),
                                           ("--no-padding", args.no_padding)) if given]
         if stray:
-            raise UsageError(f"{', '.join(stray)} only apply with --buckets; add --buckets SYMBOL=S1,S2,... or leave "
-                             f"{stray[0]} out")
+            raise UsageError(f"{', '.join(stray)}: used only with --buckets; add --buckets SYMBOL=S1,S2,... or "
+                             f"leave {stray[0]} out")
 
 
 class OnnxSource:

@@ -1,0 +1,67 @@
+"""torch-ir compile --buckets and torch-ir run on the one file it writes, as a user types them (issue 31)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from npu_program.dynamic import DynamicProgram
+from npu_tools.cli import main
+from npu_tools.zoo.runner import resolve_spec
+
+
+def test_compile_buckets_then_run_at_a_length_between_edges(tmp_path, capsys):
+    ir, weights = tmp_path / "mhsa.json", tmp_path / "mhsa.safetensors"
+    assert main(["extract", "mhsa", "-o", str(ir), "--save-weights", str(weights)]) == 0
+    program = tmp_path / "mhsa.npubin"
+    assert main(["compile", str(ir), "--buckets", "seq=8,16,32", "--weights", str(weights),
+                 "-o", str(program)]) == 0
+    captured = capsys.readouterr()
+    assert "variant 3/3: seq=32" in captured.err
+    assert "3 variants" in captured.out and "seq 2..32: padded (x[1]=0)" in captured.out  # causal: padding is safe
+    assert isinstance(DynamicProgram.load(program), DynamicProgram)
+
+    spec = resolve_spec("mhsa")
+    x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(0))
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out.npz"
+    assert main(["run", str(program), "--weights", str(weights), "--input", f"x={tmp_path / 'x.npy'}",
+                 "-o", str(out)]) == 0
+    assert "bucket seq=16" in capsys.readouterr().out
+    with torch.no_grad():
+        expected = spec.build("cpu")(x).numpy()
+    np.testing.assert_allclose(np.load(out)["output"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_an_onnx_file_compiles_per_bucket(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from tests.dynamic.models import vit_onnx
+
+    path = vit_onnx(tmp_path / "vit.onnx")
+    out = tmp_path / "vit.npubin"
+    assert main(["compile", str(path), "--buckets", "batch=1,2,4", "-o", str(out)]) == 0
+    assert "batch 1..4: padded (pixel_values[0]=0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--buckets", "seq=8,x"], "--buckets 'seq=8,x': expected SYMBOL=S1,S2,..."),
+    (["--buckets", "seq=8", "seq=16"], "--buckets seq= is given twice"),
+    (["--range", "seq=8:32"], "--range: used only with --buckets"),
+    (["--buckets", "seq=8,16", "--range", "seq=8-16"], "--range 'seq=8-16': expected SYMBOL=LO:HI"),
+    (["--buckets", "seq=8,16", "--pad-value", "x=zero"], "--pad-value 'x=zero': expected INPUT=VALUE"),
+    (["--buckets", "seq=8,16", "--range", "seq=2:64"], "do not cover seq 2..64 asked for: the largest bucket is 16"),
+    (["--buckets", "seq=8,128"], "bucket seq=128 is outside the range the model was exported for"),
+])
+def test_bad_flags_get_one_clear_error_and_write_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "p.npubin"
+    assert main(["compile", "mhsa", "-o", str(out), *argv]) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_onnx_file_without_buckets_is_sent_to_import_onnx(tmp_path, capsys):
+    (tmp_path / "m.onnx").write_bytes(b"")
+    assert main(["compile", str(tmp_path / "m.onnx")]) != 0
+    assert "import it first (torch-ir import-onnx" in capsys.readouterr().err
