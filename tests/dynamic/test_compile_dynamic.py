@@ -8,7 +8,6 @@ import json
 import struct
 
 import pytest
-import torch
 
 from npu_compiler import Buckets, CompileError, compile, load_program
 from npu_program.check import check_program
