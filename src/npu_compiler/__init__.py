@@ -14,7 +14,7 @@ from npu_program.npubin import NpubinError
 from npu_program.npubin_dynamic import load_program
 
 from .compiled_program import CompiledProgram, Dispatch, MemoryPlan, TensorSpec
-from .compiler import COMPILER_VERSION, Buckets, CompileError, CompileOptions, UnsupportedOpsError, compile
+from .compiler import COMPILER_VERSION, Buckets, CompileError, CompileOptions, UnsupportedOpsError, UpperBound, compile
 from .library import TARGETS, Target, get_target, is_op_supported, register_target, unsupported_reason
 from .partition import Partition, PartitionPlan, Placement, partition
 from .quantize import quantize as quantize  # QuantConfig, presets and the rest: npu_compiler.quantize
@@ -22,6 +22,6 @@ from .quantize import quantize as quantize  # QuantConfig, presets and the rest:
 __all__ = [
     "COMPILER_VERSION", "TARGETS", "Buckets", "CompileError", "CompileOptions", "CompiledProgram", "Dispatch",
     "DynamicProgram", "MemoryPlan", "NpubinError", "Partition", "PartitionPlan", "Placement", "Target", "TensorSpec",
-    "UnsupportedOpsError", "compile", "get_target", "is_op_supported", "load_program", "partition", "register_target",
-    "unsupported_reason",
+    "UnsupportedOpsError", "UpperBound", "compile", "get_target", "is_op_supported", "load_program", "partition",
+    "register_target", "unsupported_reason",
 ]

@@ -36,7 +36,7 @@ from torch_ir.weights import build_buffer
 
 from .compiled_program import CompiledProgram, MemoryPlan, TensorSpec
 from .cost import node_flops
-from .dynamic import Buckets, compile_dynamic
+from .dynamic import Buckets, compile_dynamic, specialized
 from .errors import CompileError, UnsupportedOpsError
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
@@ -45,6 +45,7 @@ from .passes.kernel_fusion import fuse_kernels
 from .passes.precision import cast_precision, precision_dtype
 from .state import state_slots, state_specs
 from .static_shapes import bind_shapes, check_static_inputs
+from .upper_bound import UpperBound, compile_upper_bound
 
 COMPILER_VERSION = "0.1.0"
 
@@ -85,7 +86,7 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
             options: CompileOptions | None = None, fallback: str | None = None,
             bind: Mapping[str, int] | None = None,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
-            dynamic: Buckets | Mapping[str, Sequence[int]] | None = None,
+            dynamic: Buckets | UpperBound | Mapping[str, Sequence[int]] | None = None,
             progress: Callable[[str], None] | None = None) -> CompiledProgram | DynamicProgram:
     """Compile an IR (an ``NPU_IR``, its JSON dict, or a path to its JSON file) into a ``CompiledProgram``.
 
@@ -100,7 +101,8 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     (``npu_compiler.static_shapes``): a program is planned for static shapes.
 
     ``dynamic`` (``{"seq": [128, 256, 512]}`` or a ``Buckets``) compiles one static variant per bucket instead and
-    returns an ``npu_program.DynamicProgram`` (``npu_compiler.dynamic``); ``progress`` hears of each variant.
+    returns an ``npu_program.DynamicProgram`` (``npu_compiler.dynamic``); ``UpperBound()`` one program planned for
+    the largest sizes and sized at run time (``npu_compiler.upper_bound``); ``progress`` hears of each compile.
     """
     _check_fallback(fallback)
     options = options or CompileOptions()
@@ -125,14 +127,22 @@ def compile(ir_or_path: IRSource, *, target: str | Target = "cpu",  # noqa: A001
     return _program(ir, target, lowered, memory, options, fallback, slots)
 
 
-def _compile_buckets(ir: NPU_IR, dynamic: Buckets | Mapping[str, Sequence[int]], target: Target,
+def _compile_buckets(ir: NPU_IR, dynamic: Buckets | UpperBound | Mapping[str, Sequence[int]], target: Target,
                      options: CompileOptions, fallback: str | None,
                      progress: Callable[[str], None] | None) -> DynamicProgram:
     """The variants compiled without the IR each (the symbolic IR goes into the program once)."""
-    buckets = dynamic if isinstance(dynamic, Buckets) else Buckets(dynamic)
     one = dc_replace(options, embed_ir=False)
-    program = compile_dynamic(ir, buckets, lambda static: compile(static, target=target, options=one,
-                                                                  fallback=fallback), progress=progress)
+
+    def compile_one(static: NPU_IR) -> CompiledProgram:
+        return compile(static, target=target, options=one, fallback=fallback)
+
+    if isinstance(dynamic, UpperBound):
+        program = compile_upper_bound(ir, dynamic, lambda sizes: compile_one(specialized(ir, sizes,
+                                                                                          dynamic.specialize)),
+                                      progress=progress)
+    else:
+        buckets = dynamic if isinstance(dynamic, Buckets) else Buckets(dynamic)
+        program = compile_dynamic(ir, buckets, compile_one, progress=progress)
     if options.embed_ir:
         program.ir = _deterministic_ir_dict(ir)
     return program
@@ -380,5 +390,5 @@ def _constant_bytes(value: Any, dtype: str) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-__all__ = ["COMPILER_VERSION", "FALLBACKS", "Buckets", "CompileError", "CompileOptions", "TensorSpec",
+__all__ = ["COMPILER_VERSION", "FALLBACKS", "Buckets", "CompileError", "UpperBound", "CompileOptions", "TensorSpec",
            "UnsupportedOpsError", "compile", "host_refusal"]

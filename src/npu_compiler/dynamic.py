@@ -70,7 +70,7 @@ def compile_dynamic(ir: NPU_IR, buckets: Buckets, compile_one: Callable[[NPU_IR]
         combo = combos[len(variants)]
         if progress is not None:
             progress(f"variant {len(variants) + 1}/{len(combos)}: {' '.join(f'{k}={v}' for k, v in combo.items())}")
-        variants.append(Variant(combo, compile_one(_specialized(ir, combo, buckets.specialize))))
+        variants.append(Variant(combo, compile_one(specialized(ir, combo, buckets.specialize))))
 
     compile_next()  # the program's output names, which the padding records, come from the first variant
     output_names = [s.name for s in variants[0].program.output_specs]
@@ -142,7 +142,7 @@ def _check_range(ir: NPU_IR, symbol: str, values: list[int], asked: tuple[int, i
                            f"(--range {symbol}={lo}:{values[-1]})")
 
 
-def _specialized(ir: NPU_IR, sizes: Mapping[str, int],
+def specialized(ir: NPU_IR, sizes: Mapping[str, int],
                  specializer: Callable[[Mapping[str, int]], NPU_IR] | None) -> NPU_IR:
     try:
         return specialize(ir, sizes) if specializer is None else specializer(sizes)
@@ -162,7 +162,7 @@ def _padding(ir: NPU_IR, symbol: str, sizes: Mapping[str, list[int]], buckets: B
         return SymbolPadding(reason=f"no bucket is larger than {low}, the smallest size served")
     others = {s: v[0] for s, v in sizes.items() if s != symbol}
     return padding_for(ir, symbol, (low, bigger[0]), others, buckets.pad_values, output_names,
-                       lambda sizes: _specialized(ir, sizes, buckets.specialize), buckets.weights)
+                       lambda sizes: specialized(ir, sizes, buckets.specialize), buckets.weights)
 
 
 def _range_min(ir: NPU_IR, symbol: str, values: list[int], buckets: Buckets) -> int:
@@ -188,4 +188,4 @@ def _covered(ir: NPU_IR, symbol: str, values: list[int], buckets: Buckets, paddi
     return dc_replace(covered, min=lo)
 
 
-__all__ = ["MAX_VARIANTS", "Buckets", "compile_dynamic"]
+__all__ = ["MAX_VARIANTS", "Buckets", "compile_dynamic", "specialized"]

@@ -26,6 +26,7 @@ from torch_ir.errors import TorchIRError
 from torch_ir.ops.symbolic import eval_sym
 
 from .program import CompiledProgram, StateSpec, TensorSpec
+from .template import Template, TemplateError, instantiate
 
 
 class ShapeError(TorchIRError, ValueError):
@@ -87,6 +88,9 @@ class DynamicProgram:
     metadata: dict[str, Any] = field(default_factory=dict)
     # the IR the variants were specialized from (JSON dict), or None for a smaller file
     ir: dict[str, Any] | None = None
+    # an upper-bound program (`npu_program.template`): the one variant is planned for the largest sizes and
+    # sized at run time from the bound symbols, never padded; None for buckets
+    template: Template | None = None
 
     # -- what the variants share ----------------------------------------------------------------------
 
@@ -163,6 +167,8 @@ class DynamicProgram:
     def select(self, sizes: Mapping[str, int]) -> Variant:
         """The variant for ``sizes``: of exactly those sizes, or the smallest (fewest padded elements) that
         is larger only in symbols that may be padded. Raises ``ShapeError`` when none fits."""
+        if self.template is not None:  # one variant, sized at run time (npu_program.template.instantiate)
+            return self.variants[0]
         fits = [v for v in self.variants if self._fits(v, sizes)]
         if not fits:
             exact_only = [s for s, p in self.padding.items() if not p.allowed]
@@ -198,9 +204,17 @@ class DynamicProgram:
 
     def summary(self) -> str:
         """A few lines for CLIs: the buckets, how each symbol is padded, the shared arena and weights."""
-        lines = [f"model: {self.model_name}  target: {self.target}  dynamic: {len(self.variants)} variants "
-                 f"({self.bucket_list()})"]
-        for symbol, covered in self.symbols.items():
+        if self.template is not None:
+            lines = [f"model: {self.model_name}  target: {self.target}  dynamic: one program planned for the upper "
+                     f"bound ({self.bucket_list()}), every dispatch sized at run time"]
+            lines += [f"  {symbol} {covered.min}..{covered.max}: run at its actual size, never padded"
+                      for symbol, covered in self.symbols.items()]
+            lines.append(f"  {len(self.template.shapes)} tensors, {len(self.template.params)} kernel parameters and "
+                         f"{len(self.template.constants)} constants sized from the symbols")
+        else:
+            lines = [f"model: {self.model_name}  target: {self.target}  dynamic: {len(self.variants)} variants "
+                     f"({self.bucket_list()})"]
+        for symbol, covered in (self.symbols.items() if self.template is None else ()):
             pad = self.padding[symbol]
             how = (f"padded ({', '.join(f'{a.name}[{a.axis}]={a.value:g}' for a in pad.inputs)}), outputs cut back"
                    if pad.allowed else f"exact sizes only: {pad.reason}")
@@ -209,8 +223,9 @@ class DynamicProgram:
             p = v.program
             lines.append(f"  {_sizes_text(v.sizes)}: {p.dispatch_count} dispatches, arena {p.arena_bytes} bytes")
         beside = f" (+ {self.bind_bytes} bytes of bind-time results beside it)" if self.bind_bytes else ""
-        lines.append(f"arena: {self.arena_bytes} bytes, one for all variants (the largest){beside}; weights: "
-                     f"{len(self.weight_specs)} tensors, {self.weight_program.weight_bytes} bytes, bound once")
+        one = "planned for the upper bound" if self.template is not None else "one for all variants (the largest)"
+        lines.append(f"arena: {self.arena_bytes} bytes, {one}{beside}; weights: {len(self.weight_specs)} tensors, "
+                     f"{self.weight_program.weight_bytes} bytes, bound once")
         return "\n".join(lines)
 
 
@@ -250,6 +265,27 @@ def check_dynamic(program: DynamicProgram, where: str) -> None:
                                  f"an axis of {symbol!r}; recompile the model")
     if set(program.padding) != symbols:
         raise ShapeError(f"{where}: padding is given for {sorted(program.padding)}, the symbols are {sorted(symbols)}")
+    if program.template is not None:
+        _check_template(program, where)
+
+
+def _check_template(program: DynamicProgram, where: str) -> None:
+    """An upper-bound program: one variant at the top of every range, unpadded, and its template reproducing
+    that variant's own sizes there (the expressions are parsed by the safe grammar on the way)."""
+    variant = program.variants[0]
+    top = {s: r.max for s, r in program.symbols.items()}
+    if len(program.variants) != 1 or variant.sizes != top:
+        raise ShapeError(f"{where}: an upper-bound program has one variant, at {top}")
+    if any(p.allowed for p in program.padding.values()):
+        raise ShapeError(f"{where}: an upper-bound program is never padded")
+    try:
+        again = instantiate(variant.program, program.template, top, where)
+    except TorchIRError as err:
+        raise ShapeError(str(err)) from None
+    changed = [n for n, s in again.tensors.items() if s.shape != variant.program.tensors[n].shape]
+    if changed or again.dispatches != variant.program.dispatches:
+        raise ShapeError(f"{where}: the template does not give the program's own sizes at {top} "
+                         f"({'tensors ' + str(changed[:3]) if changed else 'dispatch params'})")
 
 
 def _check_io(what: str, kind: str, specs: list[TensorSpec], declared: Mapping[str, list[Any]],
@@ -264,4 +300,5 @@ def _check_io(what: str, kind: str, specs: list[TensorSpec], declared: Mapping[s
         if list(spec.shape) != want:
             raise ShapeError(f"{what}: {kind} {spec.name!r} is {spec.shape}; at these sizes it must be {want}")
 
-__all__ = ["DynamicProgram", "PaddedAxis", "ShapeError", "SymbolPadding", "SymbolRange", "Variant", "check_dynamic"]
+__all__ = ["DynamicProgram", "PaddedAxis", "ShapeError", "SymbolPadding", "SymbolRange", "Template", "TemplateError",
+           "Variant", "check_dynamic"]

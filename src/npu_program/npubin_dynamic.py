@@ -40,6 +40,7 @@ from .npubin import (  # the format's own pieces: one fixed header, alignment, c
     read_npubin,
 )
 from .program import CompiledProgram
+from .template import Template
 
 DYNAMIC_FORMAT_VERSION = (DYNAMIC_MAJOR, 0)
 
@@ -75,6 +76,7 @@ class DynamicHeader:
     blob_nbytes: int
     metadata: dict[str, Any] = field(default_factory=dict)
     ir: dict[str, Any] | None = None
+    template: Template | None = None
 
 
 def encode_dynamic(program: DynamicProgram) -> bytes:
@@ -88,7 +90,7 @@ def encode_dynamic(program: DynamicProgram) -> bytes:
         blob += data
     header = DynamicHeader(program.model_name, program.target, program.symbols, _io(program.input_shapes),
                            _io(program.output_shapes), program.padding, entries, len(blob), program.metadata,
-                           program.ir)
+                           program.ir, program.template)
     text = _encode_header(to_json(header))
     fixed = _FIXED.pack(MAGIC, *DYNAMIC_FORMAT_VERSION, len(text))
     body = fixed + text + bytes(_align(len(fixed) + len(text)) - len(fixed) - len(text)) + bytes(blob)
@@ -144,7 +146,8 @@ def _decode(data: bytes, path: str | os.PathLike[str]) -> DynamicProgram:
     _check_shapes(header, path)
     variants = [Variant(entry.sizes, _variant(entry, blob, path)) for entry in header.variants]
     program = DynamicProgram(header.model_name, header.target, header.symbols, _named(header.inputs, path),
-                             _named(header.outputs, path), header.padding, variants, header.metadata, header.ir)
+                             _named(header.outputs, path), header.padding, variants, header.metadata, header.ir,
+                             header.template)
     try:
         check_dynamic(program, str(path))
     except ShapeError as err:

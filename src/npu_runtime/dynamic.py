@@ -3,7 +3,9 @@
 Per run: the symbols are read from the inputs' shapes, the program picks the variant
 (``DynamicProgram.select``: exact sizes, or the smallest larger bucket where the compiler found padding
 harmless), the inputs are padded with their pad values, the variant runs, and the outputs are cut back to the
-actual sizes. ``Executor(dynamic_program)`` makes one of these, so callers need not know which kind of
+actual sizes. An upper-bound program (``DynamicProgram.template``) is instead instantiated at the actual sizes
+(``npu_program.template.instantiate``: every dispatch sized from the symbols, the arena the upper bound's) and
+run as it is, without padding. ``Executor(dynamic_program)`` makes one of these, so callers need not know which kind of
 program a file holds.
 
 One weight set serves every variant: the weights are loaded once (``load_weights(path, dynamic_program)``)
@@ -22,10 +24,14 @@ import numpy as np
 
 from npu_program.dynamic import DynamicProgram, ShapeError, Variant, check_dynamic
 from npu_program.program import TensorSpec
+from npu_program.template import TemplateError, instantiate
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device
 from .state import State
 from .weights import Weights, load_weights
+
+#: The sizes an upper-bound program keeps executors for (each has kernels made and prepacked for its shapes).
+MAX_INSTANCES = 8
 
 
 class DynamicExecutor:
@@ -46,13 +52,19 @@ class DynamicExecutor:
         self.last_variant: Variant | None = None  # the variant the last run took (for tests and profiles)
 
     def executor_for(self, variant: Variant) -> Any:
-        """The executor of ``variant``, made on first use over the shared arena."""
-        index = self.program.variants.index(variant)
-        if index not in self.executors:
+        """The executor of ``variant`` (of an upper-bound program: its instance at the variant's sizes), made on
+        first use over the shared arena. An upper-bound program keeps the executors of the last
+        ``MAX_INSTANCES`` sizes (each holds its kernels, prepacked for its shapes)."""
+        key = tuple(sorted(variant.sizes.items()))
+        if key not in self.executors:
             from .executor import Executor  # the module that imports this one
 
-            self.executors[index] = Executor(variant.program, self.device, validate=self.validate, arena=self.arena)
-        return self.executors[index]
+            if self.program.template is not None and len(self.executors) >= MAX_INSTANCES:
+                del self.executors[next(iter(self.executors))]  # the oldest
+            self.executors[key] = Executor(variant.program, self.device, validate=self.validate, arena=self.arena)
+        else:
+            self.executors[key] = self.executors.pop(key)  # most recently used last
+        return self.executors[key]
 
     def bind(self, weights: Weights | Mapping[str, NPUBuffer] | Any, state: State | None = None) -> None:
         """Load ``weights`` once (a path, a state dict, a module or a ``load_weights`` result) for every variant."""
@@ -88,8 +100,20 @@ class DynamicExecutor:
             variant = self.program.select(sizes)
         except ShapeError as err:
             raise RuntimeInputError(str(err)) from None
+        if self.program.template is not None:  # sized at run time: the instance at exactly these sizes
+            variant = Variant(dict(sizes), self._instance(sizes))
         self.last_variant = variant
         return sizes, variant, {name: self._pad(name, array, variant) for name, array in arrays.items()}
+
+    def _instance(self, sizes: Mapping[str, int]) -> Any:
+        key = tuple(sorted(sizes.items()))
+        if key in self.executors:
+            return self.executors[key].program
+        try:
+            return instantiate(self.program.variants[0].program, self.program.template, sizes,
+                               f"dynamic program {self.program.model_name!r}")
+        except TemplateError as err:
+            raise RuntimeInputError(str(err)) from None
 
     def profile(self, inputs: Mapping[str, Any], weights: Any = None, **kwargs: Any) -> Any:
         """Profile the variant that serves ``inputs`` (padded to its sizes); see ``Executor.profile``."""
@@ -133,4 +157,4 @@ def _host(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-__all__ = ["DynamicExecutor"]
+__all__ = ["MAX_INSTANCES", "DynamicExecutor"]

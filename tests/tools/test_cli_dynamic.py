@@ -61,7 +61,34 @@ def test_bad_flags_get_one_clear_error_and_write_nothing(tmp_path, capsys, argv,
     assert not out.exists()
 
 
+def test_compile_upper_bound_then_run(tmp_path, capsys):
+    ir, weights = tmp_path / "mhsa.json", tmp_path / "mhsa.safetensors"
+    assert main(["extract", "mhsa", "-o", str(ir), "--save-weights", str(weights)]) == 0
+    program = tmp_path / "mhsa.npubin"
+    assert main(["compile", str(ir), "--upper-bound", "--range", "seq=4:48", "-o", str(program)]) == 0
+    assert "one program planned for the upper bound (seq=48)" in capsys.readouterr().out
+    x = torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(1))
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out.npz"
+    assert main(["run", str(program), "--weights", str(weights), "--input", f"x={tmp_path / 'x.npy'}",
+                 "-o", str(out)]) == 0
+    assert "sized at seq=13" in capsys.readouterr().out
+    with torch.no_grad():
+        expected = resolve_spec("mhsa").build("cpu")(x).numpy()
+    np.testing.assert_allclose(np.load(out)["output"], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--upper-bound", "--buckets", "seq=8"], "give one of them"),
+    (["--upper-bound", "--no-padding"], "an upper-bound program is never padded"),
+    (["--upper-bound", "--range", "seq=1:64"], "not inside the range the model was exported for (2..64)"),
+])
+def test_bad_upper_bound_flags(tmp_path, capsys, argv, message):
+    assert main(["compile", "mhsa", "-o", str(tmp_path / "p.npubin"), *argv]) != 0
+    assert message in capsys.readouterr().err
+
+
 def test_an_onnx_file_without_buckets_is_sent_to_import_onnx(tmp_path, capsys):
     (tmp_path / "m.onnx").write_bytes(b"")
     assert main(["compile", str(tmp_path / "m.onnx")]) != 0
-    assert "import it first (torch-ir import-onnx" in capsys.readouterr().err
+    assert "static program, import it first (torch-ir" in capsys.readouterr().err

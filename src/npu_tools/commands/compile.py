@@ -101,14 +101,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options = CompileOptions(fuse=not args.no_fuse, memory_strategy=args.memory, embed_ir=not args.no_ir,
                              precision=args.precision)
     if is_lm(ir):
-        if args.buckets:
-            raise UsageError(f"--buckets: IR {ir.model_name!r} is an LLM with a KV cache, whose prefill and decode "
-                             "programs are made by compile's LLM path; leave --buckets out")
+        if args.buckets or args.upper_bound:
+            raise UsageError(f"--buckets/--upper-bound: IR {ir.model_name!r} is an LLM with a KV cache, whose prefill "
+                             "and decode programs are made by compile's LLM path; leave them out")
         return _compile_lm(ir, args, options)
     if args.kv_bits is not None:
         raise UsageError(f"--kv-bits: IR {ir.model_name!r} has no KV cache (not an LLM extracted with its cache); "
                          "leave --kv-bits out")
-    if args.buckets:
+    if args.buckets or args.upper_bound:
         return compile_buckets(ir, spec, args, options, bind, shapes)
     try:
         program = compile(ir, target=args.target, options=options, fallback=args.fallback, bind=bind,

@@ -16,9 +16,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compile one variant per size of a symbolic dimension (--buckets batch=1,4,16 "
                         "seq=128,256,512: every combination is a variant) into one program file; the runtime picks "
                         "the smallest that fits, padding where that changes nothing")
+    p.add_argument("--upper-bound", action="store_true",
+                   help="compile one program whose arena is planned for the largest sizes and whose every dispatch "
+                        "is sized at run time from the input shapes (no padding); the ranges are the exported ones, "
+                        "or --range")
     p.add_argument("--range", action="append", default=[], metavar="SYMBOL=LO:HI", dest="ranges",
                    help="with --buckets: the sizes the program must serve; buckets that do not cover them are "
-                        "refused (default: what the buckets cover)")
+                        "refused (default: what the buckets cover); with --upper-bound: the sizes it serves "
+                        "(default: the exported range)")
     p.add_argument("--pad-value", action="append", default=[], metavar="INPUT=VALUE",
                    help="with --buckets: the value an input's padded positions take (default 0: a pad id, a zero "
                         "attention-mask entry)")
@@ -78,11 +83,20 @@ def _parse_pad_values(items: list[str]) -> dict[str, float]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The --buckets companions are refused without --buckets (they would be silently ignored), and so is an ONNX
-    file without it (a static compile takes the IR ``torch-ir import-onnx`` writes)."""
-    if args.source.endswith(".onnx") and not args.buckets:
-        raise UsageError(f"{args.source}: compile takes an ONNX model only with --buckets; for one static program, "
-                         "import it first (torch-ir import-onnx MODEL.onnx --input-shape ...) and compile the IR")
-    if not args.buckets:
+    file without --buckets or --upper-bound (a static compile takes the IR ``torch-ir import-onnx`` writes)."""
+    dynamic = args.buckets or args.upper_bound
+    if args.source.endswith(".onnx") and not dynamic:
+        raise UsageError(f"{args.source}: compile takes an ONNX model only with --buckets or --upper-bound; for one "
+                         "static program, import it first (torch-ir import-onnx MODEL.onnx --input-shape ...) and "
+                         "compile the IR")
+    if args.buckets and args.upper_bound:
+        raise UsageError("--buckets and --upper-bound are two ways to serve several shapes: give one of them")
+    if args.upper_bound:
+        stray = [flag for flag, given in (("--pad-value", args.pad_value), ("--no-padding", args.no_padding))
+                 if given]
+        if stray:
+            raise UsageError(f"{', '.join(stray)}: an upper-bound program is never padded; leave {stray[0]} out")
+    elif not args.buckets:
         stray = [flag for flag, given in (("--range", args.ranges), ("--pad-value", args.pad_value),
                                           ("--no-padding", args.no_padding)) if given]
         if stray:
@@ -106,13 +120,17 @@ def compile_buckets(ir, spec, args: argparse.Namespace, options, bind: dict[str,
     """Compile the variants, save the one file, print its summary. The padding check runs with the model's own
     weights where they are at hand (a model source: its seeded weights; an ONNX file: its initializers; an IR
     file: ``--weights``)."""
-    from npu_compiler import Buckets, compile
+    from npu_compiler import Buckets, UpperBound, compile
     from torch_ir.weights import module_state
 
     onnx = spec if isinstance(spec, OnnxSource) else None
-    weights = args.weights or (onnx.weights if onnx else module_state(spec.build("cpu")) if spec else None)
-    buckets = Buckets(parse_buckets(args.buckets), _parse_ranges(args.ranges), _parse_pad_values(args.pad_value),
-                      padding=not args.no_padding, weights=weights, specialize=onnx.specialize if onnx else None)
+    if args.upper_bound:
+        buckets = UpperBound(_parse_ranges(args.ranges), specialize=onnx.specialize if onnx else None)
+    else:
+        weights = args.weights or (onnx.weights if onnx else module_state(spec.build("cpu")) if spec else None)
+        buckets = Buckets(parse_buckets(args.buckets), _parse_ranges(args.ranges),
+                          _parse_pad_values(args.pad_value), padding=not args.no_padding, weights=weights,
+                          specialize=onnx.specialize if onnx else None)
     program = compile(ir, target=args.target, options=options, fallback=args.fallback, bind=bind,
                       input_shapes=shapes, dynamic=buckets, progress=lambda line: print(line, file=sys.stderr))
     out = Path(args.output) if args.output else default_output(program.model_name, ".npubin")

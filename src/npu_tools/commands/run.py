@@ -118,7 +118,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if variant is None:
         print(f"{program.model_name}: {program.dispatch_count} dispatches")
     else:
-        print(f"{program.model_name}: bucket {' '.join(f'{k}={v}' for k, v in variant.sizes.items())}, "
+        kind = "sized at" if program.template is not None else "bucket"
+        print(f"{program.model_name}: {kind} {' '.join(f'{k}={v}' for k, v in variant.sizes.items())}, "
               f"{variant.program.dispatch_count} dispatches")
     for name, value in outputs.items():
         line = f"{name}: {value.dtype}{list(value.shape)} min {value.min():.5g} max {value.max():.5g} " \
