@@ -220,3 +220,28 @@ def test_webgpu_prompts_in_one_padded_call_equal_eager():
     for length in (5, 16, 21):  # padded, on an edge, longer than the largest bucket
         prompt = prompt_of(length)
         assert gen.generate(prompt, 4).tokens == eager_generate(real, prompt, 4)
+
+
+def test_cli_compiles_the_buckets_asked_for_and_costs_the_directory(tmp_path, capsys):
+    from npu_tools.cli import main
+
+    ir = tmp_path / "llama_kv.json"
+    assert main(["extract", "llama_kv", "-o", str(ir)]) == 0
+    out = tmp_path / "llama_lm"
+    assert main(["compile", str(ir), "-o", str(out), "--prefill-buckets", "4,8,16"]) == 0
+    printed = capsys.readouterr().out
+    assert "prefill buckets 4,8,16" in printed and "seq=16" in printed
+    assert LMPrograms.load(out).prefill_buckets == [4, 8, 16]
+    assert main(["cost", str(out), "--hw", "edge_4tops"]) == 0
+    assert "prefill: 4 tokens a run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["16,x", "16,,32", "0"])
+def test_cli_refuses_bad_prefill_buckets(tmp_path, capsys, flag):
+    from npu_tools.cli import main
+
+    ir = tmp_path / "llama_kv.json"
+    assert main(["extract", "llama_kv", "-o", str(ir)]) == 0
+    assert main(["compile", str(ir), "-o", str(tmp_path / "lm"), f"--prefill-buckets={flag}"]) != 0
+    assert "--prefill-buckets" in capsys.readouterr().err
+    assert not (tmp_path / "lm").exists()
