@@ -143,6 +143,7 @@ def test_the_directory_round_trips(lm, tmp_path):
     assert (loaded.chunk, loaded.max_cache_len, loaded.num_layers) == (8, CACHE, programs.num_layers)
     device = Device()
     again = Generator(loaded.prefill, loaded.decode, load_weights(module_state(real), loaded.prefill, device), device)
+    assert again.padding == gen.padding == "first"  # the row selection travels in the file
     prompt = prompt_of(13)
     assert again.generate(prompt, 6).tokens == gen.generate(prompt, 6).tokens
 
