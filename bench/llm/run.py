@@ -119,7 +119,7 @@ def bench_one(name: str, dtype_name: str, args: argparse.Namespace, bandwidth: f
     t0 = time.perf_counter()
     real, meta = build(name, dtype)
     ir = extract_lm(meta, args.prompt + args.new_tokens, name=name)
-    programs = compile_lm(ir, chunk=args.prompt)
+    programs = compile_lm(ir, prefill_buckets=[args.prompt])  # the prompt is one run of its own bucket
     compile_s = time.perf_counter() - t0
     device = Device()
     generator = Generator(programs.prefill, programs.decode, load_weights(module_state(real), programs.prefill,
@@ -191,8 +191,8 @@ def table_only(names: list[str], chunk: int) -> None:
         _, meta = build_meta_only(name)
         ir = extract_lm(meta, 256, name=name)
         print(f"\n{name} (prefill chunk {chunk}):")
-        print(fusion_table(compile_lm(ir, chunk=chunk, options=unfused_options(), fallback="cpu"),
-                           compile_lm(ir, chunk=chunk)))
+        print(fusion_table(compile_lm(ir, prefill_buckets=[chunk], options=unfused_options(), fallback="cpu"),
+                           compile_lm(ir, prefill_buckets=[chunk])))
 
 
 def build_meta_only(name: str) -> tuple[None, Any]:

@@ -101,8 +101,8 @@ def bench_llm(name: str, args: argparse.Namespace, device: Device) -> dict[str, 
     with torch_ir.build_on_meta():
         meta = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
     t0 = time.perf_counter()
-    programs = compile_lm(extract_lm(meta, args.prompt + args.new_tokens + 8, name=name), chunk=args.prompt,
-                          target="webgpu")
+    programs = compile_lm(extract_lm(meta, args.prompt + args.new_tokens + 8, name=name),
+                          prefill_buckets=[args.prompt], target="webgpu")  # the prompt: one run of its bucket
     compile_s = time.perf_counter() - t0
     generator = Generator(programs.prefill, programs.decode,
                           load_weights(module_state(real), programs.prefill, device), device)

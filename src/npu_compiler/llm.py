@@ -2,15 +2,16 @@
 
 The IR comes from ``torch_ir.frontends.hf.extract_lm`` (or any export of ``StaticCacheLM``): inputs
 ``input_ids [1, seq]`` and ``cache_position [seq]``, the KV cache as buffers written by ``KV_UPDATE``, the
-sequence length ``seq`` symbolic. It is specialized twice (``torch_ir.ir.specialize``):
+sequence length ``seq`` symbolic. It is specialized (``torch_ir.ir.specialize``) for:
 
-* **prefill**, ``seq = chunk``: a fixed-size chunk of prompt tokens at a position offset. A prompt of any
-  length up to the cache runs as chunks (``npu_runtime.Generator`` does the chunking: the last partial
-  chunk overlaps the one before it, or, for a prompt shorter than a chunk, is padded; see its docstring);
-* **decode**, ``seq = 1``: one token.
+* **prefill**, ``seq`` = each prefill bucket (default: the chunk, 16, doubled up to the cache length): one
+  ``DynamicProgram`` of static variants (``npu_compiler.llm_prefill``). A prompt of any length up to the
+  largest bucket runs in one call of the smallest bucket that holds it, padded; a longer one as chunks of
+  the largest (``npu_runtime.Generator``; see its docstring);
+* **decode**, ``seq = 1``: one token, a ``CompiledProgram``.
 
-Both programs name each cache slot by the buffer's state-dict key, so one ``npu_runtime.State`` serves
-both, and both read the same weights. Positions, the rotary tables and the causal mask are computed in
+Every program names each cache slot by the buffer's state-dict key, so one ``npu_runtime.State`` serves
+all, and all read one weight table. Positions, the rotary tables and the causal mask are computed in
 the programs from ``cache_position``: nothing is done on the host per token but copying two inputs in.
 """
 
@@ -19,20 +20,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from npu_program.dynamic import DynamicProgram
 from npu_program.kernel_record import BLOCK_WEIGHT_INPUTS
 from npu_program.kernels import KERNELS
+from npu_program.lm import prefill_variant, prefill_variants
+from npu_program.lm import tokens_of as lm_tokens
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import IRValidationError
+from torch_ir.fileio import atomic_write, read_input
 from torch_ir.ir import NPU_IR, specialize
 from torch_ir.quant.spec import BLOCK_CODES, QuantSpec, check_fits
 
 from .compiler import CompileError, CompileOptions, compile, load_source
 from .kvcache import kv_code_dtype, quantize_kv_cache
 from .library import Target
+from .llm_prefill import compile_prefill
 from .passes import normalize
 
 #: The two inputs of an LLM program.
@@ -43,28 +49,52 @@ DEFAULT_CHUNK = 16
 
 @dataclass
 class LMPrograms:
-    """A compiled LLM: the prefill program (``chunk`` tokens), the decode program (one token) and what the
-    generator needs to drive them."""
+    """A compiled LLM: the prefill program (a ``DynamicProgram`` of prompt-length buckets; a static one of
+    ``chunk`` tokens from an older directory), the decode program (one token) and what the generator needs."""
 
-    prefill: CompiledProgram
+    prefill: DynamicProgram | CompiledProgram
     decode: CompiledProgram
+    #: the smallest prefill bucket (the tokens of the prefill program the dispatch table and cost model show)
     chunk: int
     max_cache_len: int
     num_layers: int
 
+    @property
+    def prefill_buckets(self) -> list[int]:
+        """The prompt lengths the prefill variants take, ascending."""
+        return prefill_buckets_of(self.prefill)
+
+    def prefill_program(self, tokens: int | None = None) -> CompiledProgram:
+        """The static prefill variant of the smallest bucket holding ``tokens`` (None: of ``chunk`` tokens, the
+        smallest); the largest when none holds them (a longer prompt runs as chunks of it)."""
+        return prefill_variant(self.prefill, self.chunk if tokens is None else tokens)
+
+    def programs(self) -> list[CompiledProgram]:
+        """Every static program: the prefill variants, smallest first, then decode."""
+        return [*prefill_variants(self.prefill), self.decode]
+
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """``prefill.npubin``, ``decode.npubin`` and ``lm.json`` (chunk, cache length) in ``directory``."""
+        """``prefill.npubin`` (one file holding every bucket), ``decode.npubin`` and ``lm.json`` (chunk, buckets,
+        cache length) in ``directory``."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         self.prefill.save(out / "prefill.npubin")
         self.decode.save(out / "decode.npubin")
-        (out / "lm.json").write_text(json.dumps(
-            {"chunk": self.chunk, "max_cache_len": self.max_cache_len, "num_layers": self.num_layers}))
+        atomic_write(out / "lm.json", json.dumps(
+            {"chunk": self.chunk, "prefill_buckets": self.prefill_buckets, "max_cache_len": self.max_cache_len,
+             "num_layers": self.num_layers}).encode(), what="LLM description")
         return out
 
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> LMPrograms:
+        """The programs ``save`` wrote; an older directory (a static ``prefill.npubin`` of ``chunk`` tokens)
+        loads as it is."""
+        return load_lm_programs(directory)
+
     def dispatch_table(self) -> str:
-        """Seed 004's per-phase table: dispatches per run, per token and per layer (bind-time work excluded)."""
-        rows = [("prefill", self.prefill, self.chunk), ("decode", self.decode, 1)]
+        """Seed 004's per-phase table: dispatches per run, per token and per layer (bind-time work excluded), for
+        the prefill of ``chunk`` tokens and the decode step."""
+        rows = [("prefill", self.prefill_program(), self.chunk), ("decode", self.decode, 1)]
         lines = [f"{'phase':<8} {'tokens/run':>10} {'dispatches/run':>14} {'per token':>10} {'per layer':>10}"]
         for phase, program, tokens in rows:
             n = run_dispatches(program)
@@ -95,7 +125,7 @@ def fusion_table(unfused: LMPrograms, fused: LMPrograms) -> str:
     for phase, tokens in (("prefill", fused.chunk), ("decode", 1)):
         cells = []
         for programs in (unfused, fused):
-            n = run_dispatches(getattr(programs, phase))
+            n = run_dispatches(programs.prefill_program(tokens) if phase == "prefill" else programs.decode)
             cells.append((n, n / tokens, n / programs.num_layers))
         (a, at, al), (b, bt, bl) = cells
         lines.append(f"{phase:<8} {tokens:>6} | {a:>11} {at:>7.1f} {al:>7.1f} | {b:>9} {bt:>7.1f} {bl:>7.1f}")
@@ -116,29 +146,69 @@ def run_dispatches(program: CompiledProgram) -> int:
 
 def compile_lm(ir_or_path: NPU_IR | dict | str | os.PathLike, *, chunk: int = DEFAULT_CHUNK,
                target: str | Target = "cpu", options: CompileOptions | None = None,
-               fallback: str | None = None, kv_bits: int | None = None) -> LMPrograms:
+               fallback: str | None = None, kv_bits: int | None = None,
+               prefill_buckets: Sequence[int] | None = None) -> LMPrograms:
     """Compile an LLM IR with a KV cache into prefill and decode programs (see the module docstring).
 
-    ``chunk`` is the prefill program's token count (at most the cache length). ``kv_bits=8`` holds the cache as
-    int8 codes with a float32 scale per head and position (``npu_compiler.kvcache``); None: the model's float
-    dtype. Raises ``CompileError`` when the IR is not such an LLM: other inputs, no symbolic sequence length, no
-    cache; or for another ``kv_bits``.
+    ``prefill_buckets``: the prompt lengths the prefill is compiled for (one variant each, in one
+    ``DynamicProgram``); None: ``chunk`` doubled up to the cache length, as long as the largest variant's arena
+    stays within ``npu_compiler.llm_prefill.PREFILL_ARENA_CAP`` (1 GiB). ``chunk``: the smallest default bucket
+    (at most the cache length; unused when buckets are given). ``kv_bits=8`` holds the cache as int8 codes with a
+    float32 scale per head and position (``npu_compiler.kvcache``); None: the model's float dtype. Raises
+    ``CompileError`` when the IR is not such an LLM: other inputs, no symbolic sequence length, no cache; for a
+    bucket outside 1..cache length; or for another ``kv_bits``.
     """
     kv_code_dtype(kv_bits)  # refuses an unsupported width before any work
     ir = load_source(ir_or_path)
     seq = sequence_symbol(ir)
     max_cache_len = _cache_len(ir, seq)
-    if not 1 <= chunk <= max_cache_len:
+    if prefill_buckets is None and not 1 <= chunk <= max_cache_len:
         raise CompileError(f"IR {ir.model_name!r}: prefill chunk {chunk} must be between 1 and the cache length "
                            f"{max_cache_len}")
-    prefill = _compile_phase(specialize(ir, {seq: chunk}), target, options, fallback, kv_bits)
-    decode = _compile_phase(specialize(ir, {seq: 1}), target, options, fallback, kv_bits)
-    for program, phase in ((prefill, "prefill"), (decode, "decode")):
-        program.metadata["llm"] = {"phase": phase, "tokens": chunk if phase == "prefill" else 1,
-                                   "max_cache_len": max_cache_len, "kv_bits": kv_bits}
+
+    def one(specialized: NPU_IR) -> CompiledProgram:
+        return _compile_phase(specialized, target, options, fallback, kv_bits)
+
+    prefill = compile_prefill(ir, seq, prefill_buckets, chunk, max_cache_len, one)
+    decode = one(specialize(ir, {seq: 1}))
+    decode.metadata["llm"] = {"phase": "decode", "tokens": 1, "max_cache_len": max_cache_len}
+    for program in (prefill, *prefill_variants(prefill), decode):
+        program.metadata["llm"]["kv_bits"] = kv_bits
+    smallest = prefill_variants(prefill)[0]
     # one cache write per key and per value cache and layer (a quantized cache has two slots per cache)
-    num_layers = sum(1 for d in prefill.dispatches if writes_state_kernel(d.kernel)) // 2
-    return LMPrograms(prefill, decode, chunk, max_cache_len, num_layers=num_layers)
+    num_layers = sum(1 for d in smallest.dispatches if writes_state_kernel(d.kernel)) // 2
+    return LMPrograms(prefill, decode, prefill_buckets_of(prefill)[0], max_cache_len, num_layers=num_layers)
+
+
+def prefill_buckets_of(prefill: DynamicProgram | CompiledProgram) -> list[int]:
+    """The prompt lengths of the prefill variants, ascending."""
+    return [tokens_of(p) for p in prefill_variants(prefill)]
+
+
+def tokens_of(program: CompiledProgram) -> int:
+    """The tokens one run of an LLM program takes (its ``input_ids``' length)."""
+    tokens = lm_tokens(program)
+    if tokens is None:
+        raise CompileError(f"program {program.model_name!r} has no input_ids [1, tokens] input: it is not an LLM "
+                           "phase program (compile the model with npu_compiler.llm.compile_lm)")
+    return tokens
+
+
+def load_lm_programs(directory: str | os.PathLike[str]) -> LMPrograms:
+    """``LMPrograms.load``: ``prefill.npubin`` of either kind (a dynamic file of buckets, or an older static one),
+    ``decode.npubin`` and ``lm.json``; a missing or bad file is a ``CompileError`` naming it."""
+    from npu_program.npubin_dynamic import load_program
+
+    root = Path(directory)
+    prefill = load_program(root / "prefill.npubin")
+    decode = CompiledProgram.load(root / "decode.npubin")
+    try:
+        info = json.loads(read_input(root / "lm.json", "LLM description", "save the programs again"))
+        max_cache_len, num_layers = int(info["max_cache_len"]), int(info["num_layers"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CompileError(f"{root / 'lm.json'}: not an LLM description ({err}); it needs max_cache_len and "
+                           "num_layers: save the programs again (LMPrograms.save)") from None
+    return LMPrograms(prefill, decode, prefill_buckets_of(prefill)[0], max_cache_len, num_layers)
 
 
 def _compile_phase(ir: NPU_IR, target: str | Target, options: CompileOptions | None, fallback: str | None,
@@ -190,8 +260,9 @@ def _cache_len(ir: NPU_IR, seq: str) -> int:
     return int(lengths.pop())
 
 
-__all__ = ["DEFAULT_CHUNK", "LMPrograms", "compile_lm", "fusion_table", "is_lm", "run_dispatches",
-           "sequence_symbol", "unfused_options"]
+__all__ = ["DEFAULT_CHUNK", "LMPrograms", "compile_lm", "fusion_table", "is_lm", "load_lm_programs",
+           "prefill_buckets_of", "prefill_variant", "prefill_variants", "run_dispatches", "sequence_symbol",
+           "tokens_of", "unfused_options"]
 
 
 #: Targets whose backends give any dispatch a block-quantized weight (dequantized once where no kernel reads the
@@ -216,8 +287,8 @@ def with_block_weights(programs: LMPrograms, layouts: Mapping[str, str], *,
     ``x_int8_group`` parameter), as llama.cpp computes its quantized dot products: faster integer kernels (Q8_0,
     Q4_0, Q5_0, Q4_K, Q6_K), results within that rounding of the float ones. The CPU backend runs it; another
     target is refused."""
-    kept = {k: v for k, v in layouts.items() if all(_reads_blocks(p, k) for p in (programs.prefill, programs.decode))}
-    for program in (programs.prefill, programs.decode):
+    kept = {k: v for k, v in layouts.items() if all(_reads_blocks(p, k) for p in programs.programs())}
+    for program in programs.programs():
         if int8_activations and program.target not in X_INT8_TARGETS:
             raise CompileError(f"int8 activations run on the {' or '.join(X_INT8_TARGETS)} backend, not "
                                f"{program.target!r}: leave them off (x stays float, the weights stay blocks)")

@@ -100,6 +100,7 @@ class Executor:
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
         # The persistent buffers the steps read and write (outside the arena, like weights); None until bound.
         self.state: State | None = None
+        self.runs = 0  # runs so far (a generator's prefill runs are counted by it in tests and reports)
         # the CPU backend's choice of thread count per run (npu_runtime.threads); None elsewhere
         run_threads = getattr(backend, "run_threads", None)
         self.threads: RunThreads | None = run_threads() if run_threads is not None else None
@@ -207,6 +208,7 @@ class Executor:
         Without one, the State bound before is used (the first run makes one, ``executor.state``)."""
         self.ensure_bound(weights, state)
         self.copy_in(inputs)
+        self.runs += 1
         if self.validate:
             self.run_steps(self._validator())
         elif self.threads is None:

@@ -5,20 +5,32 @@
     result = gen.generate(ids, 32, temperature=0.8, top_k=40, seed=0) # sampled, reproducibly
     print(result.tokens, result.summary())
 
-The two programs share the weights and one ``State`` holding the KV cache. The prompt runs through the
-prefill program in chunks of its fixed length, each at its position offset (``cache_position``):
+The programs share the weights and one ``State`` holding the KV cache. The prefill program is a
+``DynamicProgram`` of prompt-length buckets (or, from an older directory, one static program of ``chunk``
+tokens: a single bucket). A prompt of ``n`` tokens runs through it at its position offset ``p``
+(``cache_position``) in one call of the smallest bucket ``b >= n`` with ``p + b`` within the cache; a prompt
+longer than the largest bucket runs as whole chunks of the largest, then its rest so. A one-token rest (a
+one-token prompt) is a decode step.
 
-* a prompt of ``chunk`` tokens or more runs as whole chunks; a last partial chunk is shifted back to end
-  at the prompt's end, so it overlaps the chunk before it: those tokens are computed again at the same
-  positions, which writes the same keys and values into the cache again;
-* a shorter prompt runs all but its last token as one chunk padded at the end (positions ``0..chunk-1``),
-  then its last token through the decode program. The padding's keys and values sit at positions the
-  causal mask hides from every real token, and each is overwritten by a decode step before any query
-  at that position exists. (A one-token prompt is a decode step only.)
+Padding: the ids are padded with the last token, and the padded rows' keys and values are written at positions
+``p + n .. p + b - 1`` (such a program writes the cache at ``cache_position[0] + arange(b)`` and masks by the
+same). Those positions lie after the prompt, so the causal mask hides them from every real token, and each is
+overwritten (by the next decode step or prefill run) before any query at that position exists. Which row holds
+the last real token's logits depends on the program:
 
-Either way the prompt's last token is the last row of its run, and the programs compute the logits of
-the last row only (``extract_lm``), which is all generation reads. Then each decode run takes one token
-at the next position. Nothing is copied per token but the two small inputs and the logits.
+* ``compile_lm`` rewrites an ``extract_lm`` IR's last-row logits into the row at the largest
+  ``cache_position`` (``npu_program.lm.ROW_AT_LARGEST_POSITION``): the padded rows get position ``p``, which
+  only sets their own rotary phase, so the last real token's position ``p + n - 1`` is the largest;
+* a program computing every row's logits (the zoo's ``llama_kv``) gets positions continuing to ``p + b - 1``
+  and row ``n - 1`` is read;
+* a program computing only its last row's logits, without that rewrite (an older directory), is never padded
+  at the end: a rest shorter than the bucket runs shifted back to end at the prompt's end, overlapping the run
+  before it (those tokens are computed again at the same positions and write the same keys and values again);
+  a prompt shorter than the smallest bucket runs all but its last token padded, then its last token as a
+  decode step.
+
+Then each decode run takes one token at the next position. Nothing is copied per token but the two small
+inputs and the logits.
 """
 
 from __future__ import annotations
@@ -31,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from npu_program.dynamic import DynamicProgram
+from npu_program.lm import prefill_variants, selects_prompt_row
 from npu_program.program import CompiledProgram
 
 from .device import Device, RuntimeInputError, as_device
@@ -80,20 +94,26 @@ class Generator:
     """Prefill and decode programs of one LLM, bound to one set of weights and one KV cache (see the module
     docstring)."""
 
-    def __init__(self, prefill: CompiledProgram, decode: CompiledProgram, weights: Any,
+    def __init__(self, prefill: DynamicProgram | CompiledProgram, decode: CompiledProgram, weights: Any,
                  device: Device | Any = None) -> None:
         self.device = as_device(device if device is not None else prefill.target)
-        self.chunk = _tokens(prefill, "prefill")
+        variants = prefill_variants(prefill)
+        #: the prompt lengths the prefill variants take, ascending
+        self.buckets = [_tokens(p, "prefill") for p in variants]
+        #: the length a prompt longer than every bucket is cut into (the largest bucket)
+        self.chunk = self.buckets[-1]
         if _tokens(decode, "decode") != 1:
             raise RuntimeInputError(f"program {decode.model_name!r} is not a one-token decode program "
                                     f"(input_ids is {decode.input_specs[0].shape})")
-        self.max_cache_len = _cache_len(prefill)
-        self.state = State(prefill, self.device)
-        self.prefill_exec = Executor(prefill, self.device)
+        self.max_cache_len = _cache_len(variants[0])
+        self.padding = _padding(variants)
+        self.state = State(variants[0], self.device)
+        self.prefill_exec = Executor(prefill, self.device)  # a DynamicExecutor for buckets
         self.decode_exec = Executor(decode, self.device)
         self.prefill_exec.bind(weights, self.state)
         self.decode_exec.bind(self.prefill_exec.bound, self.state)
-        self.prefill_dispatches = sum(1 for d in prefill.dispatches if not d.at_bind)
+        self.dispatches = {b: sum(1 for d in p.dispatches if not d.at_bind) for b, p in zip(self.buckets, variants)}
+        self.prefill_dispatches = self.dispatches[self.buckets[0]]  # updated to the last prefill run's bucket
         self.decode_dispatches = sum(1 for d in decode.dispatches if not d.at_bind)
 
     def reset(self) -> None:
@@ -149,19 +169,36 @@ class Generator:
     # -- steps ------------------------------------------------------------------------------------
 
     def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
-        """Logits of the prompt's last position, and the number of prefill runs."""
-        n, chunk = len(prompt), self.chunk
-        if n < chunk:  # all but the last token padded to a chunk (hidden, overwritten later), then the last
-            if n > 1:
-                head = prompt[:-1]
-                self._run(self.prefill_exec, head + [head[-1]] * (chunk - len(head)), list(range(chunk)))
-            return self._run(self.decode_exec, prompt[-1:], [n - 1])[-1], int(n > 1)
-        starts = list(range(0, n - chunk + 1, chunk))
-        if starts[-1] + chunk < n:
-            starts.append(n - chunk)  # the last chunk ends at the prompt's end, overlapping the one before
-        for begin in starts:
-            logits = self._run(self.prefill_exec, prompt[begin:begin + chunk], list(range(begin, begin + chunk)))
-        return logits[-1], len(starts)
+        """Logits of the prompt's last position, and the number of prefill runs (see the module docstring)."""
+        n, largest, begin, runs = len(prompt), self.buckets[-1], 0, 0
+        while n - begin > largest:  # whole chunks of the largest bucket; their logits are not needed
+            self._prefill_run(prompt[begin:begin + largest], begin)
+            begin, runs = begin + largest, runs + 1
+        rest = n - begin
+        if rest == 1:
+            return self._run(self.decode_exec, prompt[-1:], [n - 1])[-1], runs
+        fits = [b for b in self.buckets if b >= rest and begin + b <= self.max_cache_len]
+        if fits and (fits[0] == rest or self.padding is not None):
+            return self._prefill_run(prompt[begin:], begin, fits[0])[0], runs + 1
+        bucket = next(b for b in self.buckets if b >= rest)
+        if n >= bucket:  # shifted back to end at the prompt's end, overlapping the tokens before
+            return self._prefill_run(prompt[n - bucket:], n - bucket)[0], runs + 1
+        # a short prompt and no row to read but the last: all but its last token padded, then a decode step
+        self._prefill_run(prompt[:-1], 0, next(b for b in self.buckets if b >= n - 1), positions="continue")
+        return self._run(self.decode_exec, prompt[-1:], [n - 1])[-1], runs + 1
+
+    def _prefill_run(self, ids: list[int], begin: int, bucket: int | None = None,
+                     positions: str | None = None) -> np.ndarray:
+        """One prefill run of ``ids`` at ``begin``, padded to ``bucket`` (default: their length) with the last
+        token; the logits of the last of ``ids``, [1, vocab]."""
+        n = len(ids)
+        bucket = n if bucket is None else bucket
+        pad = bucket - n
+        how = positions or self.padding
+        tail = [begin] * pad if how == "first" else list(range(begin + n, begin + bucket))
+        logits = self._run(self.prefill_exec, ids + ids[-1:] * pad, list(range(begin, begin + n)) + tail)
+        self.prefill_dispatches = self.dispatches[bucket]
+        return logits[n - 1:n] if logits.shape[0] == bucket else logits[-1:]
 
     def _run(self, executor: Executor, ids: list[int], positions: list[int]) -> np.ndarray:
         """Logits [rows, vocab] (float32) of one run: the last row is the last token's."""
@@ -222,6 +259,22 @@ def _tokens(program: CompiledProgram, phase: str) -> int:
 
 def _cache_len(program: CompiledProgram) -> int:
     return int(program.state_specs[0].shape[2])
+
+
+def _padding(variants: list[CompiledProgram]) -> str | None:
+    """How a prompt is padded to a bucket: ``"first"`` (padded rows at the prompt's first position) when every
+    variant's logits are the row at the largest position, ``"continue"`` (positions continue) when every
+    variant computes every row's logits, None when only the last row's (see the module docstring)."""
+    if all(selects_prompt_row(p) for p in variants):
+        return "first"
+    if all(_logit_rows(p) == _tokens(p, "prefill") for p in variants):
+        return "continue"
+    return None
+
+
+def _logit_rows(program: CompiledProgram) -> int:
+    shape = program.output_specs[0].shape
+    return int(shape[-2]) if len(shape) >= 2 else 1
 
 
 __all__ = ["Generation", "Generator", "pick"]

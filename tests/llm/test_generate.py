@@ -105,11 +105,11 @@ def test_programs_share_the_cache_as_state_written_in_place(fp32):
 
 
 def test_a_saved_program_pair_runs_the_same(fp32, tmp_path):
-    from npu_program.program import CompiledProgram
+    from npu_program.npubin_dynamic import load_program  # prefill.npubin holds every prompt-length bucket (format 3)
 
     real, programs, gen = fp32
     programs.save(tmp_path)
-    prefill, decode = (CompiledProgram.load(tmp_path / f"{p}.npubin") for p in ("prefill", "decode"))
+    prefill, decode = (load_program(tmp_path / f"{p}.npubin") for p in ("prefill", "decode"))
     device = Device()
     loaded = Generator(prefill, decode, load_weights(module_state(real), prefill, device), device)
     prompt = prompt_of(9)

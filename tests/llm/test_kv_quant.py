@@ -236,12 +236,12 @@ def test_unfused_attention_reads_the_dequantized_cache(zoo_qwen2):
 
 def test_a_saved_int8_program_pair_runs_the_same(zoo_qwen2, tmp_path):
     """The .npubin files carry the int8 and float32 state slots and the KVQ dispatches as any others."""
-    from npu_compiler.compiled_program import CompiledProgram
+    from npu_program.npubin_dynamic import load_program  # prefill.npubin holds every prompt-length bucket (format 3)
 
     ir, weights = zoo_qwen2
     programs, gen = generator(ir, weights, 8)
     programs.save(tmp_path)
-    prefill, decode = (CompiledProgram.load(tmp_path / f"{phase}.npubin") for phase in ("prefill", "decode"))
+    prefill, decode = (load_program(tmp_path / f"{phase}.npubin") for phase in ("prefill", "decode"))
     assert decode.metadata["llm"]["kv_bits"] == 8
     assert sorted({s.dtype for s in decode.state_specs}) == ["float32", "int8"]
     device = Device()

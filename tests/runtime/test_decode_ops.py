@@ -321,7 +321,7 @@ def test_decode_program_runs_them_and_generates_the_same_tokens(library, dtype):
     with torch_ir.build_on_meta():
         meta = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
     programs = compile_lm(extract_lm(meta, 64), chunk=16)
-    for program, native in ((programs.decode, True), (programs.prefill, False)):
+    for program, native in ((programs.decode, True), (programs.prefill_program(), False)):
         specs = {**program.tensors, **{w.name: w for w in program.weight_specs},
                  **{s.name: s.tensor_spec() for s in program.state_specs}}  # as the Executor gives them
         kinds = {d.kernel: make_kernel(d, specs, set()).native for d in program.dispatches

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from npu_program.dynamic import DynamicProgram
+from npu_program.lm import prefill_variant
 from npu_program.program import CompiledProgram
 
 from .hardware import Hardware
@@ -59,14 +61,19 @@ def tokens_per_run(program: CompiledProgram) -> int:
     return int(spec.shape[-1])
 
 
-def cost_lm(prefill: CompiledProgram, decode: CompiledProgram, hw: Hardware, dtype: str | None = None,
-            context: int | None = None, precision: str | None = None) -> LMCost:
-    """Both phases of an LLM on ``hw``; the decode program must take one token a run. ``context``: the live KV-cache
-    positions to cost both phases at (see the module docstring); None: the whole cache. ``dtype`` and
-    ``precision``: as ``cost_program``'s."""
-    if tokens_per_run(decode) != 1:
-        raise CostModelError(f"program {decode.model_name!r} takes {tokens_per_run(decode)} tokens a run: the decode "
-                             "program takes one (give compile_lm's decode program)")
+def cost_lm(prefill: CompiledProgram | DynamicProgram, decode: CompiledProgram, hw: Hardware,
+            dtype: str | None = None, context: int | None = None, precision: str | None = None,
+            prefill_tokens: int | None = None) -> LMCost:
+    """Both phases of an LLM on ``hw``; the decode program must take one token a run. A prefill of prompt-length
+    buckets (``compile_lm``'s ``DynamicProgram``) is costed at its bucket for ``prefill_tokens`` (the smallest
+    holding them; None: the smallest bucket, the chunk). ``context``: the live KV-cache positions to cost both
+    phases at (see the module docstring); None: the whole cache. ``dtype`` and ``precision``: as
+    ``cost_program``'s."""
+    prefill = prefill_variant(prefill, prefill_tokens or 1)
+    if isinstance(decode, DynamicProgram) or tokens_per_run(decode) != 1:
+        runs = "prompt-length buckets" if isinstance(decode, DynamicProgram) else f"{tokens_per_run(decode)} tokens"
+        raise CostModelError(f"program {decode.model_name!r} takes {runs} a run: the decode program takes one (give "
+                             "compile_lm's decode program)")
     decode_cost = cost_program(decode, hw, dtype, context=context, precision=precision)
     prefill_cost = cost_program(prefill, hw, dtype, context=context, precision=precision)
     return LMCost(prefill_cost, decode_cost, tokens_per_run(prefill),

@@ -35,7 +35,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="run the nodes the target has no kernel for on the host CPU inside the program (host "
                         "dispatches) instead of refusing the model; the summary shows the placement")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
-                   help=f"an LLM with a KV cache: the prefill program's length in tokens (default: {DEFAULT_CHUNK})")
+                   help=f"an LLM with a KV cache: the smallest prefill bucket in tokens (default: {DEFAULT_CHUNK})")
+    p.add_argument("--prefill-buckets", metavar="N,N,...",
+                   help="an LLM with a KV cache: the prompt lengths the prefill is compiled for, one program file "
+                        "(default: --chunk doubled up to the cache length, the largest arena within 1 GiB)")
     p.add_argument("--bind", action="append", default=[], metavar="SYMBOL=SIZE",
                    help="fix a symbolic dimension (a dynamic batch: --bind batch=1); repeatable")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
@@ -167,19 +170,36 @@ def _parse_bind(items: list[str]) -> dict[str, int]:
 
 
 def _compile_lm(ir, args: argparse.Namespace, options) -> int:
-    """An LLM with a KV cache: prefill and decode programs in one directory, and the per-phase dispatch table."""
+    """An LLM with a KV cache: prefill (prompt-length buckets) and decode programs in one directory, and the
+    per-phase dispatch table."""
     from npu_compiler.llm import compile_lm, fusion_table, unfused_options
 
+    buckets = _prefill_buckets(args.prefill_buckets)
     programs = compile_lm(ir, chunk=args.chunk, target=args.target, options=options, fallback=args.fallback,
-                          kv_bits=args.kv_bits)
+                          kv_bits=args.kv_bits, prefill_buckets=buckets)
     out = Path(args.output) if args.output else default_output(ir.model_name, "_lm")
     programs.save(out)
     print(programs.decode.summary())
-    # the same IR without the transformer fusions (host fallback for what has no unfused kernel): what they buy
-    unfused = compile_lm(ir, chunk=args.chunk, target=args.target, options=unfused_options(), fallback="cpu")
+    print(programs.prefill.summary())
+    # the same IR without the transformer fusions (host fallback for what has no unfused kernel): what they buy, at
+    # the smallest bucket only (the table shows one prefill run)
+    unfused = compile_lm(ir, target=args.target, options=unfused_options(), fallback="cpu",
+                         prefill_buckets=[programs.chunk])
     print(fusion_table(unfused, programs))
-    print(f"wrote {out}/prefill.npubin, {out}/decode.npubin (weights and KV cache shared)")
+    print(f"wrote {out}/prefill.npubin (prefill buckets {','.join(map(str, programs.prefill_buckets))}), "
+          f"{out}/decode.npubin (weights and KV cache shared)")
     return 0
+
+
+def _prefill_buckets(text: str | None) -> list[int] | None:
+    """``"16,64,256"`` -> ``[16, 64, 256]``; None -> None (the default buckets)."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",")]
+    if not items or not all(t.isdigit() and int(t) > 0 for t in items):
+        raise UsageError(f"--prefill-buckets {text!r}: expected prompt lengths in tokens, comma-separated whole "
+                         "numbers above 0 (e.g. --prefill-buckets 16,64,256)")
+    return [int(t) for t in items]
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -79,7 +79,9 @@ def _programs(source: str, kv_bits: int | None = None) -> dict[str, object]:
     if source.endswith(".npubin"):
         return {"": CompiledProgram.load(source)}
     if Path(source).is_dir() and (Path(source) / "decode.npubin").is_file():
-        return {phase: CompiledProgram.load(Path(source) / f"{phase}.npubin") for phase in ("prefill", "decode")}
+        from npu_program.npubin_dynamic import load_program  # the prefill is one file of prompt-length buckets
+
+        return {phase: load_program(Path(source) / f"{phase}.npubin") for phase in ("prefill", "decode")}
     from npu_compiler import compile as compile_ir
     from npu_compiler.llm import compile_lm, is_lm
     from npu_tools.commands.compile import _load

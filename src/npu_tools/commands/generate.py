@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=sorted(BACKENDS), default="cpu", help="runtime backend (default: cpu)")
     p.add_argument("--max-cache-len", type=int, default=256, help="KV cache positions (default: 256)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
-                   help=f"prefill program length in tokens (default: {DEFAULT_CHUNK})")
+                   help=f"the smallest prefill bucket in tokens (default: {DEFAULT_CHUNK}); the prefill is compiled "
+                        "for it doubled up to --max-cache-len, and a prompt up to the largest runs in one call")
     p.add_argument("--int8-activations", action="store_true",
                    help="a GGUF file's block-quantized layers round their input to int8 groups of 32 first, as "
                         "llama.cpp does: faster Q4_0/Q5_0/Q4_K kernels, results within that rounding (CPU backend)")
