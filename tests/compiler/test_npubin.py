@@ -164,9 +164,9 @@ def test_wrong_magic(tmp_path):
 
 def test_future_major_version_is_refused(saved):
     body = bytearray(saved.read_bytes()[:-32])
-    struct.pack_into("<HH", body, 8, 3, 0)
+    struct.pack_into("<HH", body, 8, 4, 0)  # 3 is a dynamic program's (tests/dynamic)
     rewrite_with_checksum(saved, bytes(body))
-    with pytest.raises(NpubinError, match=r"version 3\.0 is not supported.*supports 1\.x, 2\.x.*recompiled"):
+    with pytest.raises(NpubinError, match=r"version 4\.0 is not supported.*supports 1\.x, 2\.x.*recompiled"):
         read_npubin(saved)
 
 
