@@ -4,7 +4,8 @@ A measurement is known on one stage's nodes: cycles, DRAM bytes and the profile'
 compiled program; the verifier's error per extracted node; a placement per fused node. ``carry`` shows it on
 every stage: a node of any stage takes the values of the nodes of the measured stage that share an extracted
 source with it (``GraphNode.sources``), reduced (``sum`` for times and bytes, each contributing node counted once;
-``max`` for errors; ``join`` for text such as a placement reason).
+``max`` for errors; ``min`` for a signal-to-noise ratio, where the worst is the smallest; ``join`` for text such
+as a placement reason).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .stages import StageGraph
 Value = float | str
 
 #: How the values of several contributing nodes become one.
-REDUCTIONS = ("sum", "max", "join")
+REDUCTIONS = ("sum", "max", "min", "join")
 
 
 @dataclass
@@ -62,7 +63,7 @@ def _reduce(values: list[Value], how: str) -> Value:
     if how == "join" or any(isinstance(v, str) for v in values):
         return "; ".join(dict.fromkeys(str(v) for v in values))
     numbers = [float(v) for v in values]
-    return sum(numbers) if how == "sum" else max(numbers)
+    return sum(numbers) if how == "sum" else min(numbers) if how == "min" else max(numbers)
 
 
 __all__ = ["REDUCTIONS", "Overlay", "Value", "carry"]
