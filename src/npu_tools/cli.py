@@ -17,6 +17,7 @@
     torch-ir profile m.npubin --weights w.safetensors  time per dispatch and per kernel kind
     torch-ir cost m.npubin --hw tpu_v1 -o cost/        cycles and DRAM bytes on a described NPU
     torch-ir bisect qwen2 -o bisect/    which stage, rule or kernel makes the numbers wrong; a repro
+    torch-ir view bert -o view/         every stage in Google's Model Explorer, with cost and placement overlays
     torch-ir import-onnx model.onnx     ONNX -> IR JSON and weights   (verify-onnx: against onnxruntime)
     torch-ir import-tinygrad pkg.mod:factory   tinygrad -> IR JSON and weights   (tinygrad-docs: the table)
     torch-ir verify-onnx model.onnx     the imported IR against onnxruntime
@@ -311,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands.import_tinygrad import add_parser as add_tinygrad_parser
 
     add_tinygrad_parser(sub)
+    from .commands.view import add_parser as add_view_parser
+
+    add_view_parser(sub)
     try:
         from .commands.import_onnx import add_parser as add_onnx_parsers
     except ImportError:  # the onnx extra is not installed

@@ -1,0 +1,180 @@
+"""``torch-ir view MODEL_OR_FILE``: one model at every pipeline stage in Google's Model Explorer, with overlays.
+
+Writes ``DIR/graphs.json`` (a graph per stage), ``DIR/overlays/*.json`` (cycles, DRAM bytes and bound on ``--hw``,
+placement; with ``--verify`` the verifier's per-node error; with ``--profile`` the measured time per dispatch;
+with ``--bisect-report`` bisect's first divergent node) and ``DIR/sync/*.json`` (which nodes of two stages are the
+same computation), then starts Model Explorer on them when the ``view`` extra is installed (``--no-server``: only
+the files). ``npu_tools.view.explorer`` says what is in each file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch_ir.errors import TorchIRError
+
+DEFAULT_OUTPUT = "view"
+DEFAULT_HW = "edge_4tops"
+
+
+@dataclass
+class Loaded:
+    """A source's stage graphs, its program (None: not compiled), and what the overlays need of it."""
+
+    label: str
+    graphs: list[Any]
+    program: Any = None
+    subject: Any = None  # npu_tools.debug.subject.Subject, made for --verify/--profile
+    notes: list[str] = field(default_factory=list)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add the ``view`` subcommand to ``sub``."""
+    p = sub.add_parser("view", help="every pipeline stage in Google's Model Explorer, with per-node overlays")
+    p.add_argument("source", help="an IR JSON file, a .npubin program, an ONNX file, a zoo name, "
+                                  "package.module:factory or a Hugging Face model directory (weight-free unless "
+                                  "--verify/--profile)")
+    p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, metavar="DIR",
+                   help=f"where graphs.json, overlays/ and sync/ go (default: {DEFAULT_OUTPUT})")
+    p.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|FILE",
+                   help=f"the hardware the cycles and DRAM bytes overlays are costed on (default: {DEFAULT_HW})")
+    p.add_argument("--weights", metavar="FILE", help="the weights (.safetensors/.pt) of an IR file, or to load into "
+                                                     "a model, for --verify and --profile")
+    p.add_argument("--verify", action="store_true", help="overlay the verifier's per-node error against the source "
+                   "model (runs the model and the IR: the weights are held in memory)")
+    p.add_argument("--profile", action="store_true", help="overlay the measured time of each dispatch (runs the "
+                   "compiled program on the CPU)")
+    p.add_argument("--bisect-report", metavar="FILE", help="overlay the first divergent node of a bisect run (its "
+                   "report.json)")
+    p.add_argument("--no-server", action="store_true", help="write the files only; do not start Model Explorer")
+    p.add_argument("--port", type=int, default=8080, metavar="N", help="Model Explorer's port (default: 8080, the "
+                                                                        "first free one from there)")
+    p.set_defaults(func=cmd_view)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from npu_compiler.costmodel import load_hardware
+    from npu_tools.view.explorer import INSTALL_HINT, serve, write_explorer
+    from torch_ir.fileio import check_regular_file, make_output_dir
+
+    if not 0 < args.port < 65536:
+        raise TorchIRError(f"--port {args.port}: a port is 1 to 65535; give a free one, or leave --port out")
+    if args.bisect_report:
+        check_regular_file(args.bisect_report, "bisect report", "give the report.json of `torch-ir bisect -o DIR`")
+    if args.weights:
+        check_regular_file(args.weights, "weights file", "give a .safetensors or .pt file")
+    hw = load_hardware(args.hw)  # every flag is checked before the model is loaded
+    make_output_dir(args.output, "Model Explorer output directory")
+    loaded = load_source(args.source, weights=args.weights, run=args.verify or args.profile)
+    overlays = view_overlays(loaded, hw=hw, verify=args.verify, profile=args.profile,
+                             bisect_report=args.bisect_report)
+    files = write_explorer(loaded.graphs, args.output, overlays, label=loaded.label)
+    stages = ", ".join(f"{g.stage} ({len(g.nodes)} nodes)" for g in loaded.graphs)
+    print(f"{loaded.label}: {stages}")
+    print(f"overlays: {', '.join(o.name for o in overlays) or 'none'}")
+    for note in loaded.notes:
+        print(f"note: {note}")
+    print(f"wrote {len(files)} files into {args.output}: {files[0].name}, overlays/, sync/")
+    if args.no_server:
+        return 0
+    try:
+        import model_explorer  # noqa: F401  (the optional `view` extra)
+    except ImportError:
+        print(f"Model Explorer is not installed, so it was not started: {INSTALL_HINT}, then run this again; or open "
+              f"{files[0]} in Model Explorer, with the files in {Path(args.output) / 'overlays'} as node data",
+              file=sys.stderr)
+        return 0
+    serve(args.output, port=args.port)
+    return 0
+
+
+def load_source(source: str, *, weights: str | None = None, run: bool = False) -> Loaded:
+    """The stage graphs of any source ``torch-ir view`` takes. ``run``: also the ``Subject`` (weights, inputs and
+    the trusted runner) that ``--verify`` and ``--profile`` need."""
+    from npu_tools.view.stages import pipeline_graphs
+
+    path = Path(source)
+    if path.suffix == ".npubin":
+        if run:
+            raise TorchIRError(f"{source}: --verify/--profile need the model or its IR, not a compiled program; give "
+                               "the IR JSON (with --weights) or the model")
+        return _load_program(path)
+    subject = None
+    if run:
+        from npu_tools.debug.sources import load_subject
+
+        subject = load_subject(source, weights=weights)
+        ir = subject.ir
+    elif path.suffix == ".onnx":
+        from torch_ir.frontends.onnx import import_onnx
+
+        ir, _ = import_onnx(path)
+    else:
+        from npu_tools.commands.normalize import _load
+
+        ir, _ = _load(source)
+    loaded = Loaded(ir.model_name or path.stem, [], None, subject)
+    try:
+        loaded.graphs, loaded.program = pipeline_graphs(ir)
+    except TorchIRError as e:  # not compilable as it is (symbolic shapes, ...): the IR stages are still worth a look
+        from npu_compiler.passes import normalize
+        from npu_compiler.passes.kernel_fusion import fuse_kernels
+        from npu_tools.view.stages import ir_graph
+
+        normalized = normalize(ir)
+        loaded.graphs = [ir_graph(ir, "extracted"), ir_graph(normalized, "normalized"),
+                         ir_graph(fuse_kernels(normalized), "fused")]
+        loaded.notes.append(f"no compiled stage, and so no cost or placement overlay: {e}")
+    return loaded
+
+
+def _load_program(path: Path) -> Loaded:
+    from npu_program.program import CompiledProgram
+    from npu_tools.view.stages import ir_graph, program_graph
+    from torch_ir.ir.serialize import ir_from_dict
+
+    program = CompiledProgram.load(path)
+    graphs, notes = [], []
+    if program.ir is not None:
+        graphs.append(ir_graph(ir_from_dict(program.ir, source=str(path)), "normalized"))
+    else:
+        notes.append(f"{path} carries no normalized IR (compiled to ship without it): only the compiled stage")
+    graphs.append(program_graph(program))
+    return Loaded(program.model_name or path.stem, graphs, program, None, notes)
+
+
+def view_overlays(loaded: Loaded, *, hw: Any = DEFAULT_HW, verify: bool = False, profile: bool = False,
+                  bisect_report: str | None = None) -> list[Any]:
+    """The overlays ``torch-ir view`` shows: cost (on ``hw``, a preset name, a file or a ``Hardware``) and placement
+    whenever there is a program, the rest on request."""
+    from npu_compiler.costmodel import cost_program, load_hardware
+    from npu_tools.view import overlay_sources as sources
+
+    overlays = []
+    if loaded.program is not None:
+        hardware = load_hardware(hw) if isinstance(hw, (str, Path)) else hw
+        overlays += sources.cost_overlays(cost_program(loaded.program, hardware), loaded.graphs)
+        overlays.append(sources.placement_overlay(loaded.program, loaded.graphs))
+    if verify:
+        overlays.append(sources.error_overlay(sources.verifier_errors(loaded.subject), loaded.graphs))
+    if profile:
+        overlays.append(sources.profile_overlay(_profile(loaded), loaded.graphs))
+    if bisect_report:
+        overlays.append(sources.bisect_overlay(bisect_report, loaded.graphs))
+    return overlays
+
+
+def _profile(loaded: Loaded) -> Any:
+    from npu_runtime import Device, Executor, load_weights
+
+    program, subject = loaded.program, loaded.subject
+    device = Device()
+    inputs = {spec.name: value.numpy() for spec, value in zip(program.input_specs, subject.inputs)}
+    return Executor(program, device).profile(inputs, load_weights(dict(subject.weights), program, device), runs=5)
+
+
+__all__ = ["DEFAULT_HW", "DEFAULT_OUTPUT", "Loaded", "add_parser", "cmd_view", "load_source", "view_overlays"]
