@@ -24,6 +24,7 @@ from npu_tools.view.overlay_sources import (
     cost_overlays,
     error_overlay,
     placement_overlay,
+    sqnr_overlay,
 )
 from npu_tools.view.overlays import carry
 from npu_tools.view.stages import GraphNode, StageGraph, pipeline_graphs
@@ -153,6 +154,39 @@ def test_the_verifier_error_and_bisect_finding_land_on_the_nodes_they_name():
                                                 "provenance": {"nodes": ["matmul", "add"]}}}, TINY)
     assert set(by_provenance.on("extracted")) == {"matmul", "add"} and list(by_provenance.on("compiled")) == ["d0"]
     assert bisect_overlay({"finding": None}, TINY).on("extracted") == {}
+
+
+def test_the_per_layer_sqnr_of_a_quantized_ir_shows_the_worst_on_what_it_computes():
+    from types import SimpleNamespace
+
+    from npu_compiler.passes import normalize
+    from npu_compiler.quantize.report.compare import LayerAccuracy
+    from npu_tools.zoo.runner import resolve_spec
+
+    spec = resolve_spec("llama")
+    ir = spec.extract(spec.build("meta"))
+    graphs, _ = pipeline_graphs(ir)
+    quantized = normalize(ir)  # stands for the quantized IR: its nodes have provenance as a quantized one does
+    first, second, exact = [n for n in quantized.nodes if n.op_type == "GEMM"][:3]
+    layers = [LayerAccuracy(0, first.name, "GEMM", None, "t0", 30.0, 1.0, 0.0, float("inf"), 0.0),
+              LayerAccuracy(1, second.name, "GEMM", None, "t1", 20.0, 1.0, 0.0, 30.0, 0.0),
+              LayerAccuracy(2, exact.name, "GEMM", None, "t2", float("inf"), 1.0, 0.0, 20.0, 0.0)]
+    overlay = sqnr_overlay(SimpleNamespace(layers=layers), quantized, graphs)
+    assert overlay.on("normalized") == {first.name: 30.0, second.name: 20.0}  # the exact layer shows nothing
+    sources = {n.id: n.sources for n in graphs[0].nodes}
+    assert all(sources[k] for k in overlay.on("extracted"))
+    assert set(overlay.on("compiled").values()) <= {30.0, 20.0} and overlay.on("compiled")
+
+
+def test_torch_ir_view_verify_and_profile_overlay_the_error_and_the_time(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["view", "bert", "-o", str(out), "--no-server", "--verify", "--profile"]) == 0
+    error = json.loads((out / "overlays" / "error.json").read_text())
+    extracted = [r["value"] for r in error["extracted"]["results"].values()]
+    assert len(extracted) > 50 and max(extracted) < 1e-3  # the IR computes what eager BERT computes
+    time_us = json.loads((out / "overlays" / "time_us.json").read_text())
+    assert all(r["value"] >= 0 for r in time_us["compiled"]["results"].values())
+    assert len(time_us["compiled"]["results"]) == 30
 
 
 def test_the_files_load_into_model_explorers_own_dataclasses(tmp_path, bert):
