@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", action="store_true",
                    help="verify the kernel-fused IR against the model with its weights (seeded ones for a zoo "
                         "model or a config.json alone); needs a model, not an IR or ONNX file")
+    p.add_argument("--bind", action="append", default=[], metavar="SYMBOL=SIZE",
+                   help="fix a symbolic dimension for the compiled program (a dynamic batch: --bind batch=1); "
+                        "repeatable")
     p.add_argument("--title", help="the page's title (default: the model's name)")
     p.set_defaults(func=cmd_report)
 
@@ -53,17 +56,21 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.output:  # refused before the work, not after
         check_output_path(args.output, "HTML report")
+    from npu_tools.commands.compile import _parse_bind
+
     hw = load_hardware(args.hw)  # a bad --hw is refused before extracting
+    bind = _parse_bind(args.bind)
     ir, spec = _load(args.source)
     if args.verify and spec is None:
         raise UsageError(f"--verify: {args.source} is a file, not a model; the verifier runs the IR against the model "
                          "with its weights; fix: give a zoo name, package.module:factory or a Hugging Face model "
                          "directory, or leave --verify out")
+    _check_static(ir, bind)
     fused = []  # the kernel-fused IR pipeline_graphs compiles, kept for --verify
 
     def compile_fused(f):
         fused.append(f)
-        return compile(f, options=CompileOptions(normalize=False, fuse=False), fallback="cpu")
+        return compile(f, options=CompileOptions(normalize=False, fuse=False), fallback="cpu", bind=bind or None)
 
     graphs, program = pipeline_graphs(ir, compile_ir=compile_fused)
     cost = cost_program(program, hw, dtype=hw.native_dtype) if program is not None else None
@@ -91,6 +98,16 @@ def _load(source: str):
     from npu_tools.commands.normalize import _load as load_ir_or_model
 
     return load_ir_or_model(source)
+
+
+def _check_static(ir, bind: dict[str, int]) -> None:
+    """A symbolic input dimension not given a size by ``--bind`` is refused in this command's flags (the program
+    and its memory plan are made for one size)."""
+    symbols = sorted({d for t in ir.graph_inputs for d in t.shape if isinstance(d, str)} - set(bind))
+    if symbols:
+        raise UsageError(f"IR {ir.model_name!r} has symbolic input dimensions ({', '.join(symbols)}) and the report's "
+                         "compiled program and memory plan are for one size; fix: give each a size, "
+                         + " ".join(f"--bind {s}=1" for s in symbols))
 
 
 def _verify(fused_ir, spec):

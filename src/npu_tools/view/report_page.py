@@ -26,7 +26,7 @@ margin:.5em 0}.toolbar label{font-size:13px}#counts{color:#666;font-size:12px}
 #panel h3{margin:.3em 0;word-break:break-all}#panel dt{font-weight:bold;margin-top:.4em}
 #panel dd{margin-left:1em;word-break:break-all;white-space:pre-wrap;font-family:monospace}
 svg text{font-family:sans-serif;pointer-events:none}
-g.unit text{paint-order:stroke;stroke:#fff;stroke-width:2px;stroke-linejoin:round}
+g.unit.dark text{fill:#fff}
 g.unit{cursor:pointer}g.unit rect{stroke:#567;stroke-width:1}g.unit.group rect{stroke:#a67c2e;stroke-width:2}
 g.unit.selected rect{stroke:#d00;stroke-width:3}g.unit.related rect{stroke:#e07000;stroke-width:3}
 path.edge{fill:none;stroke:#99a;stroke-width:1}rect.frame{fill:#f3eee2;fill-opacity:.45;stroke:#c9b48a}

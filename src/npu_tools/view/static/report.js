@@ -235,6 +235,7 @@
       u.el.classList.toggle("selected", !!state.selected && state.selected.stage === state.stage &&
                             state.selected.key === u.key);
     });
+    current.units.forEach(function (u) { u.el.classList.remove("dark"); });
     if (!ov) {
       current.units.forEach(function (u) { u.rect.setAttribute("fill", u.group !== null ? GROUP_FILL : NODE_FILL); });
       return;
@@ -263,6 +264,7 @@
     }
     current.units.forEach(function (u) {
       var v = u.value;
+      u.el.classList.toggle("dark", typeof v === "number" && t(v) > 0.6);  // white text on the dark end
       u.rect.setAttribute("fill", typeof v === "number" ? ramp(t(v)) : v === null || v === undefined ? NO_VALUE
                                                                                                   : NON_FINITE);
     });
@@ -322,8 +324,8 @@
         item("attributes", Object.keys(n.attrs).map(function (k) { return k + " = " + JSON.stringify(n.attrs[k]); })
           .join("\n"));
       }
-      var src = sources(n);
-      item("sources (" + src.length + ")", src.slice(0, 40).join("\n") + (src.length > 40 ? "\n\u2026" : ""));
+      var srcs = sources(n);
+      item("sources (" + srcs.length + ")", srcs.slice(0, 40).join("\n") + (srcs.length > 40 ? "\n\u2026" : ""));
       if (n.rules) { item("rules", n.rules.join("\n")); }
     }
     DATA.overlays.forEach(function (ov) {
