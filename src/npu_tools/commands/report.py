@@ -74,6 +74,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     graphs, program = pipeline_graphs(ir, compile_ir=compile_fused)
     cost = cost_program(program, hw, dtype=hw.native_dtype) if program is not None else None
+    if cost is not None:  # as torch-ir cost does by default, and says so
+        cost.dtype_note = f"costed at {hw.native_dtype}, the hardware's native precision"
     verification = _verify(fused[0], spec) if args.verify else None
     out = Path(args.output) if args.output else default_output(ir.model_name, ".report.html")
     write_report(out, graphs, pipeline_overlays(graphs, program, cost), program=program, cost=cost,
