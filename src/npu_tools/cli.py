@@ -16,6 +16,7 @@
     torch-ir run m.npubin --weights w.safetensors      run a program (CPU or WebGPU backend)
     torch-ir profile m.npubin --weights w.safetensors  time per dispatch and per kernel kind
     torch-ir cost m.npubin --hw tpu_v1 -o cost/        cycles and DRAM bytes on a described NPU
+    torch-ir report llama -o report.html   one HTML page: every stage's graph, overlays, cost, memory plan
     torch-ir bisect qwen2 -o bisect/    which stage, rule or kernel makes the numbers wrong; a repro
     torch-ir view bert -o view/         every stage in Google's Model Explorer, with cost and placement overlays
     torch-ir import-onnx model.onnx     ONNX -> IR JSON and weights   (verify-onnx: against onnxruntime)
@@ -303,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_tools.commands.cost import add_parser as add_cost_parser
 
     add_cost_parser(sub)
+    from .commands.report import add_parser as add_report_parser
+
+    add_report_parser(sub)
     from .commands.bisect import add_parser as add_bisect_parser
 
     add_bisect_parser(sub)

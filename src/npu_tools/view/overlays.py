@@ -29,6 +29,7 @@ class Overlay:
     unit: str = ""
     values: dict[str, dict[str, Value]] = field(default_factory=dict)
     source_stage: str = ""  # where it was measured
+    reduce: str = "sum"  # how a viewer combines the values of a folded module (``REDUCTIONS``)
 
     def on(self, stage: str) -> dict[str, Value]:
         return self.values.get(stage, {})
@@ -47,7 +48,7 @@ def carry(name: str, measured: Mapping[str, Value], stage: str, graphs: Sequence
         if node.id in measured:
             for source in node.sources:
                 holders.setdefault(source, set()).add(node.id)
-    overlay = Overlay(name, unit, {}, stage)
+    overlay = Overlay(name, unit, {}, stage, reduce)
     for graph in graphs:
         values = {}
         for node in graph.nodes:
