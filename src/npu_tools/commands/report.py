@@ -124,19 +124,13 @@ def _verify(fused_ir, spec):
 def pipeline_overlays(graphs: list[StageGraph], program: CompiledProgram | None,
                       cost: CostReport | None) -> list[Overlay]:
     """The cost model's cycles, DRAM bytes and bound per dispatch and the placement (NPU, or CPU with the reason),
-    measured on the compiled stage and carried to every stage. (Until ``npu_tools.view.overlay_sources`` lands:
-    it makes these and the others, and replaces this function.)"""
-    from npu_tools.view.overlays import carry
+    measured on the compiled stage and carried to every stage (``npu_tools.view.overlay_sources``, which
+    ``torch-ir view`` shows too)."""
+    from npu_tools.view.overlay_sources import cost_overlays, placement_overlay
 
-    overlays = []
-    if cost is not None:
-        rows = {f"d{r.index}": r for r in cost.rows}
-        overlays += [carry("cycles", {k: r.cycles for k, r in rows.items()}, "compiled", graphs, unit="cycles"),
-                     carry("DRAM bytes", {k: r.dram_bytes for k, r in rows.items()}, "compiled", graphs, unit="B"),
-                     carry("bound", {k: r.bound for k, r in rows.items()}, "compiled", graphs, reduce="join")]
+    overlays = cost_overlays(cost, graphs) if cost is not None else []
     if program is not None:
-        placement = {f"d{i}": f"CPU: {d.host}" if d.host else "NPU" for i, d in enumerate(program.dispatches)}
-        overlays.append(carry("placement", placement, "compiled", graphs, reduce="join"))
+        overlays.append(placement_overlay(program, graphs))
     return overlays
 
 

@@ -187,7 +187,7 @@
   }
 
   // -- overlays: a node shows its own value; a folded block the values of the measured stage's nodes that compute
-  // any of its nodes' sources, each counted once, reduced as the overlay says (sum, max or join)
+  // any of its nodes' sources, each counted once, reduced as the overlay says (sum, max, min or join)
   function unitValue(ov, stage, u) {
     var values = ov.values[stage.stage] || [];
     if (u.node >= 0) { return values[u.node]; }
@@ -214,7 +214,8 @@
     if (how === "join" || values.some(function (v) { return typeof v === "string"; })) {
       return Array.from(new Set(values.map(String))).join("; ");
     }
-    return how === "max" ? Math.max.apply(null, values) : values.reduce(function (a, b) { return a + b; }, 0);
+    if (how === "max" || how === "min") { return Math[how].apply(null, values); }  // min: an SQNR's worst
+    return values.reduce(function (a, b) { return a + b; }, 0);
   }
   function ramp(t) {
     var seg = t < 0.5 ? 0 : 1, f = t < 0.5 ? t * 2 : (t - 0.5) * 2, a = RAMP[seg], b = RAMP[seg + 1];
