@@ -230,26 +230,9 @@ def test_a_hostile_node_name_survives_as_data(tmp_path):
                                                                                  "bgColor": "#a6dba0"}}
 
 
-def llama_70b_shaped_ir():
-    """Llama-3-70B's shape (80 layers, hidden 8192, as bench/normalize/scaling.py), extracted on the meta device."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    from torch_ir import extract_ir
-
-    shape = dict(hidden_size=8192, num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
-                 vocab_size=128256, rope_theta=500000.0)
-    config = transformers.LlamaConfig(num_hidden_layers=80, use_cache=False, **shape)
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(config).eval()
-    return extract_ir(model, (), model_name="llama3-70b", example_kwargs={
-        "input_ids": torch.zeros(1, 16, dtype=torch.long, device="meta")})
-
-
-def test_the_70b_shaped_model_stays_a_few_mb_and_is_built_in_seconds(tmp_path):
-    ir = llama_70b_shaped_ir()
+def test_the_70b_shaped_model_stays_a_few_mb_and_is_built_in_seconds(llama70b_run, tmp_path):
     started = time.perf_counter()
-    graphs, program = pipeline_graphs(ir)
+    graphs, program = pipeline_graphs(llama70b_run.ir)
     files = write_explorer(graphs, tmp_path, [placement_overlay(program, graphs)], label="llama3-70b")
     seconds = time.perf_counter() - started
     assert seconds < 30, f"normalize, compile and the Model Explorer files of 80 layers took {seconds:.1f} s"
