@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npu_tools import cli_options as options
 from torch_ir.errors import TorchIRError
 
 DEFAULT_OUTPUT = "view"
@@ -38,12 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", help="an IR JSON file, a .npubin program, an ONNX file, a zoo name, "
                                   "package.module:factory or a Hugging Face model directory (weight-free unless "
                                   "--verify/--profile)")
-    p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, metavar="DIR",
-                   help=f"where graphs.json, overlays/ and sync/ go (default: {DEFAULT_OUTPUT})")
+    options.output(p, "the directory graphs.json, overlays/ and sync/ go into", directory=True,
+                   default=DEFAULT_OUTPUT)
     p.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|FILE",
                    help=f"the hardware the cycles and DRAM bytes overlays are costed on (default: {DEFAULT_HW})")
-    p.add_argument("--weights", metavar="FILE", help="the weights (.safetensors/.pt) of an IR file, or to load into "
-                                                     "a model, for --verify and --profile")
+    options.weights(p, default_help="an IR file's, or loaded into a model, for --verify and --profile")
     p.add_argument("--verify", action="store_true", help="overlay the verifier's per-node error against the source "
                    "model (runs the model and the IR: the weights are held in memory)")
     p.add_argument("--profile", action="store_true", help="overlay the measured time of each dispatch (runs the "
