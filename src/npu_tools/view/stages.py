@@ -74,10 +74,10 @@ def program_graph(program: CompiledProgram) -> StageGraph:
 
 
 def pipeline_graphs(ir: NPU_IR, *, compile_ir: Callable[[NPU_IR], CompiledProgram] | None = None,
-                    ) -> tuple[list[StageGraph], CompiledProgram | None]:
-    """The four stage graphs of an extracted IR (fewer when a stage fails: the graphs made so far), and the
-    compiled program (None when it could not be compiled). ``compile_ir`` compiles the fused IR without
-    normalizing or fusing again (default: ``npu_compiler.compile`` with the CPU target and host fallback)."""
+                    ) -> tuple[list[StageGraph], CompiledProgram]:
+    """The four stage graphs of an extracted IR and the compiled program; a stage that fails raises its own error
+    (a compile error names the nodes). ``compile_ir`` compiles the fused IR without normalizing or fusing again
+    (default: ``npu_compiler.compile`` with the CPU target and host fallback)."""
     from npu_compiler import CompileOptions, compile
     from npu_compiler.passes import normalize
     from npu_compiler.passes.kernel_fusion import fuse_kernels
