@@ -112,13 +112,24 @@ def test_a_report_is_written_whole_or_not_at_all(llama_run, tmp_path):
 
 def test_cli_report_with_verification(tmp_path, capsys):
     out = tmp_path / "convnet.html"
-    assert main(["report", "convnet", "-o", str(out), "--verify"]) == 0
+    assert main(["report", "convnet", "-o", str(out), "--verify", "--profile"]) == 0
     page = out.read_text()
     assert 'id="verdict">PASS<' in page and "max abs error" in page
     assert "<h3>By kernel</h3>" in page
     data = embedded(page)
-    assert [o["name"] for o in data["overlays"]] == ["cycles", "DRAM bytes", "bound", "placement"]
+    names = [o["name"] for o in data["overlays"]]
+    assert names[:4] == ["cycles", "DRAM bytes", "bound", "placement"] and len(names) == 6
+    error, time = data["overlays"][4:]  # the verifier's error per node and the measured time per dispatch
+    errors = [v for v in error["values"]["extracted"] if v is not None]  # one per node of the stage, in order
+    assert len(error["values"]["extracted"]) == len(_stage(data, "extracted")["nodes"]) and errors
+    assert all(0 <= v < 1e-3 for v in errors)
+    times = time["values"]["compiled"]
+    assert len(times) == len(_stage(data, "compiled")["nodes"]) and all(t is not None and t > 0 for t in times)
     assert f"wrote {out}" in capsys.readouterr().out
+
+
+def _stage(data: dict, name: str) -> dict:
+    return next(g for g in data["stages"] if g["stage"] == name)
 
 
 def test_cli_report_of_an_ir_file_and_bad_flags(tmp_path, capsys):

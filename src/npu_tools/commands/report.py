@@ -38,6 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", action="store_true",
                    help="verify the kernel-fused IR against the model with its weights (seeded ones for a zoo "
                         "model or a config.json alone); needs a model, not an IR or ONNX file")
+    p.add_argument("--profile", action="store_true",
+                   help="overlay the measured time of each dispatch (runs the compiled program on the model's seeded "
+                        "inputs and weights; a model source only)")
+    p.add_argument("--bisect-report", metavar="FILE",
+                   help="overlay the first divergent node of a torch-ir bisect run (its report.json)")
     p.add_argument("--bind", action="append", default=[], metavar="SYMBOL=SIZE",
                    help="fix a symbolic dimension for the compiled program (a dynamic batch: --bind batch=1); "
                         "repeatable")
@@ -61,10 +66,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     hw = load_hardware(args.hw)  # a bad --hw is refused before extracting
     bind = _parse_bind(args.bind)
     ir, spec = _load(args.source)
-    if args.verify and spec is None:
-        raise UsageError(f"--verify: {args.source} is a file, not a model; the verifier runs the IR against the model "
-                         "with its weights; fix: give a zoo name, package.module:factory or a Hugging Face model "
-                         "directory, or leave --verify out")
+    for flag, given in (("--verify", args.verify), ("--profile", args.profile)):
+        if given and spec is None:
+            raise UsageError(f"{flag}: {args.source} is a file, not a model; it runs the model with its weights; fix: "
+                             "give a zoo name, package.module:factory or a Hugging Face model directory, or leave "
+                             f"{flag} out")
     _check_static(ir, bind)
     fused = []  # the kernel-fused IR pipeline_graphs compiles, kept for --verify
 
@@ -78,7 +84,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         cost.dtype_note = f"costed at {hw.native_dtype}, the hardware's native precision"
     verification = _verify(fused[0], spec) if args.verify else None
     out = Path(args.output) if args.output else default_output(ir.model_name, ".report.html")
-    write_report(out, graphs, pipeline_overlays(graphs, program, cost), program=program, cost=cost,
+    overlays = pipeline_overlays(graphs, program, cost) + _measured_overlays(args, graphs, program)
+    write_report(out, graphs, overlays, program=program, cost=cost,
                  verification=verification, title=args.title or f"{ir.model_name}: pipeline report")
     print(f"{ir.model_name}: " + ", ".join(f"{g.stage} {len(g.nodes)} nodes" for g in graphs))
     if cost is not None:
@@ -119,6 +126,28 @@ def _verify(fused_ir, spec):
     model = spec.build("cpu")
     _, report = verify_ir(fused_ir, module_state(model), model, spec.args, test_kwargs=spec.kwargs)
     return report
+
+
+def _measured_overlays(args: argparse.Namespace, graphs: list[StageGraph],
+                       program: CompiledProgram | None) -> list[Overlay]:
+    """With ``--verify``, the verifier's error per node; ``--profile``, the time per dispatch; ``--bisect-report``,
+    the first divergent node: the overlays ``torch-ir view`` draws from the same sources."""
+    from npu_tools.commands.view import Loaded, profile_of
+    from npu_tools.view import overlay_sources as sources
+
+    overlays = []
+    if args.verify or args.profile:
+        from npu_tools.debug.sources import load_subject
+
+        subject = load_subject(args.source)
+        if args.verify:
+            overlays.append(sources.error_overlay(sources.verifier_errors(subject), graphs))
+        if args.profile and program is not None:
+            overlays.append(sources.profile_overlay(profile_of(Loaded(subject.name, graphs, program, subject)),
+                                                    graphs))
+    if args.bisect_report:
+        overlays.append(sources.bisect_overlay(args.bisect_report, graphs))
+    return overlays
 
 
 def pipeline_overlays(graphs: list[StageGraph], program: CompiledProgram | None,

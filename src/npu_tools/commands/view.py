@@ -157,18 +157,21 @@ def view_overlays(loaded: Loaded, *, hw: Any = DEFAULT_HW, verify: bool = False,
     overlays = []
     if loaded.program is not None:
         hardware = load_hardware(hw) if isinstance(hw, (str, Path)) else hw
-        overlays += sources.cost_overlays(cost_program(loaded.program, hardware), loaded.graphs)
+        # at the hardware's native precision, as torch-ir cost and torch-ir report cost it
+        overlays += sources.cost_overlays(cost_program(loaded.program, hardware, dtype=hardware.native_dtype),
+                                          loaded.graphs)
         overlays.append(sources.placement_overlay(loaded.program, loaded.graphs))
     if verify:
         overlays.append(sources.error_overlay(sources.verifier_errors(loaded.subject), loaded.graphs))
     if profile:
-        overlays.append(sources.profile_overlay(_profile(loaded), loaded.graphs))
+        overlays.append(sources.profile_overlay(profile_of(loaded), loaded.graphs))
     if bisect_report:
         overlays.append(sources.bisect_overlay(bisect_report, loaded.graphs))
     return overlays
 
 
-def _profile(loaded: Loaded) -> Any:
+def profile_of(loaded: Loaded) -> Any:
+    """The measured time per dispatch of ``loaded``'s program, run on its subject's inputs and weights."""
     from npu_runtime import Device, Executor, load_weights
 
     program, subject = loaded.program, loaded.subject
@@ -177,4 +180,5 @@ def _profile(loaded: Loaded) -> Any:
     return Executor(program, device).profile(inputs, load_weights(dict(subject.weights), program, device), runs=5)
 
 
-__all__ = ["DEFAULT_HW", "DEFAULT_OUTPUT", "Loaded", "add_parser", "cmd_view", "load_source", "view_overlays"]
+__all__ = ["DEFAULT_HW", "DEFAULT_OUTPUT", "Loaded", "add_parser", "cmd_view", "load_source", "profile_of",
+           "view_overlays"]
