@@ -111,7 +111,8 @@ def test_vit_with_a_dynamic_batch_equals_eager():
             close(out, model(pixel_values=x).logits)
 
 
-def test_the_dynamic_batch_onnx_vit_a_user_exported_equals_onnxruntime(tmp_path):
+@pytest.mark.parametrize("target", ["cpu", pytest.param("webgpu", marks=needs_gpu)])
+def test_the_dynamic_batch_onnx_vit_a_user_exported_equals_onnxruntime(tmp_path, target):
     ort = pytest.importorskip("onnxruntime")
     from torch_ir import import_onnx
     from torch_ir.frontends.onnx import onnx_specializer
@@ -119,14 +120,16 @@ def test_the_dynamic_batch_onnx_vit_a_user_exported_equals_onnxruntime(tmp_path)
     path = vit_onnx(tmp_path / "vit.onnx")
     ir, weights = import_onnx(path)
     assert ir.graph_inputs[0].shape[0] == "batch"
-    program = compile(ir, dynamic=Buckets({"batch": [1, 2, 4]}, weights=weights,
-                                          specialize=onnx_specializer(path, ir)))
+    program = compile(ir, target=target, dynamic=Buckets({"batch": [1, 2, 4]}, weights=weights,
+                                                         specialize=onnx_specializer(path, ir)))
     assert program.padding["batch"].allowed
-    executor = Executor(program)
+    device = Device(target)
+    executor = Executor(program, device)
+    bound = load_weights(weights, program, device)
     session = ort.InferenceSession(str(path))
     for batch in (1, 2, 3, 4):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
-        out = executor.run({"pixel_values": x}, weights=weights)["output"].to_numpy()
+        out = executor.run({"pixel_values": x}, weights=bound)["output"].to_numpy()
         close(out, torch.from_numpy(session.run(None, {"pixel_values": x})[0]))
 
 
