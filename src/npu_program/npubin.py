@@ -169,6 +169,11 @@ def _encode_header(header: dict[str, Any]) -> bytes:
 def read_npubin(path: str | os.PathLike[str]) -> CompiledProgram:
     """Load a `.npubin` file; raises `NpubinError` (naming the file, the broken rule and the fix) if unusable."""
     path = Path(path)
+    return decode_npubin(read_file_bytes(path), path)
+
+
+def read_file_bytes(path: Path) -> bytes:
+    """A program file's bytes (of either kind), its size checked before it is read; `NpubinError` naming it."""
     try:
         data = read_input(path, "program file", "check the path, or compile the model to create it")
     except InputNotFoundError:
@@ -177,7 +182,7 @@ def read_npubin(path: str | os.PathLike[str]) -> CompiledProgram:
         raise NpubinError(str(err)) from None
     except MemoryError:
         raise _out_of_memory(path) from None
-    return decode_npubin(data, path)
+    return data
 
 
 def decode_npubin(data: bytes, path: str | os.PathLike[str] = "<bytes>") -> CompiledProgram:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_ir.errors import InputNotFoundError, TorchIRError
-from torch_ir.fileio import atomic_write, read_input
+from torch_ir.errors import TorchIRError
+from torch_ir.fileio import atomic_write
 from torch_ir.ops.symbolic import parse_sym
 
 from .codec import SchemaError, from_json, to_json
@@ -37,7 +37,7 @@ from .npubin import (  # the format's own pieces: one fixed header, alignment, c
     _parse_header,
     decode_npubin,
     encode_npubin,
-    read_npubin,
+    read_file_bytes,
 )
 from .program import CompiledProgram
 from .template import Template
@@ -105,15 +105,10 @@ def write_dynamic(program: DynamicProgram, path: str | os.PathLike[str]) -> None
 def load_program(path: str | os.PathLike[str]) -> CompiledProgram | DynamicProgram:
     """A `.npubin` file of either kind: a static program (format 1.x/2.x) or a dynamic one (3.x)."""
     path = Path(path)
-    try:
-        data = read_input(path, "program file", "check the path, or compile the model to create it")
-    except InputNotFoundError:
-        raise _error(path, "no such file", "check the path, or compile the model to create it") from None
-    except TorchIRError as err:
-        raise NpubinError(str(err)) from None
+    data = read_file_bytes(path)
     if len(data) >= _FIXED.size and _FIXED.unpack_from(data)[1] == DYNAMIC_FORMAT_VERSION[0]:
         return decode_dynamic(data, path)
-    return read_npubin(path)
+    return decode_npubin(data, path)
 
 
 def decode_dynamic(data: bytes, path: str | os.PathLike[str] = "<bytes>") -> DynamicProgram:

@@ -28,7 +28,7 @@ from npu_program.template import TemplateError, instantiate
 
 from .device import Device, NPUBuffer, RuntimeInputError, as_device
 from .state import State
-from .weights import Weights, load_weights
+from .weights import Weights, load_weights, weights_required
 
 #: The sizes an upper-bound program keeps executors for (each has kernels made and prepacked for its shapes).
 MAX_INSTANCES = 8
@@ -82,9 +82,7 @@ class DynamicExecutor:
             self.bind(weights, state)
         elif self.bound is None:
             if self.program.weight_specs:
-                raise RuntimeInputError(
-                    f"program {self.program.model_name!r} has {len(self.program.weight_specs)} weight slots and no "
-                    "weights were given: pass weights=npu_runtime.load_weights(path, program, device)")
+                raise weights_required(self.program)
             self.bind({}, state)
         elif state is not None:
             self.state = state

@@ -32,7 +32,7 @@ from .reference import check_host_dispatches, check_output_shapes
 from .state import State, check_slot
 from .threads import RunThreads
 from .validate import DispatchValidator
-from .weights import Weights, load_weights
+from .weights import Weights, load_weights, weights_required
 
 Step = tuple[Callable[[list[Any], list[Any]], None], list[Any], list[Any]]
 StepHook = Callable[[int, Step], None]
@@ -234,9 +234,7 @@ class Executor:
             self.bind(self.bound, state)
         elif self.bound is None:
             if self.program.weight_specs:
-                raise RuntimeInputError(
-                    f"program {self.program.model_name!r} has {len(self.program.weight_specs)} weight slots and no "
-                    "weights were given: pass weights=npu_runtime.load_weights(path, program, device)")
+                raise weights_required(self.program)
             self.bind({}, state)
 
     def copy_in(self, inputs: Mapping[str, InputValue]) -> None:

@@ -44,6 +44,12 @@ class Weights(Mapping[str, NPUBuffer]):
         return f"Weights({self.program.model_name!r}, {len(self)} tensors, {len(self.unused)} unused keys)"
 
 
+def weights_required(program: CompiledProgram | DynamicProgram) -> RuntimeInputError:
+    """The error of a run without weights of a program that has weight slots."""
+    return RuntimeInputError(f"program {program.model_name!r} has {len(program.weight_specs)} weight slots and no "
+                             "weights were given: pass weights=npu_runtime.load_weights(path, program, device)")
+
+
 def load_weights(source: WeightsInput, program: CompiledProgram | DynamicProgram,
                  device: Device | Any = None) -> Weights:
     """Load every weight slot of ``program`` from ``source`` onto ``device``.
