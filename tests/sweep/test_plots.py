@@ -96,3 +96,42 @@ def test_report_without_figures_still_lists_the_fronts(rows, tmp_path: Path):
     assert [p.name for p in written] == ["report.html"]
     page = (tmp_path / "report.html").read_text()
     assert "data:image/png" not in page and "Pareto front: latency vs. SRAM" in page
+
+
+def _write(rows, path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_cli_writes_the_report_beside_the_results(rows, tmp_path: Path, capsys):
+    from npu_tools.cli import main
+
+    _write(rows, tmp_path / "results.csv")
+    assert main(["sweep-report", str(tmp_path), "--axes", "sram_kib,array"]) == 0
+    out = capsys.readouterr().out
+    assert "10 points (1 failed)" in out and (tmp_path / "report.html").is_file()
+    page = (tmp_path / "report.html").read_text()
+    assert "Pareto front: latency vs. area proxy" in page
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--axes", "array"], "--axes array: two different hardware columns"),
+    (["--axes", "array,banana"], "fix: pick two of array, sram_kib"),
+])
+def test_cli_refuses_bad_axes(rows, tmp_path: Path, capsys, argv, message):
+    from npu_tools.cli import main
+
+    _write(rows, tmp_path / "results.csv")
+    assert main(["sweep-report", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "report.html").exists()
+
+
+def test_cli_names_a_missing_results_file(tmp_path: Path, capsys):
+    from npu_tools.cli import main
+
+    assert main(["sweep-report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "results.csv" in err and "torch-ir sweep -o DIR" in err
