@@ -19,6 +19,8 @@
     torch-ir report llama -o report.html   one HTML page: every stage's graph, overlays, cost, memory plan
     torch-ir bisect qwen2 -o bisect/    which stage, rule or kernel makes the numbers wrong; a repro
     torch-ir view bert -o view/         every stage in Google's Model Explorer, with cost and placement overlays
+    torch-ir sweep --models resnet,bert --hw tpu_v1 --grid array=16x16,32x32 --precision fp16,w8a8 -o sweep/
+                                        models x hardware x precisions: cost and accuracy, one table
     torch-ir sweep-report sweep/        a sweep's Pareto fronts and heat maps: PNGs and one HTML page
     torch-ir import-onnx model.onnx     ONNX -> IR JSON and weights   (verify-onnx: against onnxruntime)
     torch-ir import-tinygrad pkg.mod:factory   tinygrad -> IR JSON and weights   (tinygrad-docs: the table)
@@ -320,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands.view import add_parser as add_view_parser
 
     add_view_parser(sub)
+    from .commands.sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
     from .commands.sweep_report import add_parser as add_sweep_report_parser
 
     add_sweep_report_parser(sub)
