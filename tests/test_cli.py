@@ -11,7 +11,7 @@ from npu_tools.cli import main
 
 SUBCOMMANDS = {"demo", "extract", "inspect", "verify", "zoo", "ops", "normalize", "compile", "partition", "generate",
                "run", "profile", "cost", "bisect", "import-tinygrad", "tinygrad-docs", "import-onnx", "verify-onnx",
-               "quantize", "report", "view", "sweep"}
+               "quantize", "report", "view", "sweep", "sweep-report"}
 
 
 def test_help_lists_every_subcommand():

@@ -95,3 +95,13 @@ def test_a_task_that_dies_is_retried_and_one_that_keeps_failing_is_reported(loca
     assert sorted(r["key"] for r in rows) == sorted(p.key for p in convnet_points)
     assert all(r["status"] == "failed" and "failed 2 time(s)" in r["reason"] and "out of cheese" in r["reason"]
                for r in rows)
+
+
+def test_cli_ray_flag_runs_on_the_running_instance(local_ray, tmp_path, capsys):
+    from npu_tools.cli import main
+
+    argv = ["sweep", "--models", "convnet", "--hw", "edge_4tops", "--grid", "array=16x16,32x32", "--precision",
+            "fp16", "-o", str(tmp_path), "--ray", "auto"]
+    assert main(argv) == 0
+    assert "2 points: 2 ok, 0 failed" in capsys.readouterr().out
+    assert [r["status"] for r in _table(tmp_path / "results.csv")] == ["ok", "ok"]
