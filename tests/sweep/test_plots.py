@@ -91,6 +91,13 @@ def test_report_writes_pngs_and_one_escaped_page(rows, tmp_path: Path):
     assert "Failed points (1)" in page and "Pareto front: latency vs. area proxy" in page
 
 
+def test_a_model_with_no_costed_point_gets_no_figures(rows, tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    rows = [*rows, _row("broken", "16x16", 256, "fp16", None, 100, status="failed", reason="no such model")]
+    names = [p.name for p in plots.write_report(rows, tmp_path)]
+    assert not [n for n in names if "broken" in n] and "no such model" in (tmp_path / "report.html").read_text()
+
+
 def test_report_without_figures_still_lists_the_fronts(rows, tmp_path: Path):
     written = plots.write_report(rows, tmp_path, png=False)
     assert [p.name for p in written] == ["report.html"]

@@ -329,12 +329,13 @@ def model_figures(model: str, rows: Sequence[ResultRow], axes: Sequence[str] | N
 
 def write_report(rows: Sequence[ResultRow], out_dir: str | Path, *, title: str = "Design-space sweep",
                  axes: Sequence[str] | None = None, png: bool | None = None) -> list[Path]:
-    """Write ``report.html`` and, with matplotlib (``png``: default whether it imports), ``<model>_pareto.png`` and
-    ``<model>_heatmap.png`` per model into ``out_dir`` (which must exist); return the paths written. Every path is
-    checked before anything is written."""
+    """Write ``report.html`` and, with matplotlib (``png``: default whether it imports), ``NN_<model>_pareto.png``
+    and ``NN_<model>_heatmap.png`` per model with a costed point (``slug``) into ``out_dir`` (which must exist);
+    return the paths written. Every path is checked before anything is written."""
     draw = have_matplotlib() if png is None else png
     models = by_model(rows)
-    figures = {m: model_figures(m, mine, axes) for m, mine in models.items()} if draw else {}
+    # a model none of whose points was costed (it failed to load) has nothing to draw: its reasons are in the page
+    figures = {m: model_figures(m, mine, axes) for m, mine in models.items() if draw and ok_rows(mine)}
     files = {Path(out_dir) / f"{slug(i, m)}_{name}.png": data
              for i, m in enumerate(models) for name, data in figures.get(m, {}).items()}
     files[Path(out_dir) / PAGE] = report_html(rows, figures, title)
