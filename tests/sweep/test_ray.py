@@ -18,8 +18,8 @@ from npu_compiler.costmodel.hardware import hardware_from_dict  # noqa: E402
 from npu_compiler.costmodel.hardware_template import hardware_to_dict  # noqa: E402
 from npu_tools.commands.normalize import _load  # noqa: E402
 from npu_tools.sweep.engine import NONDETERMINISTIC_COLUMNS, evaluate_group  # noqa: E402
-from npu_tools.sweep.grid import expand  # noqa: E402
-from npu_tools.sweep.ray_executor import RayExecutor  # noqa: E402
+from npu_tools.sweep.grid import SweepError, expand  # noqa: E402
+from npu_tools.sweep.ray_executor import RayExecutor, check_address  # noqa: E402
 from npu_tools.sweep.run import LocalExecutor, group_points, sweep  # noqa: E402
 
 MODELS = ["convnet", "residual", "no_such_model"]
@@ -105,3 +105,14 @@ def test_cli_ray_flag_runs_on_the_running_instance(local_ray, tmp_path, capsys):
     assert main(argv) == 0
     assert "2 points: 2 ok, 0 failed" in capsys.readouterr().out
     assert [r["status"] for r in _table(tmp_path / "results.csv")] == ["ok", "ok"]
+
+
+def test_an_address_nothing_answers_at_is_refused_at_once():
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(SweepError, match=f"--ray {address}: nothing answers at 127.0.0.1:{port}.*fix: give"):
+            check_address(address, timeout_s=2)

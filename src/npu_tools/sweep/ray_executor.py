@@ -47,6 +47,22 @@ def import_ray() -> Any:
     return ray
 
 
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` (or ``ray://HOST:PORT``) nothing answers at, in seconds: ``ray.init`` would retry
+    for minutes before it gave up. An address of another form is left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise SweepError(f"--ray {address}: nothing answers at {host}:{port} ({e.strerror or e}); fix: give the Ray "
+                         "head's address (ray://HOST:10001 for Ray Client, HOST:6379 from a node of the cluster) "
+                         "once `ray start --head` runs there, or --ray auto for a local instance") from None
+
+
 def _first_chunk(points: list[Point]) -> tuple[list[Row], ModelCache]:
     """A group's first task: its rows from a fresh cache, and that cache (the model made ready) for the others."""
     cache = ModelCache(max_models=1)
@@ -100,6 +116,7 @@ class RayExecutor:
         if not ray.is_initialized():
             kwargs = {"log_to_driver": False, **self.init_kwargs}
             if self.address != "auto":
+                check_address(self.address)
                 kwargs["address"] = self.address
             elif "RAY_ADDRESS" not in os.environ:
                 kwargs.setdefault("include_dashboard", False)  # a local instance for one sweep needs no dashboard
@@ -144,4 +161,4 @@ class RayExecutor:
                 yield from rows
 
 
-__all__ = ["DEFAULT_CHUNK_POINTS", "RayExecutor", "chunks", "import_ray", "task_failed_rows"]
+__all__ = ["DEFAULT_CHUNK_POINTS", "RayExecutor", "check_address", "chunks", "import_ray", "task_failed_rows"]
