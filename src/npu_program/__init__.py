@@ -10,7 +10,8 @@ the one generic codec ``codec`` and the file format ``npubin``; ``check`` re-che
 (``memory_check``: the memory-plan checker it shares with the compiler). The one dtype table is
 ``torch_ir.dtypes``, below this package. ``kernels``, ``params``, ``codec`` and ``program`` import neither
 torch nor numpy. ``dynamic`` holds a program of several static variants (shape buckets) and how the runtime picks
-one; ``npubin_dynamic`` its file (format 3) and ``load_program``, which reads either kind.
+one; ``template`` an upper-bound program's sizes as expressions of the symbols and its instance at given sizes;
+``npubin_dynamic`` the file of either (format 3) and ``load_program``, which reads every kind.
 """
 
 from .cost_formulas import KernelCost
