@@ -92,3 +92,20 @@ def test_an_onnx_file_without_buckets_is_sent_to_import_onnx(tmp_path, capsys):
     (tmp_path / "m.onnx").write_bytes(b"")
     assert main(["compile", str(tmp_path / "m.onnx")]) != 0
     assert "static program, import it first (torch-ir" in capsys.readouterr().err
+
+
+def test_cost_takes_a_dynamic_program_bucket_by_bucket(tmp_path, capsys):
+    from npu_compiler.costmodel import cost_program, load_hardware
+    from npu_program.npubin_dynamic import load_program
+
+    program = tmp_path / "mhsa.npubin"
+    assert main(["compile", "mhsa", "--buckets", "seq=8,32", "-o", str(program)]) == 0
+    capsys.readouterr()
+    assert main(["cost", str(program), "--hw", "edge_4tops", "--dtype", "fp32", "-o", str(tmp_path / "cost")]) == 0
+    out = capsys.readouterr().out
+    assert "== bucket seq8" in out and "== bucket seq32" in out
+    hw = load_hardware("edge_4tops")
+    for variant in load_program(program).variants:  # each bucket's report is the cost model's on that variant
+        expected = cost_program(variant.program, hw, dtype="fp32")
+        rows = (tmp_path / "cost" / f"seq{variant.sizes['seq']}" / "cost.csv").read_text().splitlines()
+        assert len(rows) - 1 >= len(expected.rows) and f"{expected.total_cycles:,}" in out

@@ -77,7 +77,14 @@ def _programs(source: str, kv_bits: int | None = None) -> dict[str, object]:
                              "model itself (a zoo name, checkpoint or IR) with --kv-bits, or compile it with "
                              "torch-ir compile --kv-bits first")
     if source.endswith(".npubin"):
-        return {"": CompiledProgram.load(source)}
+        from npu_program.npubin_dynamic import load_program
+
+        program = load_program(source)
+        if isinstance(program, CompiledProgram):
+            return {"": program}
+        # a dynamic program: each bucket (an upper-bound program: its one variant, at the top) costed on its own
+        return {"_".join(f"{k}{v}" for k, v in variant.sizes.items()): variant.program
+                for variant in program.variants}
     if Path(source).is_dir() and (Path(source) / "decode.npubin").is_file():
         from npu_program.npubin_dynamic import load_program  # the prefill is one file of prompt-length buckets
 
@@ -128,9 +135,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
         _note(reports, note)
         print(lm.summary(top=args.top))
     else:
-        reports = {"": cost_program(programs[""], hw, dtype=dtype, context=args.context, precision=precision)}
+        reports = {phase: cost_program(program, hw, dtype=dtype, context=args.context, precision=precision)
+                   for phase, program in programs.items()}
         _note(reports, note)
-        print(reports[""].summary(top=args.top))
+        for phase, report in reports.items():
+            if phase:  # a bucket of a dynamic program
+                print(f"== bucket {phase}")
+            print(report.summary(top=args.top))
     if hw.kernels is not None:
         print(f"note: the [kernels] list of {hw.described_in} is for torch-ir partition --hw; the cost model costs "
               "every NPU dispatch of the program")
