@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from npu_compiler.costmodel.hardware import DEFAULT_PRESET
 from torch_ir.fileio import atomic_write
 from torch_ir.ir import NPU_IR
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 #: Up to this many distinct observed lengths, the upper-bound plan is costed at each; beyond, at this many sizes.
 EXACT_POINTS = 48
 #: The preset costed on when none is named.
-DEFAULT_HW = "edge_4tops"
+DEFAULT_HW = DEFAULT_PRESET
 CSV_COLUMNS = ("row", "name", "sizes", "arena_bytes", "arena_sum_bytes", "flops", "latency_ms", "share_given",
                "share_suggested", "expected_latency_ms", "waste")
 

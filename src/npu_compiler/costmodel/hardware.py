@@ -69,6 +69,9 @@ from npu_program.kernels import KERNEL_ALIASES, KERNELS
 from .hardware_file import MAX_FILE_BYTES, HardwareError, LongNumber, quote, read_description
 
 PRESET_DIR = Path(__file__).parent / "presets"
+#: The preset the views and reports that cost a program on their own (`--report-dynamic`, `torch-ir report`,
+#: `torch-ir view`) use when not given `--hw`.
+DEFAULT_PRESET = "edge_4tops"
 DATAFLOWS = ("output_stationary", "weight_stationary", "input_stationary")
 #: Operand widths with a MAC rate, narrowest first (a tie of ``native_dtype`` goes to the narrower).
 MAC_DTYPES = ("int4", "int8", "fp8", "int16", "fp16", "bf16", "fp32")

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from npu_compiler.costmodel.hardware import DEFAULT_PRESET
 from torch_ir.errors import TorchIRError
 
 
@@ -23,8 +24,8 @@ def add_report_options(p: argparse.ArgumentParser) -> None:
                    "mean next-token KL divergence against float is at most X")
     g.add_argument("--ladder", default="w8a8,float", metavar="P1,P2", help="the presets a layer is widened "
                    "through, narrowest first ('float': unquantized; default w8a8,float)")
-    g.add_argument("--hw", default="edge_4tops", metavar="NAME|FILE", help="the hardware the mixed-precision table "
-                   "is costed on: a preset name or a hardware file (default edge_4tops)")
+    g.add_argument("--hw", default=DEFAULT_PRESET, metavar="NAME|FILE", help="the hardware the mixed-precision table "
+                   f"is costed on: a preset name or a hardware file (default {DEFAULT_PRESET})")
 
 
 def check_report_options(args: argparse.Namespace) -> None:

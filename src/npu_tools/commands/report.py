@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from npu_compiler.costmodel.hardware import DEFAULT_PRESET as DEFAULT_HW
 from npu_tools import cli_options as options
 from npu_tools.commands.import_onnx import UsageError
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from npu_tools.view.overlays import Overlay
     from npu_tools.view.stages import StageGraph
 
-DEFAULT_HW = "edge_4tops"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npu_compiler.costmodel.hardware import DEFAULT_PRESET as DEFAULT_HW
 from npu_tools import cli_options as options
 from torch_ir.errors import TorchIRError
 
 DEFAULT_OUTPUT = "view"
-DEFAULT_HW = "edge_4tops"
 
 
 @dataclass
