@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_tools.commands.report import pipeline_overlays
+from npu_tools.view.overlay_sources import pipeline_overlays
 from npu_tools.view.report import write_report
 from npu_tools.view.stages import pipeline_graphs
 from torch_ir.ir.core import Provenance, provenance_of

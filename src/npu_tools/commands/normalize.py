@@ -70,10 +70,16 @@ def cmd_normalize(args: argparse.Namespace) -> int:
 
 
 def _load(source: str):
-    """An IR file as it is, or a model (anything ``resolve_spec`` takes) extracted now on the meta device, with its
-    spec. ``normalize``, ``compile``, ``partition`` and ``cost`` all load their source here."""
+    """An IR file as it is, an ONNX file imported, or a model (anything ``resolve_spec`` takes) extracted now on the
+    meta device, with its spec (None for a file). ``normalize``, ``compile``, ``partition``, ``cost``, ``report`` and
+    ``view`` all load their source here."""
     from torch_ir.frontends.hf_model import is_hf_model_path
     from torch_ir.ir import load_ir
+
+    if source.endswith(".onnx") and Path(source).is_file():
+        from torch_ir.frontends.onnx import import_onnx
+
+        return import_onnx(source)[0], None
 
     # a Hugging Face config.json is a model, not an IR, although it is a .json file
     if not is_hf_model_path(source) and (source.endswith(".json") or Path(source).is_file()):

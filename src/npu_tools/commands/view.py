@@ -95,7 +95,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 def load_source(source: str, *, weights: str | None = None, run: bool = False) -> Loaded:
     """The stage graphs of any source ``torch-ir view`` takes. ``run``: also the ``Subject`` (weights, inputs and
     the trusted runner) that ``--verify`` and ``--profile`` need."""
-    from npu_tools.view.stages import pipeline_graphs
+    from npu_tools.view.stages import compile_fused, ir_stages, program_graph
 
     path = Path(source)
     if path.suffix == ".npubin":
@@ -109,26 +109,18 @@ def load_source(source: str, *, weights: str | None = None, run: bool = False) -
 
         subject = load_subject(source, weights=weights)
         ir = subject.ir
-    elif path.suffix == ".onnx":
-        from torch_ir.frontends.onnx import import_onnx
-
-        ir, _ = import_onnx(path)
     else:
         from npu_tools.commands.normalize import _load
 
         ir, _ = _load(source)
     loaded = Loaded(ir.model_name or path.stem, [], None, subject)
+    loaded.graphs, fused = ir_stages(ir)
     try:
-        loaded.graphs, loaded.program = pipeline_graphs(ir)
+        loaded.program = compile_fused(fused)
     except TorchIRError as e:  # not compilable as it is (symbolic shapes, ...): the IR stages are still worth a look
-        from npu_compiler.passes import normalize
-        from npu_compiler.passes.kernel_fusion import fuse_kernels
-        from npu_tools.view.stages import ir_graph
-
-        normalized = normalize(ir)
-        loaded.graphs = [ir_graph(ir, "extracted"), ir_graph(normalized, "normalized"),
-                         ir_graph(fuse_kernels(normalized), "fused")]
         loaded.notes.append(f"no compiled stage, and so no cost or placement overlay: {e}")
+    else:
+        loaded.graphs.append(program_graph(loaded.program))
     return loaded
 
 
@@ -149,36 +141,17 @@ def _load_program(path: Path) -> Loaded:
 
 def view_overlays(loaded: Loaded, *, hw: Any = DEFAULT_HW, verify: bool = False, profile: bool = False,
                   bisect_report: str | None = None) -> list[Any]:
-    """The overlays ``torch-ir view`` shows: cost (on ``hw``, a preset name, a file or a ``Hardware``) and placement
-    whenever there is a program, the rest on request."""
+    """The overlays ``torch-ir view`` shows (``overlay_sources.pipeline_overlays``), the program costed on ``hw`` (a
+    preset name, a file or a ``Hardware``) at its native precision, as ``torch-ir cost`` and ``report`` cost it."""
     from npu_compiler.costmodel import cost_program, load_hardware
-    from npu_tools.view import overlay_sources as sources
+    from npu_tools.view.overlay_sources import pipeline_overlays
 
-    overlays = []
+    cost = None
     if loaded.program is not None:
         hardware = load_hardware(hw) if isinstance(hw, (str, Path)) else hw
-        # at the hardware's native precision, as torch-ir cost and torch-ir report cost it
-        overlays += sources.cost_overlays(cost_program(loaded.program, hardware, dtype=hardware.native_dtype),
-                                          loaded.graphs)
-        overlays.append(sources.placement_overlay(loaded.program, loaded.graphs))
-    if verify:
-        overlays.append(sources.error_overlay(sources.verifier_errors(loaded.subject), loaded.graphs))
-    if profile:
-        overlays.append(sources.profile_overlay(profile_of(loaded), loaded.graphs))
-    if bisect_report:
-        overlays.append(sources.bisect_overlay(bisect_report, loaded.graphs))
-    return overlays
+        cost = cost_program(loaded.program, hardware, dtype=hardware.native_dtype)
+    return pipeline_overlays(loaded.graphs, loaded.program, cost, subject=loaded.subject, verify=verify,
+                             profile=profile, bisect_report=bisect_report)
 
 
-def profile_of(loaded: Loaded) -> Any:
-    """The measured time per dispatch of ``loaded``'s program, run on its subject's inputs and weights."""
-    from npu_runtime import Device, Executor, load_weights
-
-    program, subject = loaded.program, loaded.subject
-    device = Device()
-    inputs = {spec.name: value.numpy() for spec, value in zip(program.input_specs, subject.inputs)}
-    return Executor(program, device).profile(inputs, load_weights(dict(subject.weights), program, device), runs=5)
-
-
-__all__ = ["DEFAULT_HW", "DEFAULT_OUTPUT", "Loaded", "add_parser", "cmd_view", "load_source", "profile_of",
-           "view_overlays"]
+__all__ = ["DEFAULT_HW", "DEFAULT_OUTPUT", "Loaded", "add_parser", "cmd_view", "load_source", "view_overlays"]

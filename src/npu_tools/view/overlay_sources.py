@@ -103,6 +103,34 @@ def sqnr_overlay(report: Any, quantized_ir: Any, graphs: Sequence[StageGraph]) -
     return carry("SQNR (dB)", measured, "quantized", [*graphs, quantized], unit="dB", reduce="min")
 
 
+def pipeline_overlays(graphs: Sequence[StageGraph], program: CompiledProgram | None, cost: Any = None, *,
+                      subject: Any = None, verify: bool = False, profile: bool = False,
+                      bisect_report: Any = None) -> list[Overlay]:
+    """The overlays of a run, as ``torch-ir view`` and ``torch-ir report`` draw them: the cost report's cycles, DRAM
+    bytes and bound and the placement whenever there is a program; with ``verify`` the verifier's error per node and
+    with ``profile`` the measured time per dispatch (both run ``subject``, an ``npu_tools.debug`` ``Subject``); with
+    ``bisect_report`` bisect's first divergent node."""
+    overlays = cost_overlays(cost, graphs) if cost is not None else []
+    if program is not None:
+        overlays.append(placement_overlay(program, graphs))
+    if verify:
+        overlays.append(error_overlay(verifier_errors(subject), graphs))
+    if profile and program is not None:
+        overlays.append(profile_overlay(profile_of(program, subject), graphs))
+    if bisect_report:
+        overlays.append(bisect_overlay(bisect_report, graphs))
+    return overlays
+
+
+def profile_of(program: CompiledProgram, subject: Any) -> Any:
+    """The measured time per dispatch of ``program``, run on the CPU on ``subject``'s inputs and weights."""
+    from npu_runtime import Device, Executor, load_weights
+
+    device = Device()
+    inputs = {spec.name: value.numpy() for spec, value in zip(program.input_specs, subject.inputs)}
+    return Executor(program, device).profile(inputs, load_weights(dict(subject.weights), program, device), runs=5)
+
+
 def _ids(graphs: Sequence[StageGraph], stage: str) -> set[str]:
     for g in graphs:
         if g.stage == stage:
@@ -155,5 +183,5 @@ def _located(finding: dict[str, Any] | None, graphs: Sequence[StageGraph]) -> li
     return places
 
 
-__all__ = ["NPU", "OverlayError", "bisect_overlay", "cost_overlays", "error_overlay", "placement_overlay",
-           "profile_overlay", "sqnr_overlay", "verifier_errors"]
+__all__ = ["NPU", "OverlayError", "bisect_overlay", "cost_overlays", "error_overlay", "pipeline_overlays",
+           "placement_overlay", "profile_of", "profile_overlay", "sqnr_overlay", "verifier_errors"]

@@ -73,25 +73,30 @@ def program_graph(program: CompiledProgram) -> StageGraph:
     return StageGraph("compiled", nodes, [(s.name, list(s.shape), s.dtype) for s in program.input_specs])
 
 
-def pipeline_graphs(ir: NPU_IR, *, compile_ir: Callable[[NPU_IR], CompiledProgram] | None = None,
-                    ) -> tuple[list[StageGraph], CompiledProgram]:
-    """The four stage graphs of an extracted IR and the compiled program; a stage that fails raises its own error
-    (a compile error names the nodes). ``compile_ir`` compiles the fused IR without normalizing or fusing again
-    (default: ``npu_compiler.compile`` with the CPU target and host fallback)."""
-    from npu_compiler import CompileOptions, compile
+def ir_stages(ir: NPU_IR) -> tuple[list[StageGraph], NPU_IR]:
+    """The graphs of the three IR stages (extracted, normalized, kernel-fused) and the kernel-fused IR."""
     from npu_compiler.passes import normalize
     from npu_compiler.passes.kernel_fusion import fuse_kernels
 
-    graphs = [ir_graph(ir, "extracted")]
     normalized = normalize(ir)
-    graphs.append(ir_graph(normalized, "normalized"))
     fused = fuse_kernels(normalized)
-    graphs.append(ir_graph(fused, "fused"))
-    compile_ir = compile_ir or (lambda f: compile(f, options=CompileOptions(normalize=False, fuse=False),
-                                                  fallback="cpu"))
-    program = compile_ir(fused)
-    graphs.append(program_graph(program))
-    return graphs, program
+    return [ir_graph(ir, "extracted"), ir_graph(normalized, "normalized"), ir_graph(fused, "fused")], fused
+
+
+def compile_fused(fused: NPU_IR) -> CompiledProgram:
+    """The kernel-fused IR compiled without normalizing or fusing it again, for the CPU target with host fallback."""
+    from npu_compiler import CompileOptions, compile
+
+    return compile(fused, options=CompileOptions(normalize=False, fuse=False), fallback="cpu")
+
+
+def pipeline_graphs(ir: NPU_IR, *, compile_ir: Callable[[NPU_IR], CompiledProgram] | None = None,
+                    ) -> tuple[list[StageGraph], CompiledProgram]:
+    """The four stage graphs of an extracted IR and the compiled program; a stage that fails raises its own error
+    (a compile error names the nodes). ``compile_ir`` compiles the kernel-fused IR (default ``compile_fused``)."""
+    graphs, fused = ir_stages(ir)
+    program = (compile_ir or compile_fused)(fused)
+    return [*graphs, program_graph(program)], program
 
 
 def _namespace(node: OpNode) -> str:
@@ -106,4 +111,5 @@ def _outputs(node: OpNode) -> list[tuple[str, list[Any], str]]:
     return [(t.name, list(t.shape), t.dtype) for t in node.outputs]
 
 
-__all__ = ["STAGES", "GraphNode", "StageGraph", "ir_graph", "pipeline_graphs", "program_graph"]
+__all__ = ["STAGES", "GraphNode", "StageGraph", "compile_fused", "ir_graph", "ir_stages", "pipeline_graphs",
+           "program_graph"]
