@@ -85,6 +85,17 @@ class NPUBuffer:
         return f"NPUBuffer({self.spec.name!r}, {_describe(self.spec)}, {self.device.name})"
 
 
+def host_array(value: Any) -> np.ndarray:
+    """An input value as a host array: a device buffer read back, a torch tensor (bfloat16 widened to float32, which
+    numpy lacks), anything else through ``np.asarray``."""
+    if isinstance(value, NPUBuffer):
+        return value.to_numpy()
+    if hasattr(value, "detach"):  # a torch.Tensor
+        value = value.detach().cpu()
+        return value.float().numpy() if str(value.dtype) == "torch.bfloat16" else value.numpy()
+    return np.asarray(value)
+
+
 def new_tensor(device: Device, spec: TensorSpec, array: Any) -> Any:
     """Device memory for ``spec``, holding ``array``."""
     backend = device.backend

@@ -26,9 +26,9 @@ from npu_program.dynamic import DynamicProgram, ShapeError, Variant, check_dynam
 from npu_program.program import TensorSpec
 from npu_program.template import TemplateError, instantiate
 
-from .device import Device, NPUBuffer, RuntimeInputError, as_device
+from .device import Device, NPUBuffer, RuntimeInputError, as_device, host_array
 from .state import State
-from .weights import Weights, load_weights, weights_required
+from .weights import Weights, already_loaded, load_weights, weights_required
 
 #: The sizes an upper-bound program keeps executors for (each has kernels made and prepacked for its shapes).
 MAX_INSTANCES = 8
@@ -68,9 +68,8 @@ class DynamicExecutor:
 
     def bind(self, weights: Weights | Mapping[str, NPUBuffer] | Any, state: State | None = None) -> None:
         """Load ``weights`` once (a path, a state dict, a module or a ``load_weights`` result) for every variant."""
-        if not isinstance(weights, Weights) and not (isinstance(weights, Mapping) and
-                                                     all(isinstance(v, NPUBuffer) for v in weights.values())):
-            weights = load_weights(weights, self.program.weight_program, self.device)
+        if not already_loaded(weights):
+            weights = load_weights(weights, self.program, self.device)  # one weight table for every variant
         self.bound = weights
         if state is not None or self.state is None:
             self.state = state if state is not None else State(self.program.weight_program, self.device)
@@ -92,7 +91,8 @@ class DynamicExecutor:
 
     def prepare(self, inputs: Mapping[str, Any]) -> tuple[dict[str, int], Variant, dict[str, np.ndarray]]:
         """The symbol sizes of ``inputs``, the variant that serves them and the inputs padded to its sizes."""
-        arrays = {name: _host(value) for name, value in inputs.items()}
+        # padding and reading the shapes happen on the host (the input is copied into the arena anyway)
+        arrays = {name: host_array(value) for name, value in inputs.items()}
         try:
             sizes = self.program.bind_symbols({name: a.shape for name, a in arrays.items()})
             variant = self.program.select(sizes)
@@ -142,17 +142,6 @@ class DynamicExecutor:
         array = np.ascontiguousarray(array[tuple(index)])
         spec = TensorSpec(buffer.spec.name, list(array.shape), buffer.spec.dtype)
         return NPUBuffer.from_numpy(array, self.device, spec=spec)
-
-
-def _host(value: Any) -> np.ndarray:
-    """An input as a host array: padding and reading its shape happen on the host (the input is copied into
-    the arena anyway)."""
-    if isinstance(value, NPUBuffer):
-        return value.to_numpy()
-    if hasattr(value, "detach"):  # a torch.Tensor
-        value = value.detach().cpu()
-        return value.float().numpy() if str(value.dtype) == "torch.bfloat16" else value.numpy()
-    return np.asarray(value)
 
 
 __all__ = ["MAX_INSTANCES", "DynamicExecutor"]

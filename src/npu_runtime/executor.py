@@ -25,14 +25,14 @@ from npu_program.memory_check import alias_roots
 from npu_program.program import CompiledProgram, TensorSpec
 from torch_ir.errors import TorchIRError
 
-from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array
+from .device import Device, NPUBuffer, RuntimeInputError, as_device, check_array, host_array
 from .dynamic import DynamicExecutor
 from .embedding_ids import check_ids, ids_checks
 from .reference import check_host_dispatches, check_output_shapes
 from .state import State, check_slot
 from .threads import RunThreads
 from .validate import DispatchValidator
-from .weights import Weights, load_weights, weights_required
+from .weights import Weights, already_loaded, load_weights, weights_required
 
 Step = tuple[Callable[[list[Any], list[Any]], None], list[Any], list[Any]]
 StepHook = Callable[[int, Step], None]
@@ -139,7 +139,7 @@ class Executor:
     def bind(self, weights: Weights | Mapping[str, NPUBuffer] | Any, state: State | None = None) -> None:
         """Prepare every kernel for ``weights`` (a ``load_weights`` result, or anything it accepts) and
         ``state`` (a ``State``; None: the one bound before, or a new one made from the program's slots)."""
-        if not isinstance(weights, Weights) and not _all_buffers(weights):
+        if not already_loaded(weights):
             weights = load_weights(weights, self.program, self.device)
         missing = sorted({w.name for w in self.program.weight_specs} - set(weights))
         if missing:
@@ -257,7 +257,7 @@ class Executor:
                     check_ids(value.to_numpy(), spec.name, self._ids_checks[spec.name], self.program.model_name)
                 backend.copy(self.tensors[spec.name], value.data)
             else:
-                array = _as_numpy(value)
+                array = host_array(value)
                 check_array(array, spec, where)
                 if spec.name in self._ids_checks:
                     check_ids(array, spec.name, self._ids_checks[spec.name], self.program.model_name)
@@ -302,14 +302,3 @@ class Executor:
 
 def _already_computed(inputs: Any, outputs: Any) -> None:
     """The run of a bind-time dispatch: its outputs were computed when the weights were bound."""
-
-
-def _all_buffers(weights: Any) -> bool:
-    return isinstance(weights, Mapping) and all(isinstance(v, NPUBuffer) for v in weights.values())
-
-
-def _as_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch.Tensor
-        value = value.detach().cpu()
-        return value.float().numpy() if str(value.dtype) == "torch.bfloat16" else value.numpy()
-    return np.asarray(value)

@@ -44,6 +44,13 @@ class Weights(Mapping[str, NPUBuffer]):
         return f"Weights({self.program.model_name!r}, {len(self)} tensors, {len(self.unused)} unused keys)"
 
 
+def already_loaded(weights: Any) -> bool:
+    """Whether ``weights`` are on a device already (a ``load_weights`` result, or buffers by slot name), rather than
+    a source ``load_weights`` reads."""
+    return isinstance(weights, Weights) or (isinstance(weights, Mapping) and
+                                            all(isinstance(v, NPUBuffer) for v in weights.values()))
+
+
 def weights_required(program: CompiledProgram | DynamicProgram) -> RuntimeInputError:
     """The error of a run without weights of a program that has weight slots."""
     return RuntimeInputError(f"program {program.model_name!r} has {len(program.weight_specs)} weight slots and no "
