@@ -25,10 +25,9 @@ import torch
 from npu_compiler.passes import NormalizeOptions, normalize
 from npu_program.dynamic import DynamicProgram
 from npu_program.kernels import KERNELS
-from npu_program.program import bind_outputs
 from torch_ir.ir import NPU_IR, OpNode, TensorMeta, check_integrity, load_ir
 from torch_ir.ir.serialize import ir_from_dict
-from torch_ir.limits import check_alloc, check_shape
+from torch_ir.limits import check_shape
 from torch_ir.ops.registry import is_supported, resolve_overload, unsafe_reason
 from torch_ir.ops.values import dtype_from_name
 from torch_ir.quant.spec import stored
@@ -40,7 +39,7 @@ from .dynamic import Buckets, compile_dynamic, specialized
 from .errors import CompileError, UnsupportedOpsError
 from .library import Target, get_target, unsupported_reason
 from .lower import Lowered, lower, spec_of
-from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
+from .memory import plan_arena
 from .passes.kernel_fusion import fuse_kernels
 from .passes.precision import cast_precision, precision_dtype
 from .state import state_slots, state_specs
@@ -281,15 +280,9 @@ def plan(lowered: Lowered, ir: NPU_IR, options: CompileOptions, alignment: int) 
     constants = {c.name for c in ir.constants}
     sizes = {name: spec.nbytes for name, spec in lowered.tensors.items()
              if name not in lowered.aliases and name not in constants}
-    pinned = bind_outputs(lowered.dispatches)  # computed once at bind time: never reused
-    lives = lifetimes([(d.inputs, d.outputs) for d in lowered.dispatches], sizes,
-                      live_in=[*(t.name for t in ir.graph_inputs), *pinned],
-                      live_out=[*(t.name for t in ir.graph_outputs), *pinned], aliases=lowered.aliases)
-    offsets, arena = plan_memory(lives, alignment=alignment, strategy=options.memory_strategy)
-    check_plan(lives, offsets, arena, alignment=alignment)
-    check_alloc(arena, f"IR {ir.model_name!r}: the activation arena")
-    return MemoryPlan(arena, offsets, no_reuse_bytes(lives, alignment), alignment,
-                      dict(lowered.aliases))
+    return plan_arena(lowered.dispatches, sizes, [t.name for t in ir.graph_inputs], [t.name for t in ir.graph_outputs],
+                      lowered.aliases, alignment=alignment, strategy=options.memory_strategy,
+                      where=f"IR {ir.model_name!r}")
 
 
 def placement_metadata(ir: NPU_IR, lowered: Lowered, fallback: str | None) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from npu_program.memory_check import (
     lifetimes,
     resolve_alias,
 )
+from npu_program.program import Dispatch, MemoryPlan, bind_outputs
+from torch_ir.limits import check_alloc
 
 __all__ = [
     "Lifetime",
@@ -43,6 +45,7 @@ __all__ = [
     "lifetimes",
     "memory_report",
     "no_reuse_bytes",
+    "plan_arena",
     "plan_memory",
     "resolve_alias",
 ]
@@ -53,6 +56,19 @@ STRATEGIES = ("greedy_by_size", "naive")
 # ---------------------------------------------------------------------------------------------------
 # Planning
 # ---------------------------------------------------------------------------------------------------
+
+
+def plan_arena(dispatches: Sequence[Dispatch], sizes: dict[str, int], inputs: Sequence[str], outputs: Sequence[str],
+               aliases: dict[str, str], *, alignment: int, strategy: str, where: str) -> MemoryPlan:
+    """The activation arena of a program: lifetimes, offsets, the independent overlap check, the allocation limit.
+    The bind-time dispatches' outputs are computed once and read by every run, so they are live throughout."""
+    pinned = bind_outputs(list(dispatches))
+    lives = lifetimes([(d.inputs, d.outputs) for d in dispatches], sizes, live_in=[*inputs, *pinned],
+                      live_out=[*outputs, *pinned], aliases=aliases)
+    offsets, arena = plan_memory(lives, alignment=alignment, strategy=strategy)
+    check_plan(lives, offsets, arena, alignment=alignment)
+    check_alloc(arena, f"{where}: the activation arena")
+    return MemoryPlan(arena, offsets, no_reuse_bytes(lives, alignment), alignment, dict(aliases))
 
 
 def no_reuse_bytes(lives: Sequence[Lifetime], alignment: int = 64) -> int:

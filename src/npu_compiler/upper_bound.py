@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 
 from npu_program.dynamic import DynamicProgram, SymbolPadding, SymbolRange, Variant
-from npu_program.program import CompiledProgram, MemoryPlan
+from npu_program.program import CompiledProgram
 from npu_program.template import SymbolicParam, Template, instantiate
 from torch_ir.dtypes import get_dtype
 from torch_ir.ir import NPU_IR
 
 from .errors import CompileError
-from .memory import check_plan, lifetimes, no_reuse_bytes, plan_memory
+from .memory import plan_arena
 
 #: Symbols an upper-bound program may vary: each doubles the compiles (the corners of the ranges).
 MAX_SYMBOLS = 3
@@ -105,15 +105,10 @@ def _at_top(base: CompiledProgram, template: Template, top: Point, model: str) -
     memory = program.memory
     sizes = {name: spec.nbytes for name, spec in program.tensors.items()
              if name not in memory.aliases and name not in program.constants}
-    pinned = program.bind_outputs
-    lives = lifetimes([(d.inputs, d.outputs) for d in program.dispatches], sizes,
-                      live_in=[*(s.name for s in program.input_specs), *pinned],
-                      live_out=[*(s.name for s in program.output_specs), *pinned], aliases=memory.aliases)
     strategy = program.metadata.get("options", {}).get("memory_strategy", "greedy_by_size")
-    offsets, arena = plan_memory(lives, alignment=memory.alignment, strategy=strategy)
-    check_plan(lives, offsets, arena, alignment=memory.alignment)
-    program.memory = MemoryPlan(arena, offsets, no_reuse_bytes(lives, memory.alignment), memory.alignment,
-                                dict(memory.aliases))
+    program.memory = plan_arena(program.dispatches, sizes, [s.name for s in program.input_specs],
+                                [s.name for s in program.output_specs], memory.aliases, alignment=memory.alignment,
+                                strategy=strategy, where=f"IR {model!r} at the upper bound")
     return program
 
 
