@@ -24,7 +24,9 @@ from npu_program.dynamic import PaddedAxis, SymbolPadding
 from torch_ir.executor import IRExecutor
 from torch_ir.inputs import random_inputs
 from torch_ir.ir import NPU_IR
+from torch_ir.ops.symbolic import sym_names
 from torch_ir.ops.values import dtype_from_name
+from torch_ir.verify.drift import relative_error
 
 #: Relative error (of the largest magnitude) above which padding is said to change an output: far above fp32
 #: rounding between two shapes (a different blocking of the same sums), far below what a real leak gives.
@@ -57,15 +59,9 @@ def _structural_reason(ir: NPU_IR, symbol: str) -> str | None:
         return "the model writes state (a cache or buffer), which padded positions would write too"
     for t in ir.graph_outputs:
         for d in t.shape:
-            if isinstance(d, str) and d != symbol and symbol in _names(d):
+            if isinstance(d, str) and d != symbol and symbol in sym_names(d):
                 return f"output {t.name!r} has the dimension {d!r}, which cannot be cut back to the actual size"
     return None
-
-
-def _names(expr: str) -> set[str]:
-    from torch_ir.ops.symbolic import sym_names
-
-    return sym_names(expr)
 
 
 def _reference_check(small_ir: IRExecutor, big_ir: IRExecutor, symbol: str, sizes: tuple[int, int],
@@ -82,12 +78,10 @@ def _reference_check(small_ir: IRExecutor, big_ir: IRExecutor, symbol: str, size
             g = g.narrow(cut[name], 0, actual)
         if w.shape != g.shape:
             return f"output {name!r} is {list(g.shape)} padded and {list(w.shape)} not"
-        w, g = w.double(), g.double()
-        if not (torch.isfinite(w).all() and torch.isfinite(g).all()):
+        if w.is_floating_point() and not (torch.isfinite(w).all() and torch.isfinite(g).all()):
             return (f"the padding check was inconclusive: output {name!r} is not finite with the weights it ran with "
                     "(give the model's own: Buckets(weights=...), torch-ir compile --weights)")
-        scale = max(w.abs().max().item(), 1e-30) if w.numel() else 1.0
-        error = (w - g).abs().max().item() / scale if w.numel() else 0.0
+        error = relative_error(g, w)  # of the largest magnitude; integers must be equal
         if error > PAD_TOLERANCE:
             return (f"padding {symbol} from {actual} to {padded} changes output {name!r} by {error:.2g} of its "
                     "largest value in the reference executor")
