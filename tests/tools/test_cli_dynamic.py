@@ -11,9 +11,27 @@ from npu_tools.cli import main
 from npu_tools.zoo.runner import resolve_spec
 
 
-def test_compile_buckets_then_run_at_a_length_between_edges(tmp_path, capsys):
+def extract_mhsa(tmp_path):
+    """The zoo's causal attention (symbolic seq) as an IR file and its seeded weights."""
     ir, weights = tmp_path / "mhsa.json", tmp_path / "mhsa.safetensors"
     assert main(["extract", "mhsa", "-o", str(ir), "--save-weights", str(weights)]) == 0
+    return ir, weights
+
+
+def run_against_eager(tmp_path, program, weights, seq: int, seed: int) -> None:
+    """``torch-ir run`` on an input of ``seq`` tokens, its outputs checked against eager."""
+    x = torch.randn(2, seq, 32, generator=torch.Generator().manual_seed(seed))
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out.npz"
+    assert main(["run", str(program), "--weights", str(weights), "--input", f"x={tmp_path / 'x.npy'}",
+                 "-o", str(out)]) == 0
+    with torch.no_grad():
+        expected = resolve_spec("mhsa").build("cpu")(x).numpy()
+    np.testing.assert_allclose(np.load(out)["output"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_buckets_then_run_at_a_length_between_edges(tmp_path, capsys):
+    ir, weights = extract_mhsa(tmp_path)
     program = tmp_path / "mhsa.npubin"
     assert main(["compile", str(ir), "--buckets", "seq=8,16,32", "--weights", str(weights),
                  "-o", str(program)]) == 0
@@ -21,17 +39,8 @@ def test_compile_buckets_then_run_at_a_length_between_edges(tmp_path, capsys):
     assert "variant 3/3: seq=32" in captured.err
     assert "3 variants" in captured.out and "seq 2..32: padded (x[1]=0)" in captured.out  # causal: padding is safe
     assert isinstance(DynamicProgram.load(program), DynamicProgram)
-
-    spec = resolve_spec("mhsa")
-    x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(0))
-    np.save(tmp_path / "x.npy", x.numpy())
-    out = tmp_path / "out.npz"
-    assert main(["run", str(program), "--weights", str(weights), "--input", f"x={tmp_path / 'x.npy'}",
-                 "-o", str(out)]) == 0
+    run_against_eager(tmp_path, program, weights, seq=11, seed=0)
     assert "bucket seq=16" in capsys.readouterr().out
-    with torch.no_grad():
-        expected = spec.build("cpu")(x).numpy()
-    np.testing.assert_allclose(np.load(out)["output"], expected, rtol=1e-4, atol=1e-5)
 
 
 def test_an_onnx_file_compiles_per_bucket(tmp_path, capsys):
@@ -62,20 +71,12 @@ def test_bad_flags_get_one_clear_error_and_write_nothing(tmp_path, capsys, argv,
 
 
 def test_compile_upper_bound_then_run(tmp_path, capsys):
-    ir, weights = tmp_path / "mhsa.json", tmp_path / "mhsa.safetensors"
-    assert main(["extract", "mhsa", "-o", str(ir), "--save-weights", str(weights)]) == 0
+    ir, weights = extract_mhsa(tmp_path)
     program = tmp_path / "mhsa.npubin"
     assert main(["compile", str(ir), "--upper-bound", "--range", "seq=4:48", "-o", str(program)]) == 0
     assert "one program planned for the upper bound (seq=48)" in capsys.readouterr().out
-    x = torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(1))
-    np.save(tmp_path / "x.npy", x.numpy())
-    out = tmp_path / "out.npz"
-    assert main(["run", str(program), "--weights", str(weights), "--input", f"x={tmp_path / 'x.npy'}",
-                 "-o", str(out)]) == 0
+    run_against_eager(tmp_path, program, weights, seq=13, seed=1)
     assert "sized at seq=13" in capsys.readouterr().out
-    with torch.no_grad():
-        expected = resolve_spec("mhsa").build("cpu")(x).numpy()
-    np.testing.assert_allclose(np.load(out)["output"], expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
