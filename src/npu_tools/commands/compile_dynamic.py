@@ -70,15 +70,20 @@ def _parse_ranges(items: list[str]) -> dict[str, tuple[int, int]]:
 def _parse_pad_values(items: list[str]) -> dict[str, float]:
     out = {}
     for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or not name.strip():
+        name, _, value = item.partition("=")
+        if not name.strip() or not _is_number(value):
             raise UsageError(f"--pad-value {item!r}: expected INPUT=VALUE with a number (e.g. --pad-value "
                              "attention_mask=0)")
+        out[name.strip()] = float(value)
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_flags(args: argparse.Namespace) -> None:
