@@ -83,8 +83,7 @@ def compile_dynamic(ir: NPU_IR, buckets: Buckets, compile_one: Callable[[NPU_IR]
         symbols=covered,
         input_shapes={t.name: list(t.shape) for t in ir.graph_inputs},
         output_shapes={name: list(t.shape) for t, name in zip(ir.graph_outputs, output_names)},
-        padding=padding, variants=variants,
-        metadata={"buckets": {s: list(v) for s, v in sizes.items()}})
+        padding=padding, variants=variants)
     try:
         check_dynamic(program, f"IR {ir.model_name!r}")
     except ShapeError as err:  # variants that disagree: a compiler bug or an IR the scheme does not fit

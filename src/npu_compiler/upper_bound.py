@@ -80,8 +80,7 @@ def compile_upper_bound(ir: NPU_IR, upper: UpperBound, compile_at: Callable[[Poi
         input_shapes={t.name: list(t.shape) for t in ir.graph_inputs},
         output_shapes={spec.name: list(t.shape) for t, spec in zip(ir.graph_outputs, program.output_specs)},
         padding={s: SymbolPadding(reason="an upper-bound program runs every size as it is") for s in symbols},
-        variants=[Variant(top, program)], metadata={"upper_bound": {s: list(r) for s, r in ranges.items()}},
-        template=template)
+        variants=[Variant(top, program)], template=template)
 
 
 def _samples(lo: int, hi: int, symbol: str, model: str) -> tuple[int, int, int]:
