@@ -94,7 +94,7 @@ def compile_dynamic(ir: NPU_IR, buckets: Buckets, compile_one: Callable[[NPU_IR]
 def _check_buckets(ir: NPU_IR, buckets: Buckets) -> dict[str, list[int]]:
     """The bucket sizes, sorted, each symbol one of the IR's inputs' and each size in its exported range."""
     where = f"IR {ir.model_name!r}"
-    varying = {d for t in ir.graph_inputs for d in t.shape if isinstance(d, str)}
+    varying = set(varying_symbols(ir))
     for t in ir.graph_inputs:
         for axis, d in enumerate(t.shape):
             if isinstance(d, str) and d not in ir.symbols:
@@ -127,14 +127,24 @@ def _check_buckets(ir: NPU_IR, buckets: Buckets) -> dict[str, list[int]]:
     return out
 
 
+def varying_symbols(ir: NPU_IR) -> list[str]:
+    """The symbols of the IR's input shapes, sorted: what a dynamic program varies."""
+    return sorted({d for t in ir.graph_inputs for d in t.shape if isinstance(d, str)})
+
+
+def check_exported_range(ir: NPU_IR, symbol: str, lo: int, hi: int) -> None:
+    """``--range SYMBOL=LO:HI`` must lie inside the range the model was exported for (and be a range)."""
+    spec = ir.symbols.get(symbol, {})
+    low, high = spec.get("min"), spec.get("max")
+    if not 1 <= lo <= hi or (low is not None and lo < low) or (high is not None and hi > high):
+        raise CompileError(f"IR {ir.model_name!r}: --range {symbol}={lo}:{hi} is not inside the range the model was "
+                           f"exported for ({low}..{high})")
+
+
 def _check_range(ir: NPU_IR, symbol: str, values: list[int], asked: tuple[int, int]) -> None:
     """A range asked for lies inside the exported one and ends at or below the largest bucket."""
     lo, hi = int(asked[0]), int(asked[1])
-    spec = ir.symbols[symbol]
-    if lo > hi or (spec.get("min") is not None and lo < spec["min"]) or (spec.get("max") is not None and
-                                                                         hi > spec["max"]):
-        raise CompileError(f"IR {ir.model_name!r}: --range {symbol}={lo}:{hi} is not inside the range the model was "
-                           f"exported for ({spec.get('min')}..{spec.get('max')})")
+    check_exported_range(ir, symbol, lo, hi)
     if hi > values[-1]:
         raise CompileError(f"IR {ir.model_name!r}: the buckets {values} do not cover {symbol} {lo}..{hi} asked for: "
                            f"the largest bucket is {values[-1]}; add a bucket of {hi}, or narrow the range "
@@ -187,4 +197,4 @@ def _covered(ir: NPU_IR, symbol: str, values: list[int], buckets: Buckets, paddi
     return dc_replace(covered, min=lo)
 
 
-__all__ = ["MAX_VARIANTS", "Buckets", "compile_dynamic", "specialized"]
+__all__ = ["MAX_VARIANTS", "Buckets", "check_exported_range", "compile_dynamic", "specialized", "varying_symbols"]

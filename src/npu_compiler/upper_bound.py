@@ -31,6 +31,7 @@ from npu_program.template import SymbolicParam, Template, instantiate
 from torch_ir.dtypes import get_dtype
 from torch_ir.ir import NPU_IR
 
+from .dynamic import check_exported_range, varying_symbols
 from .errors import CompileError
 from .memory import plan_arena
 
@@ -113,7 +114,7 @@ def _at_top(base: CompiledProgram, template: Template, top: Point, model: str) -
 
 def _ranges(ir: NPU_IR, upper: UpperBound) -> dict[str, tuple[int, int]]:
     where = f"IR {ir.model_name!r}"
-    varying = sorted({d for t in ir.graph_inputs for d in t.shape if isinstance(d, str)})
+    varying = varying_symbols(ir)
     if not varying:
         raise CompileError(f"{where} has no symbolic input dimension: compile it without --upper-bound")
     if len(varying) > MAX_SYMBOLS:
@@ -129,12 +130,9 @@ def _ranges(ir: NPU_IR, upper: UpperBound) -> dict[str, tuple[int, int]]:
         if hi is None:
             raise CompileError(f"{where}: symbol {symbol!r} has no upper bound (exported without a max): give one "
                                f"(--range {symbol}=LO:HI)")
-        low, high = spec.get("min"), spec.get("max")
+        check_exported_range(ir, symbol, int(lo), int(hi))
         if lo == hi:
             raise CompileError(f"{where}: symbol {symbol!r} has one size ({lo}): bind it (--bind {symbol}={lo})")
-        if not 1 <= lo <= hi or (low is not None and lo < low) or (high is not None and hi > high):
-            raise CompileError(f"{where}: --range {symbol}={lo}:{hi} is not inside the range the model was exported "
-                               f"for ({low}..{high})")
         out[symbol] = (int(lo), int(hi))
     return out
 

@@ -89,7 +89,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _check_static(ir, bind: dict[str, int]) -> None:
     """A symbolic input dimension not given a size by ``--bind`` is refused in this command's flags (the program
     and its memory plan are made for one size)."""
-    symbols = sorted({d for t in ir.graph_inputs for d in t.shape if isinstance(d, str)} - set(bind))
+    from npu_compiler.dynamic import varying_symbols
+
+    symbols = sorted(set(varying_symbols(ir)) - set(bind))
     if symbols:
         raise UsageError(f"IR {ir.model_name!r} has symbolic input dimensions ({', '.join(symbols)}) and the report's "
                          "compiled program and memory plan are for one size; fix: give each a size, "
