@@ -161,3 +161,21 @@ def test_cli_writes_the_table(tmp_path, capsys):
     rows = _table(out / "results.csv")
     assert len(rows) == 4 and [r["status"] for r in rows].count("ok") == 3  # tpu_v1 has no fp16
     assert "4 points: 3 ok, 1 failed" in capsys.readouterr().out
+
+
+class _ReasonExecutor:
+    """A ``PointExecutor`` whose every point fails with a reason a hostile model file could make an exception say."""
+
+    def map_groups(self, fn, groups):
+        from npu_tools.sweep.run import failed_rows
+
+        for group in groups:
+            yield from failed_rows(group, "=HYPERLINK(\"http://x\")\nsecond line")
+
+
+def test_a_failure_reason_reaches_the_table_as_plain_text(tmp_path):
+    points = expand(["mlp"], ["edge_4tops"], {}, ["fp16"])
+    path = sweep(points, tmp_path, executor=_ReasonExecutor(), progress=lambda *a: None)
+    (row,) = list(csv.DictReader(path.open()))
+    assert row["key"] == points[0].key and row["status"] == "failed"
+    assert not row["reason"].startswith("=") and "\n" not in row["reason"] and "HYPERLINK" in row["reason"]

@@ -26,6 +26,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from npu_compiler.costmodel.report import csv_value
+
 from .engine import COLUMNS, Row, blank_row, evaluate_group, failure_reason, worker_cache
 from .grid import Point, SweepError
 
@@ -127,7 +129,7 @@ def sweep(points: Sequence[Point], out_dir: str | os.PathLike, *, workers: int |
             _write_line(f, COLUMNS)
         for count, row in enumerate((executor or LocalExecutor(workers)).map_groups(evaluate_group,
                                                                                     group_points(todo)), 1):
-            _write_line(f, [_cell(row.get(c)) for c in COLUMNS])
+            _write_line(f, [_cell(row.get(c), c) for c in COLUMNS])
             report(count, len(todo), time.perf_counter() - start)
     if progress is None:
         report(-1, len(todo), 0.0)  # closes the bar
@@ -144,13 +146,15 @@ def _write_line(f: io.TextIOBase, cells: Sequence[str]) -> None:
     f.flush()
 
 
-def _cell(value: object) -> str:
-    """A value as the table holds it: repr for a float (it reads back exactly), empty for none."""
+def _cell(value: object, column: str) -> str:
+    """A value as the table holds it: repr for a float (it reads back exactly), empty for none. The ``reason`` is
+    free text from an exception, which may quote a model file's names: one plain line, neutralized for spreadsheets
+    as the cost report's cells are (``csv_value``); the key and the parameters must read back exactly (resume)."""
     if value is None:
         return ""
     if isinstance(value, float):
         return repr(value)
-    return str(value)
+    return str(csv_value(str(value))) if column == "reason" else str(value)
 
 
 def read_results(path: Path) -> dict[str, dict[str, str]]:
