@@ -217,3 +217,27 @@ def test_cli_compiles_at_a_precision_and_reports_its_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["compile", "residual", "--precision", "int4"])
     assert exit_.value.code == 2 and "--precision: invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_cli_precision_error_fills_inputs_without_an_example(tmp_path, monkeypatch, capsys):
+    """A nested keyword example (``extra={"a": ..., "b": ...}``) becomes graph inputs ``extra_a``/``extra_b`` that no
+    example names: the error is measured with seeded values for them, and the summary says so (it used to pass None
+    to the reference executor and fail)."""
+    from npu_tools.cli import main
+
+    (tmp_path / "nested_model.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x, extra):\n"
+        "        return self.lin(x) + extra['a'] * extra['b']\n"
+        "def make():\n"
+        "    return M(), (torch.randn(2, 8),), {'extra': {'a': torch.randn(2, 8), 'b': torch.randn(2, 8)}}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["compile", "nested_model:make", "--precision", "bf16", "-o", str(tmp_path / "m.npubin")]) == 0
+    text = capsys.readouterr().out
+    assert "seeded values (--seed 0) for inputs without an example" in text
+    (error,) = CompiledProgram.load(tmp_path / "m.npubin").metadata["precision"]["error"]["outputs"]
+    assert 0 < error["max_abs"] and error["cosine"] > 0.999

@@ -147,6 +147,10 @@ def _precision_error(program, ir, spec, args: argparse.Namespace, bind: dict[str
         weights, note = module_state(model), "the model's example inputs, seeded weights"
         named = dict(spec.kwargs or {})  # example keyword inputs, by the graph input they became
         inputs = [*spec.args, *(named.get(t.name) for t in static.graph_inputs[len(spec.args):])]
+        if any(x is None for x in inputs):  # an input the model's examples leave out (a default): seeded values
+            seeded = given_or_random_inputs(static, [], args.seed, error=UsageError)
+            inputs = [s if x is None else x for x, s in zip(inputs, seeded)]
+            note += f", seeded values (--seed {args.seed}) for inputs without an example"
     elif args.weights:
         weights = args.weights
         inputs = given_or_random_inputs(static, args.input, args.seed, error=UsageError)
