@@ -7,6 +7,8 @@ import torch
 from torch.export import Dim
 
 import torch_ir
+from torch_ir import extract_ir
+from torch_ir.errors import ExtractionError
 from torch_ir.weights import module_state
 
 from .helpers import assert_outputs_close, build_pair
@@ -244,3 +246,25 @@ def test_hugging_face_dynamic_cache_is_handled():
     assert_outputs_close([logits], real(input_ids=ids, use_cache=False).logits)
     ok, report = torch_ir.verify_ir(ir, None, real, (), test_kwargs={"input_ids": ids})
     assert ok, report.to_text()
+
+
+def test_one_tensor_for_two_inputs_is_refused():
+    """torch.export given one tensor object for two inputs traces one graph input for both (checked here on torch
+    itself: its program ignores the first argument), so extract_ir refuses rather than produce that IR."""
+    class TwoInputs(torch.nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b.sum()
+
+    x = torch.zeros(2, 3)
+    program = torch.export.export(TwoInputs(), (x, x)).module()
+    a, b = torch.ones(2, 3), torch.zeros(2, 3)
+    assert not torch.equal(program(a, b), TwoInputs()(a, b))  # the silent merge this guards against
+
+    t = torch.zeros(2, 3, device="meta")
+    with pytest.raises(ExtractionError, match=r"example input 0 and example input 1 are the same tensor object.*"
+                                              r"x\.clone\(\)"):
+        extract_ir(TwoInputs(), (t, t))
+    with pytest.raises(ExtractionError, match="example input 0 and example keyword input 'b'"):
+        extract_ir(TwoInputs(), (t,), example_kwargs={"b": t})
+    ir = extract_ir(TwoInputs(), (t, torch.zeros(2, 3, device="meta")))  # distinct tensors: two inputs
+    assert len(ir.graph_inputs) == 2

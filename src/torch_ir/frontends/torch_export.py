@@ -73,6 +73,7 @@ def extract_ir(
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     refuse_leaked_trace_tensors(model, name)
+    _refuse_shared_inputs(example_inputs, example_kwargs or {}, name)
     with contextlib.nullcontext() if allow_real_weights else strays_on_meta(model, name):
         # Inputs go where the weights are: meta normally, the real device behind the flag.
         device = next((t.device for _, t in named_state(model)), torch.device("meta"))
@@ -95,6 +96,23 @@ def extract_ir(
                 if retry is not None and not _unknown_constants(retry, model):
                     ep = retry
         return from_exported_program(ep, model_name=name, model=model)
+
+
+def _refuse_shared_inputs(args: Sequence[Any], kwargs: Mapping[str, Any], name: str) -> None:
+    """One tensor object given for two example inputs: torch.export traces one graph input for both (the last), so
+    the IR would read one tensor where the model reads two, and any run with two different values would be wrong."""
+    seen: dict[int, str] = {}
+    for where, value in [*((f"example input {i}", a) for i, a in enumerate(args)),
+                         *((f"example keyword input {k!r}", v) for k, v in kwargs.items())]:
+        for leaf in pytree.tree_leaves(value):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            if id(leaf) in seen:
+                raise ExtractionError(
+                    f"model {name!r}: {seen[id(leaf)]} and {where} are the same tensor object; torch.export would "
+                    "trace one input for both and the IR would compute with one value where the model reads two. "
+                    "Fix: pass a distinct tensor for each input (e.g. x.clone(), or torch.zeros(...) twice)")
+            seen[id(leaf)] = where
 
 
 def _unknown_constants(ep: ExportedProgram, model: torch.nn.Module) -> bool:
