@@ -35,8 +35,14 @@ def prefill_variant(prefill: DynamicProgram | CompiledProgram, tokens: int) -> C
 
 
 def selects_prompt_row(program: CompiledProgram) -> bool:
-    """Whether ``program``'s logits are those of the row at the largest ``cache_position``."""
-    return program.metadata.get("llm", {}).get("logits_row") == ROW_AT_LARGEST_POSITION
+    """Whether ``program``'s logits are those of the row at the largest ``cache_position``. A program file is
+    untrusted: its metadata's claim counts only for a prefill whose logits are one row (``[..., 1, vocab]``), the
+    shape the compiler gives a selected row; any other claim, or metadata of the wrong type, is ignored."""
+    llm = program.metadata.get("llm")
+    if not isinstance(llm, dict) or llm.get("logits_row") != ROW_AT_LARGEST_POSITION or not program.output_specs:
+        return False
+    shape = program.output_specs[0].shape
+    return len(shape) >= 2 and shape[-2] == 1
 
 
 __all__ = ["ROW_AT_LARGEST_POSITION", "prefill_variant", "prefill_variants", "selects_prompt_row", "tokens_of"]

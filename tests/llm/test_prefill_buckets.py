@@ -246,3 +246,21 @@ def test_cli_refuses_bad_prefill_buckets(tmp_path, capsys, flag):
     assert main(["compile", str(ir), "-o", str(tmp_path / "lm"), f"--prefill-buckets={flag}"]) != 0
     assert "--prefill-buckets" in capsys.readouterr().err
     assert not (tmp_path / "lm").exists()
+
+
+def test_a_row_selection_claim_is_read_defensively():
+    """A program file's metadata is untrusted: the claim that its logits are the selected prompt row counts only for
+    one-row logits, and metadata of the wrong type is ignored rather than raising."""
+    from npu_program.lm import ROW_AT_LARGEST_POSITION, selects_prompt_row
+    from npu_program.program import TensorSpec
+
+    class _Program:  # the two fields selects_prompt_row reads
+        def __init__(self, logits_shape, metadata):
+            self.output_specs, self.metadata = [TensorSpec("logits", logits_shape, "float32")], metadata
+            self.input_specs = [TensorSpec("input_ids", [1, 8], "int64")]
+
+    claim = {"llm": {"logits_row": ROW_AT_LARGEST_POSITION}}
+    assert selects_prompt_row(_Program([1, 1, 32], claim))
+    assert not selects_prompt_row(_Program([1, 8, 32], claim))  # every row's logits: the claim is false
+    assert not selects_prompt_row(_Program([1, 1, 32], {"llm": ["logits_row"]}))
+    assert not selects_prompt_row(_Program([1, 1, 32], {}))
