@@ -6,8 +6,8 @@ Their parameters are the ops' attributes, as the IR holds them (plain strings fo
 QCONV and QGEMM with native int8 kernels (``npu_runtime.backends.cpu_qconv``: 8-bit x, int8 weights, bit-exact;
 any other case the op's reference) and QADD with a native elementwise kernel
 (``npu_runtime.backends.cpu_qelementwise``), the other ops through their reference (``torch_ir.quant.numerics``,
-REFERENCE). The WebGPU backend runs QUANTIZE, DEQUANTIZE, QCONV and QGEMM as WGSL (``webgpu/quant.py``,
-``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); QADD, DQGEMM and the 4/16-bit and fp8 cases it
+REFERENCE). The WebGPU backend runs QUANTIZE, DEQUANTIZE, QCONV, QGEMM and QADD as WGSL (``webgpu/quant.py``,
+``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); DQGEMM and the 4/16-bit and fp8 cases it
 refuses at compile time, or places on the host with ``compile(fallback="cpu")``. The FLOPs are those
 of the integer convolution or matrix product (a multiply-add counts two, as every contraction of the table); the
 requantize epilogue is not counted, as a CONV's activation is not; QADD counts one operation per output
@@ -123,7 +123,7 @@ kernel("QADD", "elementwise", "y = quantize(act(dequantize(a) + dequantize(b))):
                p("activation", "str|null", None, "null or relu (applied to the float32 sum)", choices=("relu",)),
                p("method", "str", "divide", "divide (the sum / y_scale: ONNX) or multiply_inverse (PyTorch)",
                  choices=("divide", "multiply_inverse"))),
-       impls={"cpu": f"{CPU_QELEMENTWISE}:QAdd"},
+       impls={"cpu": f"{CPU_QELEMENTWISE}:QAdd", "webgpu": gpu("quant", "qadd")},
        test=(t("2,3,5,7:uint8:index:256", ":float32:positive", ":uint8:index:256", "2,3,5,7:uint8:index:256",
                ":float32:positive", ":uint8:index:256", ":float32:positive", ":uint8:index:256",
                params={"out_dtype": "uint8", "activation": "relu"}),

@@ -296,7 +296,22 @@ def _run(ir: Any, weights: dict[str, torch.Tensor], x: torch.Tensor, target: str
     return torch.from_numpy(out[program.output_specs[0].name].to_numpy()), program
 
 
+class _Residual(torch.nn.Module):
+    """A ResNet basic block: its add of two quantized tensors becomes QADD (relu fused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 8, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        return torch.relu(h + self.body(h))
+
+
 _MODELS = {
+    "residual": (_Residual, (1, 3, 12, 12)),
     "cnn": (lambda: torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
         torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), torch.nn.ReLU(),  # depthwise
@@ -320,11 +335,13 @@ def test_qdq_model_on_webgpu_gives_the_reference_codes(name: str, tmp_path: Path
     ir, weights = import_onnx(_qdq_model(tmp_path, make().eval(), xs[:3]))
     ir = normalize(ir)
     ops = ir.op_histogram()
-    assert ops.get("QCONV", 0) + ops.get("QGEMM", 0) >= (4 if name == "cnn" else 2), ops
+    assert ops.get("QCONV", 0) + ops.get("QGEMM", 0) >= {"cnn": 4, "mlp": 2, "residual": 3}[name], ops
+    assert ops.get("QADD", 0) == (1 if name == "residual" else 0), ops
     (expected,) = IRExecutor(ir, weights).run([xs[3]])
     got, program = _run(ir, weights, xs[3], "webgpu")
     kernels = {d.kernel for d in program.dispatches}
-    assert {"QUANTIZE", "DEQUANTIZE", "QGEMM"} <= kernels and not any(d.host for d in program.dispatches)
+    assert {"QUANTIZE", "DEQUANTIZE", "QCONV" if name == "residual" else "QGEMM"} <= kernels
+    assert not any(d.host for d in program.dispatches)
     cpu, _ = _run(ir, weights, xs[3], "cpu")
     assert torch.equal(got, expected) and torch.equal(got, cpu)
 
@@ -342,3 +359,39 @@ def test_a_bias_that_could_overflow_the_sum_is_refused_when_bound() -> None:
     values[6] = torch.full((4,), 2 ** 31 - 1 - 16 * 255 * 255, dtype=torch.int32)  # the largest bias that fits
     got, want, _ = run_kernel("QGEMM", values, params, weights=(1, 4, 5, 6))
     assert torch.equal(got[0], want[0])
+
+
+# -- QADD, the quantized residual add ---------------------------------------------------------------------------
+
+def _qadd_values(a_shape: tuple, b_shape: tuple, a_dtype: torch.dtype, b_dtype: torch.dtype, out: torch.dtype,
+                 g: torch.Generator, scales: tuple[float, float, float]) -> list[torch.Tensor]:
+    zps = [codes((), dt, g) for dt in (a_dtype, b_dtype, out)]
+    return [codes(a_shape, a_dtype, g), torch.tensor(scales[0]), zps[0], codes(b_shape, b_dtype, g),
+            torch.tensor(scales[1]), zps[1], torch.tensor(scales[2]), zps[2]]
+
+
+@pytest.mark.parametrize("method", ["divide", "multiply_inverse"])
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("types", [(torch.uint8, torch.uint8, torch.uint8), (torch.int8, torch.uint8, torch.int8),
+                                   (torch.int8, torch.int8, torch.uint8)])
+def test_qadd(types: tuple, activation: str | None, method: str) -> None:
+    """Bit-exact with the reference QDQ chain, scales chosen so many sums land on halfway quotients (y's scale the
+    sum of a's and b's: (ka·sa + kb·sb) / (sa + sb) is k + 0.5 whenever ka - kb is odd and sa = sb), broadcast b."""
+    g = torch.Generator().manual_seed(11)
+    params = {"out_dtype": str(types[2]).removeprefix("torch."), "activation": activation, "method": method}
+    for scales in ((0.05, 0.05, 0.1), (0.031, 0.017, 0.043), (1 / 3, 0.2, 0.7)):
+        values = _qadd_values((2, 3, 5, 7), (2, 3, 5, 7), *types, g, scales)
+        assert_exact("QADD", values, params, weights=(1, 2, 4, 5, 6, 7))
+    values = _qadd_values((2, 3, 5, 7), (3, 1, 7), *types, g, (0.05, 0.02, 0.04))
+    assert_exact("QADD", values, params, weights=(1, 2, 4, 5, 6, 7))
+
+
+def test_qadd_refuses_scales_outside_its_exact_range_when_bound() -> None:
+    """Scales whose float32 steps could reach subnormal numbers (where WGSL may flush) are refused at bind, with the
+    fix; a zero input scale is exact and runs."""
+    g = torch.Generator().manual_seed(12)
+    values = _qadd_values((4, 8), (4, 8), torch.uint8, torch.uint8, torch.uint8, g, (1e-35, 0.02, 0.04))
+    with pytest.raises(RuntimeInputError, match=r"QADD .*a's scale is 1e-35.*run the program on the CPU backend"):
+        run_kernel("QADD", values, {"out_dtype": "uint8"}, weights=(1, 2, 4, 5, 6, 7))
+    values[1] = torch.tensor(0.0)
+    assert_exact("QADD", values, {"out_dtype": "uint8"}, weights=(1, 2, 4, 5, 6, 7))

@@ -1,4 +1,4 @@
-"""WGSL generators of QUANTIZE and DEQUANTIZE, and the exact f32 arithmetic every int8 kernel shares.
+"""WGSL generators of QUANTIZE, DEQUANTIZE and QADD, and the exact f32 arithmetic every int8 kernel shares.
 
 Codes are stored as the backend stores every 8-bit tensor: four to a u32 word, little-endian (``wgsl.binding``);
 ``ld_`` returns a code as i32 (int8 sign-extended, uint8 zero-extended), ``st_`` sets its byte with two atomics.
@@ -22,6 +22,12 @@ innocuous.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
 
 from npu_program.program import TensorSpec
 
@@ -156,3 +162,61 @@ def dequantize(call: Call) -> Shader:
             f"st_out0({offset(x, idx)}, i2f(v) * ld_in1({s_at}));"]
     return per_element(call, numel(q), "\n  ".join(body), helpers=EXACT_F32)
 
+
+
+#: QADD's scales must lie in ``[2**-100, 2**100]`` (a and b's may also be 0) for its WGSL to be exact: then every
+#: dequantized value and their sum are 0 or normal f32 numbers (a sum of two such values is a multiple of an ulp
+#: of at least 2**-123), which WGSL neither flushes nor leaves the normal range with, and the quotient by y's scale
+#: is ``div_rne``'s correctly rounded one. The reference computes on anything; real scales are ~1e-4 to 1.
+QADD_SCALE_RANGE = (2.0 ** -100, 2.0 ** 100)
+
+
+def qadd(call: Call) -> Shader:
+    """QADD: ``y = clamp(round(act(f32(a - a_zp) · a_s + f32(b - b_zp) · b_s) / y_s) + y_zp, lo, hi)`` per element
+    (the reference's float32 steps in order; ``/ y_s`` exact, or ``· f32(1 / y_s)`` for multiply_inverse); a and b
+    broadcast to y as aten.add does. Per-tensor scales and zero points."""
+    a, b, y = call.ins[0], call.ins[3], call.outs[0]
+    for spec in (a, b):
+        _layout_free(spec)
+        code_range(spec.dtype, f"the codes {spec.name!r}", "QADD")
+    out = call.param("out_dtype", "int8")
+    lo, hi = code_range(out, f"the codes {y.name!r}", "QADD")
+    if y.dtype != out:
+        raise UnsupportedCall(f"QADD: output {y.name!r} is {y.dtype}, not out_dtype={out}")
+    for index, what in ((1, "a's scale"), (4, "b's scale"), (6, "y's scale")):
+        check_scale(call, index, what)
+    for index in (1, 2, 4, 5, 6, 7):
+        if numel(call.ins[index]) != 1:
+            raise UnsupportedCall(f"QADD: {call.ins[index].name!r} holds {numel(call.ins[index])} values; QADD's "
+                                  "scales and zero points are per tensor")
+    shape = shape_of(y)
+    idx = [f"d{k}" for k in range(len(shape))]
+    s = (f"f32(ld_in0({offset(a, idx, shape)}) - ld_in2(0u)) * ld_in1(0u) + "
+         f"f32(ld_in3({offset(b, idx, shape)}) - ld_in5(0u)) * ld_in4(0u)")
+    relu = call.param("activation") == "relu"
+    quotient = "div_rne(s, ld_in6(0u))" if call.param("method", "divide") == "divide" \
+        else "s * div_rne(1.0, ld_in6(0u))"
+    body = [unravel("i", shape), f"let s = {'max(' + s + ', 0.0)' if relu else s};",
+            f"let q = round({quotient}) + f32(ld_in7(0u));",
+            f"st_out0({offset(y, idx)}, i32(clamp(q, {float(lo)!r}, {float(hi)!r})));"]
+    shader = per_element(call, numel(y), "\n  ".join(body), helpers=EXACT_F32)
+    return dataclasses.replace(shader, bind_check=_qadd_scales(call.dispatch.node))
+
+
+def _qadd_scales(node: str) -> Callable[[Callable[[int], np.ndarray | None]], None]:
+    """The bind-time check of QADD's scales (:data:`QADD_SCALE_RANGE`); a scale computed at run time is not
+    checked."""
+    low, high = QADD_SCALE_RANGE
+
+    def check(read: Callable[[int], np.ndarray | None]) -> None:
+        for index, what, zero_ok in ((1, "a's scale", True), (4, "b's scale", True), (6, "y's scale", False)):
+            value = read(index)
+            if value is None:
+                continue
+            v = abs(float(np.asarray(value, dtype=np.float64).reshape(-1)[0]))
+            if not (math.isfinite(v) and (low <= v <= high or (zero_ok and v == 0.0))):
+                raise ValueError(f"QADD (node {node!r}): {what} is {v:.3g}; the WebGPU kernel is exact for scales in "
+                                 f"[2**-100, 2**100] only (the float32 steps could leave the normal range, where "
+                                 "WGSL's arithmetic is not the reference's); run the program on the CPU backend")
+
+    return check
