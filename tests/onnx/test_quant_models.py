@@ -263,3 +263,20 @@ def test_normalized_into_integer_ops_it_matches_onnxruntimes_fused_kernels_and_c
     _check(result, free_steps=4)
     got = _run_compiled(result["ir"], result["weights"], result["inputs"])
     assert torch.equal(got, result["free_out"])
+
+
+def test_moving_codes_instead_of_floats_changes_no_value(bert: tuple) -> None:
+    """onnxruntime's quantizer leaves each reshape and transpose of the attention between a DEQUANTIZE and a
+    QUANTIZE of one scale; normalize moves the codes instead (rule qdq_movement), and the model's output is the
+    same bit for bit as with the rule off."""
+    from npu_compiler.passes import NormalizeOptions
+
+    case = _bert_case(bert, "static")
+    ir, weights = import_onnx(case.path)
+    moved, kept = normalize(ir), normalize(ir, NormalizeOptions(disabled_rules={"qdq_movement"}))
+    counts = sum(stage["applied"].get("qdq_movement", 0) for stage in moved.metadata["normalize"]["stages"])
+    assert counts >= 16, counts  # 8 per layer, 2 layers
+    assert moved.op_histogram()["QUANTIZE"] < kept.op_histogram()["QUANTIZE"]
+    inputs = [torch.from_numpy(case.feeds[t.name]) for t in ir.graph_inputs]
+    assert torch.equal(IRExecutor(moved, weights).run(inputs)[0], IRExecutor(kept, weights).run(inputs)[0])
+    assert torch.equal(_run_compiled(moved, weights, inputs), IRExecutor(kept, weights).run(inputs)[0])

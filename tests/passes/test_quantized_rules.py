@@ -265,3 +265,54 @@ def test_qdq_residual_add_becomes_qadd_exactly(activation: str | None, dtype: st
     # the dequantized a also a graph output: the chain stays, with the reason
     kept = normalize(g.ir([y_q, a]))
     assert "QADD" not in ops(kept) and any(r[0] == rule and "read" in r[2] for r in rejected(kept))
+
+
+def _movement_graph(dtype: str, method: str = "divide", second_scale: float | None = None,
+                    qmax: int | None = None) -> tuple[QDQGraph, NPU_IR]:
+    """x_q -> DEQUANTIZE -> reshape -> QUANTIZE -> DEQUANTIZE -> permute -> QUANTIZE (one scale and zero point unless
+    ``second_scale``), as onnxruntime's quantizer leaves an attention block's head split."""
+    g = QDQGraph(5)
+    zp = 128 if dtype == "uint8" else -3
+    _, x = g.quantized_input("x_q", [1, 6, 8], dtype, scale=0.0173, zero_point=zp)
+    h = g.op("aten.reshape.default", [x], [1, 6, 2, 4], {"shape": [1, 6, 2, 4]})
+    scale, zero = g.inputs[0].quant.scale, g.inputs[0].quant.zero_point
+    s_meta = next(w for w in g.weights if w.name == scale)
+    z_meta = next(w for w in g.weights if w.name == zero)
+    h_q = g.op("QUANTIZE", [h, s_meta, z_meta], h.shape, {"dtype": dtype, "method": method}, dtype=dtype,
+               quant=QuantSpec(dtype, scale=scale, zero_point=zero), name="h_q")
+    h2 = g.dequantize(h_q, s_meta, z_meta)
+    t = g.op("aten.permute.default", [h2], [1, 2, 6, 4], {"dims": [0, 2, 1, 3]})
+    if second_scale is not None:
+        s_meta, z_meta = g.scale("t_scale", second_scale), g.zp("t_zp", zp, dtype)
+    attrs = {"dtype": dtype, "method": method, **({"qmax": qmax} if qmax is not None else {})}
+    t_q = g.op("QUANTIZE", [t, s_meta, z_meta], t.shape, attrs, dtype=dtype,
+               quant=QuantSpec(dtype, scale=s_meta.name, zero_point=z_meta.name), name="t_q")
+    return g, g.ir([t_q])
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("method", ["divide", "multiply_inverse"])
+def test_reshape_and_transpose_between_qdq_pairs_move_the_codes_exactly(dtype: str, method: str) -> None:
+    """QUANTIZE(move(DEQUANTIZE(q))) with one scale and zero point -> move(q) (rule qdq_movement): the codes equal
+    the QDQ chain's bit for bit, for every code value (each appears in the input), and no QUANTIZE or DEQUANTIZE
+    is left."""
+    g, before = _movement_graph(dtype, method)
+    after = normalize(before)
+    assert ops(after) == ["aten.reshape.default", "aten.permute.default"] and applied(after)["qdq_movement"] == 2
+    assert [t.dtype for n in after.nodes for t in n.outputs] == [dtype, dtype]
+    every = torch.arange(48) * 5 % 256 + (-128 if dtype == "int8" else 0)  # codes across the whole range
+    feeds = [every.to(getattr(torch, dtype)).reshape(1, 6, 8)]
+    for _ in range(5):
+        assert torch.equal(g.run(after, feeds)[0], g.run(before, feeds)[0])
+        feeds = [g.codes(dtype, [1, 6, 8])]
+
+
+@pytest.mark.parametrize("change", ["scale", "narrowed"])
+def test_qdq_pairs_of_other_parameters_stay(change: str) -> None:
+    """Another scale, or a QUANTIZE narrowing the range, changes the codes: that pair stays, with the reason."""
+    _, before = _movement_graph("uint8", second_scale=0.02 if change == "scale" else None,
+                                qmax=200 if change == "narrowed" else None)
+    after = normalize(before)
+    assert applied(after)["qdq_movement"] == 1 and ops(after).count("QUANTIZE") == 1
+    reason = "scale or zero point" if change == "scale" else "narrows"
+    assert any(r[0] == "qdq_movement" and reason in r[2] for r in rejected(after))
