@@ -6,8 +6,9 @@ the convolutions together on one thread. ``QADD`` computes the same float32 step
 (onnxruntime's QLinearAdd, an NPU's quantized elementwise add), so the rule is exact, not an approximation.
 
 It applies when every scale and zero point is per tensor, the codes are int8/uint8, the inputs dequantize to float32
-and have the output's shape (no broadcasting), and the DEQUANTIZE, add and ReLU outputs are read by nothing else
-(the engine rejects a match whose interior is read elsewhere, with that reason); otherwise the chain stays.
+and broadcast to the output's shape as aten.add does (a QDQ transformer's bias add: its bias is uint8 codes of its
+own scale, ``[N]`` against ``[..., N]``), and the DEQUANTIZE, add and ReLU outputs are read by nothing else (the
+engine rejects a match whose interior is read elsewhere, with that reason); otherwise the chain stays.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def _per_tensor(n: OpNode, what: str) -> str | None:
     return None
 
 
+def _broadcasts(shape: list, to: list) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (numpy rules: trailing dims align, 1 repeats), dims as the IR holds
+    them (a symbolic dim only against itself)."""
+    return len(shape) <= len(to) and all(d == t or d == 1 for d, t in zip(reversed(shape), reversed(to)))
+
+
 def _check(m: Match) -> str | None:
     add, q = m.node("add"), m.node()
     if add.attrs.get("alpha", 1) != 1:
@@ -56,8 +63,8 @@ def _check(m: Match) -> str | None:
             return problem
         if dq.attrs.get("out_dtype", "float32") != "float32":
             return f"the {what} dequantizes to {dq.attrs['out_dtype']} (QADD adds in float32)"
-        if list(dq.outputs[0].shape) != list(q.outputs[0].shape):
-            return f"the {what} has shape {dq.outputs[0].shape}, the sum {q.outputs[0].shape} (a broadcast add)"
+        if not _broadcasts(list(dq.outputs[0].shape), list(q.outputs[0].shape)):
+            return f"the {what} has shape {dq.outputs[0].shape}, which does not broadcast to {q.outputs[0].shape}"
     problem = _per_tensor(q, "output")
     if problem:
         return problem
