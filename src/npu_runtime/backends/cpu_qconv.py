@@ -41,6 +41,7 @@ from torch_ir.quant import numerics as qn
 from torch_ir.quant.spec import QTYPES
 
 from . import cpu_gemv_build
+from .base import Kernel
 from .cpu_gemv_build import Library
 from .cpu_kernels import Reference, _pair
 
@@ -56,8 +57,8 @@ QR, PANEL, BLOCK = 8, 32, 64
 #: the output types the kernel writes (``OUT_*`` of ``qconv.c``)
 OUT_CODES = {"uint8": 0, "int8": 1, "int32": 2, "float32": 3}
 _X_DTYPES = {torch.uint8: 0, torch.int8: 1}
-#: ``qconv_packed``'s argument block: 37 int64 then 4 doubles (``QArgs``)
-_ARGS = struct.Struct("<37q4d")
+#: ``qconv_packed``'s argument block: 38 int64 then 4 doubles (``QArgs``)
+_ARGS = struct.Struct("<38q4d")
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -241,7 +242,7 @@ class _QContraction:
         args = _ARGS.pack(
             xp, g["batch"], g["C"], g["H"], g["W"], *g["xs"], self.flip, self.zp_u,
             *g["kernel"], *g["stride"], *g["padding"], *g["dilation"], g["OH"], g["OW"],
-            self._w_arg[0], self._w2_arg[0], self.n, self.k4, self._off_arg[0], self._m_arg[0],
+            self._w_arg[0], self._w2_arg[0], self.n, self.k4, self._off_arg[0], self._m_arg[0], 0,
             yp, *g["ys"], OUT_CODES[self.out_dtype],
             sp, sn, threads, min(library.isa, _isa_cap()), int(self.relu),
             self.zp, self.lo, self.hi, 0.0)
@@ -294,9 +295,34 @@ class QConv(_QContraction):
 
 
 class QGemm(_QContraction):
-    """QGEMM with a constant 2-D weight (``[N, K]`` with ``trans_b``, else ``[K, N]``), x ``[..., K]``."""
+    """QGEMM with a constant 2-D weight (``[N, K]`` with ``trans_b``, else ``[K, N]``), x ``[..., K]``; a second
+    operand that is an activation (attention's matmuls) is handed to ``cpu_qmatmul.QMatMul``, packed per call."""
 
     kind = "QGEMM"
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        if dispatch.inputs[1] not in weight_names:
+            from .cpu_qmatmul import QMatMul  # it builds on this module
+
+            return QMatMul.accepts(dispatch, specs, weight_names)
+        return super().accepts(dispatch, specs, weight_names)
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        if self.names[1] in weights:
+            super().prepare(weights)
+            return
+        from .cpu_qmatmul import QMatMul  # w is an activation: accepts chose QMatMul's checks
+
+        self.activations = QMatMul(self.dispatch, self.specs)
+        self.activations.prepare(weights)
+        self.native = self.activations.native
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        if self.activations is not None:
+            self.activations.run(inputs, outputs)
+        else:
+            super().run(inputs, outputs)
 
     @classmethod
     def _shapes_ok(cls, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
@@ -308,6 +334,8 @@ class QGemm(_QContraction):
         super().__init__(dispatch, specs)
         self._x_dtype = specs[dispatch.inputs[0]].dtype
         self.trans_b = bool(dispatch.params.get("trans_b", True))
+        self.dispatch, self.specs = dispatch, specs
+        self.activations: Kernel | None = None  # the QMatMul that runs a product of two activations
 
     def _weight_2d(self, w: Tensor) -> Tensor:
         return w if self.trans_b else w.t()

@@ -41,11 +41,12 @@ enum { OUT_U8 = 0, OUT_I8 = 1, OUT_I32 = 2, OUT_F32 = 3 };
 #define BLOCK 64   /* output positions a thread lays out at once (BLOCK / PANEL tiles): its im2col panel */
 #define ROW (BLOCK * 4)  /* bytes from one group of 4 k to the next in the panel: a constant, so loads take offsets */
 
-/* qconv_packed's argument block: 33 int64 then 4 doubles (_ARGS in cpu_qconv.py). */
+/* qconv_packed's argument block: 38 int64 then 4 doubles (_ARGS in cpu_qconv.py). offp: an int32 term per output
+   position added with off (0: none; qmatmul.c's per-column sums), so the epilogue serves both kernels. */
 typedef struct {
     int64_t x, batch, C, H, W, xs_b, xs_c, xs_h, xs_w, flip, zp_u;  /* input: strides in elements */
     int64_t kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
-    int64_t w, w2, N, K4, off, m;                                   /* packed weights, per-channel terms */
+    int64_t w, w2, N, K4, off, m, offp;                             /* packed weights, per-channel terms */
     int64_t y, ys_b, ys_n, ys_p, out;                               /* output: strides in elements */
     int64_t scratch, scratch_bytes, nthreads, isa, relu;
     double zp, lo, hi, unused;
@@ -173,7 +174,9 @@ void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t
 
 static inline void store_one(const Job *j, int64_t n, int64_t p, int32_t acc) {
     const QArgs *a = j->a;
-    const int32_t v = (int32_t)((uint32_t)acc + (uint32_t)((const int32_t *)(intptr_t)a->off)[n]);
+    uint32_t u = (uint32_t)acc + (uint32_t)((const int32_t *)(intptr_t)a->off)[n];
+    if (a->offp) u += (uint32_t)((const int32_t *)(intptr_t)a->offp)[p];
+    const int32_t v = (int32_t)u;
     const float mn = ((const float *)(intptr_t)a->m)[n];
     const int64_t at = n * a->ys_n + p * a->ys_p;
     if (a->out == OUT_I32) { ((int32_t *)j->y)[at] = v; return; }
@@ -226,7 +229,8 @@ static inline AVX2 void store8_avx2(const Job *j, int64_t n, int64_t p, __m256i 
         for (int q = 0; q < np && q < 8; q++) store_one(j, n, p + q, t[q]);
         return;
     }
-    const __m256i v = _mm256_add_epi32(acc, _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    __m256i v = _mm256_add_epi32(acc, _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    if (a->offp) v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
     const int64_t at = n * a->ys_n + p;
     if (a->out == OUT_I32) { _mm256_storeu_si256((__m256i *)((int32_t *)j->y + at), v); return; }
     __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(((const float *)(intptr_t)a->m)[n]));
@@ -288,7 +292,8 @@ static inline VNNI void store16_vnni(const Job *j, int64_t n, int64_t p, __m512i
         return;
     }
     const __mmask16 mask = np >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << np) - 1u);
-    const __m512i v = _mm512_add_epi32(acc, _mm512_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    __m512i v = _mm512_add_epi32(acc, _mm512_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    if (a->offp) v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(mask, (const int32_t *)(intptr_t)a->offp + p));
     const int64_t at = n * a->ys_n + p;
     if (a->out == OUT_I32) { _mm512_mask_storeu_epi32((int32_t *)j->y + at, mask, v); return; }
     __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(((const float *)(intptr_t)a->m)[n]));
