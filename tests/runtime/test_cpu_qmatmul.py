@@ -125,8 +125,9 @@ def test_extreme_codes_do_not_saturate(xt: str, x_code: int, x_zp: int, wt: str,
         assert kernel.native and torch.equal(y, expected)
 
 
-def _onnx_reference(op: str, x: torch.Tensor, w: torch.Tensor, ins: list[torch.Tensor]) -> np.ndarray:
-    """onnxruntime's MatMulInteger (x, w, x_zp, w_zp) or QLinearMatMul (x, x_scale, x_zp, w, ...) on these codes."""
+def ort_session(op: str, x: torch.Tensor, w: torch.Tensor, ins: list[torch.Tensor], threads: int = 0) -> object:
+    """An onnxruntime session of one MatMulInteger (x, w, x_zp, w_zp) or QLinearMatMul (x, x_scale, x_zp, w, ...)
+    node, the op's scalars as initializers, fed ``{"x", "w"}`` (bench/runtime/qmatmul.py times it too)."""
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -149,8 +150,13 @@ def _onnx_reference(op: str, x: torch.Tensor, w: torch.Tensor, ins: list[torch.T
                               [helper.make_tensor_value_info("y", out_type, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x.numpy(), "w": w.numpy()})[0]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads  # 0: onnxruntime's default
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _onnx_reference(op: str, x: torch.Tensor, w: torch.Tensor, ins: list[torch.Tensor]) -> np.ndarray:
+    return ort_session(op, x, w, ins).run(None, {"x": x.numpy(), "w": w.numpy()})[0]
 
 
 ORT_CASES = [  # x shape, w shape, x type, w type, x_zp, w_zp, out (QLinearMatMul's y type; int32: MatMulInteger)
