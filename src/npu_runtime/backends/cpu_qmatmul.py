@@ -42,7 +42,6 @@ Tensor = torch.Tensor
 SOURCES = ("qconv.c", "qmatmul.c")
 #: ``qmatmul_packed``'s argument block: 19 int64 then 4 doubles (``MArgs``)
 _ARGS = struct.Struct("<19q4d")
-_CODES = {torch.uint8: 0, torch.int8: 1}
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -97,13 +96,13 @@ class QMatMul:
         if len(x) < 2 or len(w) < 2 or math.prod(x) == 0:
             return False
         k, n = (w[-1], w[-2]) if trans_b else (w[-2], w[-1])
-        lead_x, lead_w = [int(d) for d in x[:-2]], [int(d) for d in w[:-2]]
+        lead_x, lead_w = list(x[:-2]), list(w[:-2])
         while lead_x and lead_x[0] == 1:
             lead_x.pop(0)
         while lead_w and lead_w[0] == 1:
             lead_w.pop(0)
         # the same batch dims (leading 1s aside): a broadcast of either operand keeps the reference
-        return x[-1] == k and lead_x == lead_w and [int(d) for d in out] == [*x[:-1], n] and n > 0
+        return x[-1] == k and lead_x == lead_w and list(out) == [*x[:-1], n] and n > 0
 
     def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
         p = dispatch.params
@@ -119,6 +118,7 @@ class QMatMul:
         self.reference = Reference(dispatch, specs)
         self.native = False  # set by prepare when every condition of exactness holds
         self.bias: Tensor | None = None
+        self._sizes: dict[tuple, tuple[int, int, int]] = {}
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
         self.native = self._prepare(*(weights[n] for n in self.names[2:6]), weights)
@@ -144,6 +144,8 @@ class QMatMul:
         if self.k * _span(self.x_dtype, xz) * _span(self.w_dtype, wz) + int(bias.abs().max()) > _INT32_MAX:
             return False
         self.bias = bias.to(torch.int32) if self.has_bias else None
+        if self.bias is not None:
+            self._bias_arg = cpu_gemv_build.tensor_arg(self.bias, "QGEMM", "bias", {torch.int32: 0}, (self.n,))
         if self.out_dtype in ("int8", "uint8"):
             y_scale, y_zp = (weights[nm] for nm in self.names[-2:])
             m = qn.requant_multiplier(x_scale.reshape(()), w_scale.reshape(()), y_scale.reshape(()))
@@ -156,34 +158,42 @@ class QMatMul:
         self.m = float(m.to(torch.float32))  # a float32, exact as a double
         return bool(torch.isfinite(m.to(torch.float32)))
 
+    def _check(self, key: tuple, library: Library) -> tuple[int, int, int]:
+        """``(batch, M, scratch bytes)`` of a call whose shapes, threads and ISA are ``key``, after checking that
+        the shapes fit the bound product; kept, so a program's repeated calls check once."""
+        xs, ws, outs, threads, isa = key
+        if len(xs) < 2 or xs[-1] != self.k or not self._shapes_ok(list(xs), list(ws), list(outs), self.trans_b):
+            raise ValueError(f"QGEMM: x {tuple(xs)}, w {tuple(ws)} and out {tuple(outs)} do not fit a product over "
+                             f"K={self.k} into N={self.n} columns (trans_b={self.trans_b})")
+        m_rows = xs[-2]
+        batch = math.prod(xs) // (m_rows * self.k)
+        need = int(library.lib.qmatmul_scratch_bytes(batch, m_rows, self.n, self.k, threads, isa))
+        if need < 0:
+            raise ValueError(f"QGEMM: a product of {batch} x [{m_rows}, {self.k}] x [{self.k}, {self.n}] is past "
+                             "the native kernel's sizes")
+        if len(self._sizes) > 64:  # shapes that vary from call to call: keep the cache small
+            self._sizes.clear()
+        self._sizes[key] = batch, m_rows, need
+        return batch, m_rows, need
+
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         library = _kernel.for_call() if self.native else None
         if library is None:
             self.reference.run(inputs, outputs)
             return
         x, w, out = inputs[0].contiguous(), inputs[1].contiguous(), outputs[0]
-        m_rows, k, n = (x.shape[-2] if x.dim() > 1 else 0), x.shape[-1], self.n
-        if k != self.k or x.dim() < 2 or tuple(out.shape) != (*x.shape[:-1], n) \
-                or not self._shapes_ok(list(x.shape), list(w.shape), list(out.shape), self.trans_b):
-            raise ValueError(f"QGEMM: x {tuple(x.shape)}, w {tuple(w.shape)} and out {tuple(out.shape)} do not fit "
-                             f"a product over K={self.k} into N={n} columns (trans_b={self.trans_b})")
-        batch = x.numel() // (m_rows * k) if m_rows else 0
+        threads, isa = torch.get_num_threads(), min(library.isa, _isa_cap())
+        key = (x.shape, w.shape, out.shape, threads, isa)
+        batch, m_rows, need = self._sizes.get(key) or self._check(key, library)
+        n, k = self.n, self.k
         wshape = (*w.shape[:-2], n, k) if self.trans_b else (*w.shape[:-2], k, n)
-        xp, _, xn = cpu_gemv_build.tensor_arg(x, "QGEMM", "x", _CODES, tuple(x.shape))
-        wp, _, wn = cpu_gemv_build.tensor_arg(w, "QGEMM", "w", _CODES, wshape)
+        xp, _, xn = cpu_gemv_build.tensor_arg(x, "QGEMM", "x", {getattr(torch, self.x_dtype): 0}, tuple(x.shape))
+        wp, _, wn = cpu_gemv_build.tensor_arg(w, "QGEMM", "w", {getattr(torch, self.w_dtype): 0}, wshape)
         yp, _, yn = cpu_gemv_build.tensor_arg(out, "QGEMM", "out", {_OUT_DTYPE[self.out_dtype]: 0},
                                               tuple(out.shape))
-        if x.dtype != getattr(torch, self.x_dtype) or w.dtype != getattr(torch, self.w_dtype):
-            raise TypeError(f"QGEMM: x {x.dtype} and w {w.dtype} are not the bound {self.x_dtype} and {self.w_dtype}")
         if cpu_gemv_build.overlaps(xp, xn, yp, yn) or cpu_gemv_build.overlaps(wp, wn, yp, yn):
             raise ValueError("QGEMM: out overlaps x or w")
-        bp = cpu_gemv_build.tensor_arg(self.bias, "QGEMM", "bias", {torch.int32: 0}, (n,))[0] \
-            if self.bias is not None else 0
-        threads, isa = torch.get_num_threads(), min(library.isa, _isa_cap())
-        need = int(library.lib.qmatmul_scratch_bytes(batch, m_rows, n, k, threads, isa))
-        if need < 0:
-            raise ValueError(f"QGEMM: a product of {batch} x [{m_rows}, {k}] x [{k}, {n}] is past the native "
-                             "kernel's sizes")
+        bp = self._bias_arg[0] if self.bias is not None else 0
         sp, _, sn = cpu_gemv_build.tensor_arg(_scratch_for(need), "QGEMM", "scratch", {torch.uint8: 0})
         args = _ARGS.pack(xp, wp, batch, m_rows, n, k, int(self.trans_b), self.a_flip, self.b_flip, self.az_s,
                           self.bz_u, bp, yp, OUT_CODES[self.out_dtype], sp, sn, threads, isa, int(self.relu),
