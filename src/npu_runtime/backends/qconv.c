@@ -311,21 +311,31 @@ void tile_vnni_j(const Job *j, int64_t nb, int64_t panel, int np, const int J) {
     const int32_t *w = (const int32_t *)(intptr_t)a->w + nb * K4 * QR;
     const uint8_t *b = j->b + panel % (BLOCK / PANEL) * PANEL * 4;
     __m512i acc[QR][2];
+#pragma GCC unroll 8
     for (int r = 0; r < QR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++) {
         const __m512i b0 = _mm512_loadu_si512(b + k * ROW);
         const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * ROW + 64) : b0;
         const int32_t *wk = w + k * QR;
+#pragma GCC unroll 8
         for (int r = 0; r < QR; r++) {
             const __m512i wr = _mm512_set1_epi32(wk[r]);
             acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, wr);
             if (J > 1) acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, wr);
         }
     }
+    /* the sums leave their registers once, through memory: a loop over rows that indexed acc would keep it in
+       memory all along (gcc then spills and copies the accumulators in the k loop) */
+    __m512i sums[QR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < QR; r++) {
+        _mm512_storeu_si512(&sums[r][0], acc[r][0]);
+        if (J > 1) _mm512_storeu_si512(&sums[r][1], acc[r][1]);
+    }
     const int64_t n0 = nb * QR, p0 = panel * PANEL;
     for (int r = 0; r < QR && n0 + r < a->N; r++) {
-        store16_vnni(j, n0 + r, p0, acc[r][0], np);
-        if (J > 1) store16_vnni(j, n0 + r, p0 + 16, acc[r][1], np - 16);
+        store16_vnni(j, n0 + r, p0, _mm512_loadu_si512(&sums[r][0]), np);
+        if (J > 1) store16_vnni(j, n0 + r, p0 + 16, _mm512_loadu_si512(&sums[r][1]), np - 16);
     }
 }
 
