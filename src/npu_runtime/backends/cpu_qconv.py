@@ -2,7 +2,8 @@
 
 A quantized CNN (onnxruntime's ``quantize_static`` QDQ model, normalized into QCONV/QGEMM) spends its time in these
 two ops; their reference runs the integer product in float64 through torch, several times slower than onnxruntime's
-int8 kernels. This module runs them with a small C kernel (``qconv.c`` beside this file), compiled on first use:
+int8 kernels. This module runs them with a small C kernel (``qconv.c`` and its driver ``qconv_run.c`` beside this
+file), compiled on first use:
 
 * x uint8 or int8 with one zero point, weights int8 per output channel (or per tensor) with zero points 0, a bias
   (int32, or float: made int32 by the op's own ``int_bias``), y int8/uint8 (requantized, relu fused), int32 or
@@ -47,7 +48,8 @@ from .cpu_kernels import Reference, _pair
 
 Tensor = torch.Tensor
 
-SOURCE_NAME = "qconv.c"
+#: the sources of the kernel, one translation unit in this order (the driver uses the kernels' static functions)
+SOURCES = ("qconv.c", "qconv_run.c")
 #: ``isa`` values: the kernel's codes (``qconv_isa`` in ``qconv.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "vnni": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
@@ -63,7 +65,7 @@ _INT32_MAX = 2 ** 31 - 1
 
 
 def _build() -> Library:
-    return cpu_gemv_build.load_packed(SOURCE_NAME, "qconv")
+    return cpu_gemv_build.load_packed(SOURCES, "qconv")
 
 
 def _isa_cap() -> int:

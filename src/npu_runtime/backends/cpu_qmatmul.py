@@ -31,7 +31,7 @@ from torch_ir.ops.npu_quant import int_bias
 from torch_ir.quant import numerics as qn
 from torch_ir.quant.spec import QTYPES
 
-from . import cpu_gemv_build
+from . import cpu_gemv_build, cpu_qconv
 from .cpu_gemv_build import Library
 from .cpu_kernels import Reference
 from .cpu_qconv import _ISA_NAMES, _OUT_DTYPE, OUT_CODES, _isa_cap, _numel, _scratch_for
@@ -39,7 +39,7 @@ from .cpu_qconv import _ISA_NAMES, _OUT_DTYPE, OUT_CODES, _isa_cap, _numel, _scr
 Tensor = torch.Tensor
 
 #: the sources of one translation unit, in order (``qmatmul.c`` uses ``qconv.c``'s static functions)
-SOURCES = ("qconv.c", "qmatmul.c")
+SOURCES = (*cpu_qconv.SOURCES, "qmatmul.c")
 #: ``qmatmul_packed``'s argument block: 19 int64 then 4 doubles (``MArgs``)
 _ARGS = struct.Struct("<19q4d")
 _INT32_MAX = 2 ** 31 - 1

@@ -1,5 +1,5 @@
 /* int8 matrix product of two activations (attention's Q·Kᵀ and P·V): y = requantize(sum (a - a_zp)(b - b_zp) + bias),
-   bit-exact with QGEMM. Appended to qconv.c into one translation unit (cpu_qmatmul.py builds the pair): it reuses
+   bit-exact with QGEMM. Appended to qconv.c and qconv_run.c into one translation unit (cpu_qmatmul.SOURCES): it reuses
    that file's im2col panels (panel_*), micro-kernels (tile_*) and epilogue (store_*), so it has no second copy of
    the requantize. The Python side checks every pointer and size and proves that no int32 sum can overflow.
 
