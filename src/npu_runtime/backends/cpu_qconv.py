@@ -316,7 +316,7 @@ class QGemm(_QContraction):
             return
         from .cpu_qmatmul import QMatMul  # w is an activation: accepts chose QMatMul's checks
 
-        self.activations = QMatMul(self.dispatch, self.specs)
+        self.activations = QMatMul(self.dispatch, self.specs, self.reference)
         self.activations.prepare(weights)
         self.native = self.activations.native
 

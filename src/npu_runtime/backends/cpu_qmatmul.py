@@ -104,7 +104,7 @@ class QMatMul:
         # the same batch dims (leading 1s aside): a broadcast of either operand keeps the reference
         return x[-1] == k and lead_x == lead_w and list(out) == [*x[:-1], n] and n > 0
 
-    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec], reference: Reference | None = None) -> None:
         p = dispatch.params
         self.names = dispatch.inputs
         self.out_dtype = p.get("out_dtype", "int8")
@@ -115,7 +115,7 @@ class QMatMul:
         self.x_dtype, self.w_dtype = x.dtype, w.dtype
         self.k = int(x.shape[-1])
         self.n = int(w.shape[-2] if self.trans_b else w.shape[-1])
-        self.reference = Reference(dispatch, specs)
+        self.reference = reference or Reference(dispatch, specs)  # QGemm passes its own
         self.native = False  # set by prepare when every condition of exactness holds
         self.bias: Tensor | None = None
         self._sizes: dict[tuple, tuple[int, int, int]] = {}
