@@ -208,7 +208,7 @@ static int qmatmul(const MArgs *g) {
                      .dw = 1, .OH = 1, .OW = N, .N = M, .K4 = (K + 3) / 4, .m = (int64_t)(intptr_t)(s + l.mvec),
                      .y = g->y, .ys_b = M * N, .ys_n = N, .ys_p = 1, .out = g->out, .relu = g->relu, .zp = g->zp,
                      .lo = g->lo, .hi = g->hi};
-    if (g->batch * M * N * K <= ((int64_t)1 << 18)) nthreads = 1;     /* small: no parallel region */
+    if ((double)g->batch * M * N * K <= 262144.0) nthreads = 1;      /* small: no parallel region */
 #ifndef _OPENMP
     nthreads = 1;
 #endif
