@@ -186,7 +186,7 @@ def load_q() -> Library:
 def load_packed(source_name: str | tuple[str, ...], prefix: str) -> Library:
     """A kernel built from ``source_name`` (or several sources, one translation unit in that order) whose C exports
     ``<prefix>_packed(const char *args) -> int`` (one argument block), ``<prefix>_isa()`` and ``<prefix>_openmp()``,
-    loaded like :func:`load` (``qconv.c``, ``qelementwise.c``, ``qconv.c`` + ``qmatmul.c``)."""
+    loaded like :func:`load` (``qelementwise.c``; ``qconv.c`` + ``qconv_run.c``, and + ``qmatmul.c``)."""
     names = (source_name,) if isinstance(source_name, str) else source_name
     try:
         source = "".join(kernel_source(name) for name in names)
