@@ -134,6 +134,8 @@ GEMMS = [
     ((2, 5, 37), 23, True, "int8", -3, "int32", "int8", True, True),
     ((3, 64), 33, False, "uint8", 0, None, "int32", False, True),
     ((40, 19), 8, True, "int8", 12, "int32", "float32", True, False),
+    ((2, 37, 40), 27, False, "uint8", 200, "int32", "uint8", True, True),  # 74 rows: whole tiles of 32, then 10
+    ((1, 50, 64), 16, True, "int8", -9, "float", "int8", False, True),     # 50 rows: a tile of 32, one of 18
 ]
 
 

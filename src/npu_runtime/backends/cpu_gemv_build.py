@@ -183,13 +183,15 @@ def load_q() -> Library:
     return Library(lib, path, int(lib.qgemv_isa()), bool(lib.qgemv_openmp()))
 
 
-def load_packed(source_name: str, prefix: str) -> Library:
-    """A kernel built from ``source_name`` whose C exports ``<prefix>_packed(const char *args) -> int`` (one argument
-    block), ``<prefix>_isa()`` and ``<prefix>_openmp()``, loaded like :func:`load` (``qconv.c``, ``qelementwise.c``)."""
+def load_packed(source_name: str | tuple[str, ...], prefix: str) -> Library:
+    """A kernel built from ``source_name`` (or several sources, one translation unit in that order) whose C exports
+    ``<prefix>_packed(const char *args) -> int`` (one argument block), ``<prefix>_isa()`` and ``<prefix>_openmp()``,
+    loaded like :func:`load` (``qelementwise.c``; ``qconv.c`` + ``qconv_run.c``, and + ``qmatmul.c``)."""
+    names = (source_name,) if isinstance(source_name, str) else source_name
     try:
-        source = kernel_source(source_name)
+        source = "".join(kernel_source(name) for name in names)
     except OSError as exc:
-        raise BuildError(f"cannot read {source_name}: {exc}") from exc
+        raise BuildError(f"cannot read {' + '.join(names)}: {exc}") from exc
     lib, path = open_library(source, prefix)
     entry = getattr(lib, f"{prefix}_packed")
     entry.argtypes, entry.restype = [ctypes.c_char_p], ctypes.c_int

@@ -2,7 +2,8 @@
 
 A quantized CNN (onnxruntime's ``quantize_static`` QDQ model, normalized into QCONV/QGEMM) spends its time in these
 two ops; their reference runs the integer product in float64 through torch, several times slower than onnxruntime's
-int8 kernels. This module runs them with a small C kernel (``qconv.c`` beside this file), compiled on first use:
+int8 kernels. This module runs them with a small C kernel (``qconv.c`` and its driver ``qconv_run.c`` beside this
+file), compiled on first use:
 
 * x uint8 or int8 with one zero point, weights int8 per output channel (or per tensor) with zero points 0, a bias
   (int32, or float: made int32 by the op's own ``int_bias``), y int8/uint8 (requantized, relu fused), int32 or
@@ -41,12 +42,14 @@ from torch_ir.quant import numerics as qn
 from torch_ir.quant.spec import QTYPES
 
 from . import cpu_gemv_build
+from .base import Kernel
 from .cpu_gemv_build import Library
 from .cpu_kernels import Reference, _pair
 
 Tensor = torch.Tensor
 
-SOURCE_NAME = "qconv.c"
+#: the sources of the kernel, one translation unit in this order (the driver uses the kernels' static functions)
+SOURCES = ("qconv.c", "qconv_run.c")
 #: ``isa`` values: the kernel's codes (``qconv_isa`` in ``qconv.c``)
 ISAS: dict[str, int] = {"c": 0, "avx2": 1, "vnni": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
@@ -56,13 +59,13 @@ QR, PANEL, BLOCK = 8, 32, 64
 #: the output types the kernel writes (``OUT_*`` of ``qconv.c``)
 OUT_CODES = {"uint8": 0, "int8": 1, "int32": 2, "float32": 3}
 _X_DTYPES = {torch.uint8: 0, torch.int8: 1}
-#: ``qconv_packed``'s argument block: 37 int64 then 4 doubles (``QArgs``)
-_ARGS = struct.Struct("<37q4d")
+#: ``qconv_packed``'s argument block: 38 int64 then 4 doubles (``QArgs``)
+_ARGS = struct.Struct("<38q4d")
 _INT32_MAX = 2 ** 31 - 1
 
 
 def _build() -> Library:
-    return cpu_gemv_build.load_packed(SOURCE_NAME, "qconv")
+    return cpu_gemv_build.load_packed(SOURCES, "qconv")
 
 
 def _isa_cap() -> int:
@@ -241,7 +244,7 @@ class _QContraction:
         args = _ARGS.pack(
             xp, g["batch"], g["C"], g["H"], g["W"], *g["xs"], self.flip, self.zp_u,
             *g["kernel"], *g["stride"], *g["padding"], *g["dilation"], g["OH"], g["OW"],
-            self._w_arg[0], self._w2_arg[0], self.n, self.k4, self._off_arg[0], self._m_arg[0],
+            self._w_arg[0], self._w2_arg[0], self.n, self.k4, self._off_arg[0], self._m_arg[0], 0,
             yp, *g["ys"], OUT_CODES[self.out_dtype],
             sp, sn, threads, min(library.isa, _isa_cap()), int(self.relu),
             self.zp, self.lo, self.hi, 0.0)
@@ -294,9 +297,34 @@ class QConv(_QContraction):
 
 
 class QGemm(_QContraction):
-    """QGEMM with a constant 2-D weight (``[N, K]`` with ``trans_b``, else ``[K, N]``), x ``[..., K]``."""
+    """QGEMM with a constant 2-D weight (``[N, K]`` with ``trans_b``, else ``[K, N]``), x ``[..., K]``; a second
+    operand that is an activation (attention's matmuls) is handed to ``cpu_qmatmul.QMatMul``, packed per call."""
 
     kind = "QGEMM"
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        if dispatch.inputs[1] not in weight_names:
+            from .cpu_qmatmul import QMatMul  # it builds on this module
+
+            return QMatMul.accepts(dispatch, specs, weight_names)
+        return super().accepts(dispatch, specs, weight_names)
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        if self.names[1] in weights:
+            super().prepare(weights)
+            return
+        from .cpu_qmatmul import QMatMul  # w is an activation: accepts chose QMatMul's checks
+
+        self.activations = QMatMul(self.dispatch, self.specs, self.reference)
+        self.activations.prepare(weights)
+        self.native = self.activations.native
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        if self.activations is not None:
+            self.activations.run(inputs, outputs)
+        else:
+            super().run(inputs, outputs)
 
     @classmethod
     def _shapes_ok(cls, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> bool:
@@ -308,6 +336,8 @@ class QGemm(_QContraction):
         super().__init__(dispatch, specs)
         self._x_dtype = specs[dispatch.inputs[0]].dtype
         self.trans_b = bool(dispatch.params.get("trans_b", True))
+        self.dispatch, self.specs = dispatch, specs
+        self.activations: Kernel | None = None  # the QMatMul that runs a product of two activations
 
     def _weight_2d(self, w: Tensor) -> Tensor:
         return w if self.trans_b else w.t()

@@ -19,7 +19,8 @@
    The epilogue adds off[n] = bias[n] - x_zp_u * sum w[n] (wrapping adds: the result fits, Python checked) and then
    does exactly the reference's float steps: float32(acc) * m[n], rint (ties to even, the default rounding mode),
    + zp, max(lo), min(hi) (lo raised to zp for a fused relu by the caller), or float32(acc) * m[n] for a float
-   output, or acc itself for int32. */
+   output, or acc itself for int32. A QGEMM's y [M, N] has its channels contiguous: the VNNI tile then transposes
+   its codes and writes 8 channels of a position at once. The driver (one call's loops) is qconv_run.c. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -41,11 +42,12 @@ enum { OUT_U8 = 0, OUT_I8 = 1, OUT_I32 = 2, OUT_F32 = 3 };
 #define BLOCK 64   /* output positions a thread lays out at once (BLOCK / PANEL tiles): its im2col panel */
 #define ROW (BLOCK * 4)  /* bytes from one group of 4 k to the next in the panel: a constant, so loads take offsets */
 
-/* qconv_packed's argument block: 33 int64 then 4 doubles (_ARGS in cpu_qconv.py). */
+/* qconv_packed's argument block: 38 int64 then 4 doubles (_ARGS in cpu_qconv.py). offp: an int32 term per output
+   position added with off (0: none; qmatmul.c's per-column sums), so the epilogue serves both kernels. */
 typedef struct {
     int64_t x, batch, C, H, W, xs_b, xs_c, xs_h, xs_w, flip, zp_u;  /* input: strides in elements */
     int64_t kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
-    int64_t w, w2, N, K4, off, m;                                   /* packed weights, per-channel terms */
+    int64_t w, w2, N, K4, off, m, offp;                             /* packed weights, per-channel terms */
     int64_t y, ys_b, ys_n, ys_p, out;                               /* output: strides in elements */
     int64_t scratch, scratch_bytes, nthreads, isa, relu;
     double zp, lo, hi, unused;
@@ -173,7 +175,9 @@ void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t
 
 static inline void store_one(const Job *j, int64_t n, int64_t p, int32_t acc) {
     const QArgs *a = j->a;
-    const int32_t v = (int32_t)((uint32_t)acc + (uint32_t)((const int32_t *)(intptr_t)a->off)[n]);
+    uint32_t u = (uint32_t)acc + (uint32_t)((const int32_t *)(intptr_t)a->off)[n];
+    if (a->offp) u += (uint32_t)((const int32_t *)(intptr_t)a->offp)[p];
+    const int32_t v = (int32_t)u;
     const float mn = ((const float *)(intptr_t)a->m)[n];
     const int64_t at = n * a->ys_n + p * a->ys_p;
     if (a->out == OUT_I32) { ((int32_t *)j->y)[at] = v; return; }
@@ -226,7 +230,8 @@ static inline AVX2 void store8_avx2(const Job *j, int64_t n, int64_t p, __m256i 
         for (int q = 0; q < np && q < 8; q++) store_one(j, n, p + q, t[q]);
         return;
     }
-    const __m256i v = _mm256_add_epi32(acc, _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    __m256i v = _mm256_add_epi32(acc, _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    if (a->offp) v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
     const int64_t at = n * a->ys_n + p;
     if (a->out == OUT_I32) { _mm256_storeu_si256((__m256i *)((int32_t *)j->y + at), v); return; }
     __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(((const float *)(intptr_t)a->m)[n]));
@@ -279,6 +284,23 @@ static AVX2 void tile_avx2(const Job *j, int64_t nb, int64_t panel, int np) {
 
 /* ------------------------------------------------------------------------------------ AVX-512 VNNI */
 
+/* Row n's 16 sums from position p with its terms added (off[n], and offp when there is one; mask: the positions
+   inside), then, for a code output, the reference's float32 steps as store_one's: codes in [lo, hi] as int32. */
+static inline VNNI __m512i sums16_vnni(const QArgs *a, int64_t n, int64_t p, __m512i acc, __mmask16 mask) {
+    __m512i v = _mm512_add_epi32(acc, _mm512_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    if (a->offp) v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(mask, (const int32_t *)(intptr_t)a->offp + p));
+    return v;
+}
+static inline VNNI __m512i codes16_vnni(const QArgs *a, int64_t n, __m512i v) {
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(((const float *)(intptr_t)a->m)[n]));
+    f = _mm512_add_ps(_mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                      _mm512_set1_ps((float)a->zp));
+    f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps((float)a->lo)), _mm512_set1_ps((float)a->hi));
+    return _mm512_cvtps_epi32(f);
+}
+
+static inline __mmask16 mask16(int np) { return np >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << np) - 1u); }
+
 static inline VNNI void store16_vnni(const Job *j, int64_t n, int64_t p, __m512i acc, int np) {
     const QArgs *a = j->a;
     if (a->ys_p != 1 || a->out == OUT_F32) {
@@ -287,15 +309,39 @@ static inline VNNI void store16_vnni(const Job *j, int64_t n, int64_t p, __m512i
         for (int q = 0; q < np && q < 16; q++) store_one(j, n, p + q, t[q]);
         return;
     }
-    const __mmask16 mask = np >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << np) - 1u);
-    const __m512i v = _mm512_add_epi32(acc, _mm512_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    const __mmask16 mask = mask16(np);
+    const __m512i v = sums16_vnni(a, n, p, acc, mask);
     const int64_t at = n * a->ys_n + p;
     if (a->out == OUT_I32) { _mm512_mask_storeu_epi32((int32_t *)j->y + at, mask, v); return; }
-    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(((const float *)(intptr_t)a->m)[n]));
-    f = _mm512_add_ps(_mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                      _mm512_set1_ps((float)a->zp));
-    f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps((float)a->lo)), _mm512_set1_ps((float)a->hi));
-    _mm512_mask_cvtepi32_storeu_epi8((int8_t *)j->y + at, mask, _mm512_cvtps_epi32(f));  /* in range: low byte */
+    _mm512_mask_cvtepi32_storeu_epi8((int8_t *)j->y + at, mask, codes16_vnni(a, n, v));  /* in range: low byte */
+}
+
+/* QR = 8 rows n0.. (all inside N) x 16 positions from p of a code output whose rows are its contiguous dim (QGEMM's
+   y [M, N]: ys_n 1): each row's codes as 16 bytes, transposed to 8 bytes per position, one 8-byte store each. */
+static inline VNNI void store8x16_t_vnni(const Job *j, int64_t n0, int64_t p, const __m512i acc[QR][2], int h,
+                                         int np) {
+    const QArgs *a = j->a;
+    const __mmask16 mask = mask16(np);
+    __m128i c[QR];
+    for (int r = 0; r < QR; r++)
+        c[r] = _mm512_cvtepi32_epi8(codes16_vnni(a, n0 + r, sums16_vnni(a, n0 + r, p, acc[r][h], mask)));
+    __m128i t[QR], u[QR];
+    for (int r = 0; r < QR; r += 2) {                   /* t: rows r, r + 1 interleaved, positions 0-7 and 8-15 */
+        t[r] = _mm_unpacklo_epi8(c[r], c[r + 1]);
+        t[r + 1] = _mm_unpackhi_epi8(c[r], c[r + 1]);
+    }
+    for (int g = 0; g < 2; g++)                         /* u: rows 4g .. 4g + 3 of positions 0-3, 4-7, 8-11, 12-15 */
+        for (int s = 0; s < 2; s++) {
+            u[4 * g + 2 * s] = _mm_unpacklo_epi16(t[4 * g + s], t[4 * g + 2 + s]);
+            u[4 * g + 2 * s + 1] = _mm_unpackhi_epi16(t[4 * g + s], t[4 * g + 2 + s]);
+        }
+    int8_t *y = (int8_t *)j->y + n0;
+    for (int i = 0; i < 4; i++) {                       /* positions 4i .. 4i + 3: 8 bytes each */
+        const __m128i lo = _mm_unpacklo_epi32(u[i], u[4 + i]), hi = _mm_unpackhi_epi32(u[i], u[4 + i]);
+        const __m128i pos[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+        for (int e = 0; e < 4 && 4 * i + e < np; e++)
+            _mm_storel_epi64((__m128i *)(y + (p + 4 * i + e) * a->ys_p), pos[e]);
+    }
 }
 
 /* QR rows x 16 * J positions; J is a constant in each caller, so the loops unroll into registers. */
@@ -306,21 +352,36 @@ void tile_vnni_j(const Job *j, int64_t nb, int64_t panel, int np, const int J) {
     const int32_t *w = (const int32_t *)(intptr_t)a->w + nb * K4 * QR;
     const uint8_t *b = j->b + panel % (BLOCK / PANEL) * PANEL * 4;
     __m512i acc[QR][2];
+#pragma GCC unroll 8
     for (int r = 0; r < QR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++) {
         const __m512i b0 = _mm512_loadu_si512(b + k * ROW);
         const __m512i b1 = J > 1 ? _mm512_loadu_si512(b + k * ROW + 64) : b0;
         const int32_t *wk = w + k * QR;
+#pragma GCC unroll 8
         for (int r = 0; r < QR; r++) {
             const __m512i wr = _mm512_set1_epi32(wk[r]);
             acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, wr);
             if (J > 1) acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, wr);
         }
     }
+    /* the sums leave their registers once, through memory: a loop over rows that indexed acc would keep it in
+       memory all along (gcc then spills and copies the accumulators in the k loop) */
+    __m512i sums[QR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < QR; r++) {
+        _mm512_storeu_si512(&sums[r][0], acc[r][0]);
+        if (J > 1) _mm512_storeu_si512(&sums[r][1], acc[r][1]);
+    }
     const int64_t n0 = nb * QR, p0 = panel * PANEL;
+    if (a->ys_n == 1 && a->ys_p != 1 && (a->out == OUT_U8 || a->out == OUT_I8) && n0 + QR <= a->N) {
+        store8x16_t_vnni(j, n0, p0, (const __m512i (*)[2])sums, 0, np);
+        if (J > 1) store8x16_t_vnni(j, n0, p0 + 16, (const __m512i (*)[2])sums, 1, np - 16);
+        return;
+    }
     for (int r = 0; r < QR && n0 + r < a->N; r++) {
-        store16_vnni(j, n0 + r, p0, acc[r][0], np);
-        if (J > 1) store16_vnni(j, n0 + r, p0 + 16, acc[r][1], np - 16);
+        store16_vnni(j, n0 + r, p0, _mm512_loadu_si512(&sums[r][0]), np);
+        if (J > 1) store16_vnni(j, n0 + r, p0 + 16, _mm512_loadu_si512(&sums[r][1]), np - 16);
     }
 }
 
@@ -329,134 +390,3 @@ static VNNI void tile_vnni(const Job *j, int64_t nb, int64_t panel, int np) {
     else tile_vnni_j(j, nb, panel, np, 1);
 }
 #endif
-
-/* ------------------------------------------------------------------------------------------ driver */
-
-/* 2: AVX-512 F/BW/VNNI, 1: AVX2, 0: portable C; libgcc checks the OS saves the registers (xgetbv). */
-int qconv_isa(void) {
-#ifdef QC_X86
-    __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2");
-    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vnni")) return ISA_VNNI;
-    return avx2 ? ISA_AVX2 : ISA_C;
-#else
-    return ISA_C;
-#endif
-}
-
-#ifdef _OPENMP
-int qconv_openmp(void) { return 1; }
-#else
-int qconv_openmp(void) { return 0; }
-#endif
-
-/* Scratch bytes one call needs: one im2col panel per thread, then x's bordered copy and a row of the zero point
-   (cpu_qconv.scratch_bytes is the same rule). */
-static int64_t panel_bytes(int64_t K4) { return K4 * BLOCK * 4; }
-int64_t qconv_scratch_bytes(int64_t K4, int64_t C, int64_t Hp, int64_t Wp, int64_t nthreads) {
-    return (nthreads < 1 ? 1 : nthreads) * panel_bytes(K4) + C * Hp * Wp + Wp;
-}
-
-static void panel_c(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b, int64_t p0,
-                    int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
-#ifdef QC_X86
-static AVX2 void panel_avx2(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
-                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
-static VNNI void panel_vnni(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
-                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 1); }
-#endif
-
-/* Work item `it` of `groups` per panel: the panel built into this thread's buffer (job->b) unless it holds it
-   already (*built: the panel it holds, -1 none), then its share of the channel tiles (all of them when groups is
-   1; a small image's panel split in groups keeps both threads busy, each building it once). */
-static void run_item(const Job *job, const uint8_t *src, const uint8_t *fill, uint32_t flip, int64_t it,
-                     int64_t groups, int isa, int64_t *built) {
-    const QArgs *a = job->a;
-    const int64_t block = it / groups, g = it % groups, nbs = (a->N + QR - 1) / QR;
-    const int64_t left = job->P - block * BLOCK;
-    const int nblock = left < BLOCK ? (int)left : BLOCK;
-    uint8_t *b = (uint8_t *)job->b;
-    if (*built != block) {
-        *built = block;
-#ifdef QC_X86
-        if (isa >= ISA_VNNI) panel_vnni(a, src, fill, flip, b, block * BLOCK, nblock);
-        else if (isa == ISA_AVX2) panel_avx2(a, src, fill, flip, b, block * BLOCK, nblock);
-        else
-#endif
-        panel_c(a, src, fill, flip, b, block * BLOCK, nblock);
-    }
-    for (int64_t nb = g * nbs / groups; nb < (g + 1) * nbs / groups; nb++)
-        for (int sub = 0; sub * PANEL < nblock; sub++) {   /* the channel tile's weights read once per panel */
-            const int64_t panel = block * (BLOCK / PANEL) + sub;
-            const int np = nblock - sub * PANEL < PANEL ? nblock - sub * PANEL : PANEL;
-#ifdef QC_X86
-            if (isa >= ISA_VNNI) { tile_vnni(job, nb, panel, np); continue; }
-            if (isa == ISA_AVX2) { tile_avx2(job, nb, panel, np); continue; }
-#endif
-            tile_c(job, nb, panel, np);
-        }
-}
-
-/* One call: every image of the batch. 0, -1 when the scratch is too small, -2 for arguments out of range. */
-static int qconv(const QArgs *a) {
-    const int64_t P = a->OH * a->OW, K = a->C * a->kh * a->kw;
-    if (a->batch < 0 || P < 0 || a->N <= 0 || K <= 0 || a->K4 * 4 < K || a->K4 * 4 >= K + 4) return -2;
-    if (a->out < OUT_U8 || a->out > OUT_F32) return -2;
-    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw;
-    if (a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->ph < 0 || a->pw < 0 || a->OH < 1 || a->OW < 1
-        || (a->OH - 1) * a->sh + (a->kh - 1) * a->dh >= Hp || (a->OW - 1) * a->sw + (a->kw - 1) * a->dw >= Wp)
-        return -2;                                      /* a window would leave the bordered copy */
-    if (a->nthreads > 65536) return -2;                 /* an int, and one scratch panel each */
-    int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads, isa = (int)a->isa;
-    if (qconv_scratch_bytes(a->K4, a->C, Hp, Wp, nthreads) > a->scratch_bytes) return -1;
-    if (isa > qconv_isa()) isa = qconv_isa();
-    const int64_t nbs = (a->N + QR - 1) / QR, panels = (P + BLOCK - 1) / BLOCK;
-    const size_t esize = a->out == OUT_I32 || a->out == OUT_F32 ? 4 : 1;
-    uint8_t *b = (uint8_t *)(intptr_t)a->scratch, *xp = b + nthreads * panel_bytes(a->K4);
-    uint8_t *fill = xp + a->C * Hp * Wp;
-    memset(fill, (uint8_t)a->zp_u, (size_t)Wp);
-    /* no border and x contiguous (a 1x1 convolution, say): im2col reads x itself, flipping int8 x's sign bits */
-    const int direct = a->ph == 0 && a->pw == 0 && a->xs_w == 1 && a->xs_h == a->W && a->xs_c == a->H * a->W;
-    const uint32_t flip = direct ? (uint32_t)a->flip * 0x01010101u : 0u;
-    const int64_t C = direct ? 0 : a->C;                /* channels to copy */
-    if (nthreads > 1 && nbs * panels * (BLOCK / PANEL) * K <= 65536) nthreads = 1;  /* small: no parallel region */
-#ifndef _OPENMP
-    nthreads = 1;
-#endif
-    /* items: panels, each split into channel groups until there are about 4 a thread (a 7x7 image has 1 panel) */
-    int64_t groups = 1;
-    while (nthreads > 1 && panels * groups < 4 * (int64_t)nthreads && groups * 2 <= nbs) groups *= 2;
-    const int64_t items = panels * groups;
-    for (int64_t im = 0; im < a->batch; im++) {
-        const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
-        Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P};
-        if (nthreads <= 1) {
-            int64_t built = -1;
-            for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
-            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
-            continue;
-        }
-#ifdef _OPENMP
-        /* dynamic items: a thread that lost its core to a neighbour process leaves its share to the others; each
-           thread builds its panels in its own buffer (team size <= nthreads, so the buffers suffice) */
-#pragma omp parallel num_threads(nthreads) firstprivate(job)
-        {
-            job.b = b + (int64_t)omp_get_thread_num() * panel_bytes(a->K4);
-            int64_t built = -1;
-#pragma omp for schedule(dynamic, 4)
-            for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
-        }
-#endif
-    }
-    return 0;
-}
-
-/* qconv() with its arguments in one block (_ARGS in cpu_qconv.py): one ctypes argument is cheaper. */
-int qconv_packed(const void *block) {
-    QArgs a;
-    memcpy(&a, block, sizeof a);                        /* a Python bytes object: no alignment promised */
-    return qconv(&a);
-}
