@@ -151,4 +151,7 @@ def test_int8_activations_compute_the_ops_reference(monkeypatch, layouts: tuple[
         assert torch.all((out.double() - xq.double()).abs() <= bound)
     tried = {choice for _, choice in policy.samples}
     assert tried == ({True, False} if rows >= PREFILL_ROWS and prefill is None and any(layouts) else set())
+    monkeypatch.setattr(cpu_blocks, "INT8_PREFILL", "int8")
+    with pytest.raises(ValueError, match="INT8_PREFILL = 'int8' is not None, 'native' or 'rounded'"):
+        linear(x, out)
     assert (out - gemm(x, w)).abs().max() > 0  # and it is not the float product

@@ -93,6 +93,8 @@ class _Part:
         weights) and the float path on the int8-rounded x (tiles or 8-row GEMV passes) ran faster for the shape:
         the same products either way (the contract's reference), and which wins depends on the layout, the shape
         and the neighbours' load (``bench/gemv/qprefill.py --int8``). Called once per call (it may probe)."""
+        if INT8_PREFILL not in (None, "native", "rounded"):
+            raise ValueError(f"cpu_blocks.INT8_PREFILL = {INT8_PREFILL!r} is not None, 'native' or 'rounded'")
         if not self.int8:
             return False
         key = self._prefill_key(rows)

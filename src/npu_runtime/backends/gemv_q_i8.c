@@ -75,7 +75,10 @@ static void iblock_c(const IJob *ij, int64_t m0, const int M, int64_t n, const i
         if (qt == QT_Q5_0 || qt == QT_Q4_0) {
             int8_t c[QK];
             if (qt == QT_Q5_0) q5_codes_c(blk, c);
-            else for (int i = 0; i < 16; i++) { c[i] = (int8_t)((blk[2 + i] & 15) - 8); c[16 + i] = (int8_t)((blk[2 + i] >> 4) - 8); }
+            else for (int i = 0; i < 16; i++) {
+                c[i] = (int8_t)((blk[2 + i] & 15) - 8);
+                c[16 + i] = (int8_t)((blk[2 + i] >> 4) - 8);
+            }
             const float d = f16_to_f32(load_u16(blk));
             for (int m = 0; m < M; m++) {
                 const int8_t *q = ij->qx + (m0 + m) * j->K + b * QK;

@@ -119,9 +119,9 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
                     const __m256i s = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, _mm_set1_epi64x( \
                         0x0101010100000000LL + c * 0x0202020202020202LL))); \
                     UNROLL for (int m = 0; m < M; m++) { \
-                        const __m256i i = DOT( \
-                            _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(corr + m * (j->K / 4) + 8 * g)), 2), \
-                            u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g))); \
+                        const int32_t *cm = corr + m * (j->K / 4) + 8 * g; \
+                        const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)cm), 2), \
+                                              u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g))); \
                         acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + g) * 8)), \
                                                     _mm256_cvtepi32_ps(_mm256_mullo_epi32(i, s)), acc[m][r]); \
                     } \
