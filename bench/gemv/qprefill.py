@@ -14,7 +14,11 @@ neighbour's load hits all alike:
 * ``default``: what a call runs (the GEMV below ``PREFILL_ROWS`` rows, else the path its policy measured faster),
   with the first ``--tile-rows``;
 * ``mm``: ``torch.mm`` with the weights dequantized to fp32 beforehand (4x-7.5x the bytes in memory): the float
-  path an LLM program takes without blocks.
+  path an LLM program takes without blocks;
+* with ``--int8``, llama.cpp's int8 activations two ways: ``int8 gemv``, the integer kernel
+  (``activations="int8"``: x quantized per group of 32, up to 8 rows of x per pass over the blocks), and ``int8
+  rounded``, x rounded to int8 groups by torch (``quantize_x``) then the default float path, as an LLM's prefill
+  ran them before the integer kernel took several rows per pass (both checked against the rounded x's product).
 
 Every call reads the next copy of a ring of at least ``--pool-mb`` MiB per method (a prefill reads each layer's
 weights from memory, not from cache). The results are checked against the float64 product first. The
@@ -49,7 +53,8 @@ def ring(make: Callable[[], object], nbytes: int, pool: int) -> list:
     return [make() for _ in range(max(1, math.ceil(pool / nbytes)))]
 
 
-def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int]) -> tuple[dict[str, list[Callable]], Callable]:
+def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int],
+            int8: bool = False) -> tuple[dict[str, list[Callable]], Callable]:
     """Per method, one call per copy of its ring; and the float64 reference for x."""
     w = packed(qtype, n, k, n + k)
     wf = cpu_qgemv.dequantize(w, qtype)
@@ -66,6 +71,9 @@ def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int]) -> tuple[di
     calls["default"] = [lambda x, y, g=g, t=tiles[0]: (setattr(cpu_qgemv, "TILE_ROWS", t or None), g(x, out=y))
                         for g in gemvs]
     calls["mm fp32"] = [lambda x, y, f=f: torch.mm(x, f.t(), out=y) for f in floats]
+    if int8:
+        calls["int8 gemv"] = [lambda x, y, g=g: g(x, out=y, activations="int8") for g in gemvs]
+        calls["int8 rounded"] = [lambda x, y, g=g: g(cpu_qgemv.quantize_x(x), out=y) for g in gemvs]
     ref = wf.double()
     return calls, lambda x: x.double() @ ref.t()
 
@@ -73,11 +81,12 @@ def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int]) -> tuple[di
 def time_case(qtype: str, n: int, k: int, m: int, args: argparse.Namespace) -> dict[str, list[float]]:
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     y = torch.empty(m, n)
-    calls, ref = methods(qtype, n, k, args.pool_mb << 20, args.tile_rows)
-    want = ref(x)
+    calls, ref = methods(qtype, n, k, args.pool_mb << 20, args.tile_rows, args.int8)
+    want, want8 = ref(x), ref(cpu_qgemv.quantize_x(x))
     for name, ring_ in calls.items():
         ring_[0](x, y)
-        if not torch.allclose(y.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()):
+        expect = want8 if name.startswith("int8") else want
+        if not torch.allclose(y.double(), expect, rtol=1e-4, atol=1e-4 * expect.abs().max().item()):
             raise SystemExit(f"{name} {qtype} [{m}, {k}] x [{n}]: wrong result")
     names = list(calls)
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -101,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (the kernels use it)")
     parser.add_argument("--pool-mb", type=int, default=64, help="each method's ring of weight copies, MiB")
     parser.add_argument("--shapes", nargs="+", default=None, help="a subset of the shapes, by name")
+    parser.add_argument("--int8", action="store_true", help="also time the int8-activation paths")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

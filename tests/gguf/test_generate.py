@@ -136,6 +136,33 @@ def test_int8_activations_mark_the_block_layers_and_stay_close_to_float_x(tmp_pa
         load_lm(float_file, max_cache_len=32, int8_activations=True)
 
 
+@pytest.mark.parametrize("quant, sizes", [({"blk.1.ffn_": "Q5_0", "blk.1.": "Q8_0", "blk.": "Q4_0"}, {}),
+                                          (K_QUANTS, {"hidden_size": 256, "intermediate_size": 512})])
+def test_int8_prefill_rows_on_the_integer_kernel_keep_the_logits(tmp_path: Path, monkeypatch, quant: dict,
+                                                                 sizes: dict) -> None:
+    """A prompt of more rows than ``cpu_qgemv.PREFILL_ROWS`` with int8 activations: its prefill through the integer
+    kernel (several rows of x per pass over the blocks) gives the logits of the float path on the int8-rounded x
+    (how every prefill ran before; the same products summed in another order), prompt and decode steps alike, to
+    within fp32 rounding: far inside the KLD the int8 decode path is held to against float x (1e-3)."""
+    from npu_runtime.backends import cpu_blocks, cpu_qgemv
+
+    path = write_model(make_model("qwen2", **sizes), "qwen2", tmp_path / "q.gguf", quant)
+    lm = load_lm(path, max_cache_len=64, int8_activations=True)
+    device = Device()
+    run = Generator(lm.programs.prefill, lm.programs.decode, load_weights(lm.weights, lm.programs.prefill, device),
+                    device)
+    prompt = [(7 * i + 3) % 96 for i in range(cpu_qgemv.PREFILL_ROWS + 9)]
+    logits = {}
+    for how in ("rounded", "native"):
+        monkeypatch.setattr(cpu_blocks, "INT8_PREFILL", how)
+        logits[how] = torch.from_numpy(run.forced_logits(prompt, [5, 17, 33])).double()
+    p, q = (logits[k].log_softmax(-1) for k in ("rounded", "native"))
+    scale, diff = logits["rounded"].abs().max(), (logits["native"] - logits["rounded"]).abs().max()
+    assert 0 < diff <= 1e-4 * scale  # not 0: the two paths did run
+    assert (p.exp() * (p - q)).sum(-1).max() < 1e-6
+    print(f"int8 prefill, integer kernel vs rounded x: max |d logit| {diff / scale:.2e} of the largest")
+
+
 def test_generate_int8_activations_flag(tmp_path: Path, capsys) -> None:
     path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q4.gguf", {"blk.": "Q4_0"})
     assert main(["generate", str(path), "--prompt-ids", "5,17,33", "--max-new-tokens", "4", "--max-cache-len", "32",

@@ -116,29 +116,42 @@ def test_the_prefill_and_decode_kernels_share_one_concatenation_of_the_same_weig
 
 @pytest.mark.parametrize("layouts", [("q4_0",), ("q8_0",), ("q5_0",), ("q6_K",), ("q4_0", "q8_0"), ("q5_0", "q8_0"),
                                      ("q8_0", "q6_K"), ("q6_K", None)])
-@pytest.mark.parametrize("rows", [3, 16])
-def test_int8_activations_compute_the_ops_reference(layouts: tuple[str | None, ...], rows: int) -> None:
-    """``x_int8_group=32``: the block kernels' integer dot products (x quantized by the kernel; decode rows) and the
-    float path's product with the int8-rounded x (a float part; a prefill's rows) give the GEMM reference's value on
-    the dequantized weights."""
-    from npu_runtime.backends.cpu_qgemv import PREFILL_ROWS
+@pytest.mark.parametrize(("rows", "prefill"), [(3, None), (16, "native"), (16, "rounded"), (16, None)])
+def test_int8_activations_compute_the_ops_reference(monkeypatch, layouts: tuple[str | None, ...], rows: int,
+                                                    prefill: str | None) -> None:
+    """``x_int8_group=32``: the block kernels' integer dot products (x quantized by the kernel: decode rows, and a
+    prefill's where they run faster or are forced) and the float path's product with the int8-rounded x (a float
+    part; the other prefill calls) give the GEMM reference's value on the dequantized weights. Unforced, a
+    prefill's calls try both (a fresh policy: two calls each first)."""
+    from npu_runtime.backends import cpu_blocks
+    from npu_runtime.backends.cpu_qgemv import PREFILL_ROWS, _PathPolicy
     from torch_ir.ops.npu import gemm
 
+    monkeypatch.setattr(cpu_blocks, "INT8_PREFILL", prefill)
+    monkeypatch.setattr(cpu_blocks, "_INT8_PATHS", policy := _PathPolicy())
     k = 256
     floats = torch.randn(48, k, generator=torch.Generator().manual_seed(22))  # a float part: given the rounded x
     parts = [_blocks(layout, 48, k, 20 + i) if layout else (floats, floats.double())
              for i, layout in enumerate(layouts)]
     linear = BlockLinear([(raw, layout) for (raw, _), layout in zip(parts, layouts)], None, int8=True)
     assert [p.int8 for p in linear.parts] == [layout is not None for layout in layouts]
-    native = [p.native_int8(rows) for p in linear.parts]
-    assert native == [layout is not None and rows < PREFILL_ROWS for layout in layouts]
+    if rows < PREFILL_ROWS or prefill is not None:
+        native = [p.native_int8(rows) for p in linear.parts]
+        assert native == [layout is not None and (rows < PREFILL_ROWS or prefill == "native") for layout in layouts]
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(21))
     out = torch.empty(rows, 48 * len(layouts))
-    linear(x, out)
     w = torch.cat([values for _, values in parts]).float()
     want = gemm(x.double(), w.double(), x_int8_group=32)  # the op's reference, in float64
     xq = gemm(x, w, x_int8_group=32)  # the same in float32: the rounding of x is decided in x's own type
     assert torch.allclose(want.float(), xq, rtol=1e-4, atol=1e-4)
     bound = _bound(x, w.double(), k) * 4 + 1e-6 * want.abs()  # the kernel sums per group, then across groups
-    assert torch.all((out.double() - xq.double()).abs() <= bound)
+    for _ in range(5 if rows >= PREFILL_ROWS and prefill is None else 1):
+        out.fill_(float("nan"))
+        linear(x, out)
+        assert torch.all((out.double() - xq.double()).abs() <= bound)
+    tried = {choice for _, choice in policy.samples}
+    assert tried == ({True, False} if rows >= PREFILL_ROWS and prefill is None and any(layouts) else set())
+    monkeypatch.setattr(cpu_blocks, "INT8_PREFILL", "int8")
+    with pytest.raises(ValueError, match="INT8_PREFILL = 'int8' is not None, 'native' or 'rounded'"):
+        linear(x, out)
     assert (out - gemm(x, w)).abs().max() > 0  # and it is not the float product

@@ -13,9 +13,10 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 
 from npu_runtime.backends import cpu_qgemv
+from torch_ir.quant.numerics import int8_groups
 
 from . import test_qgemv as base
-from .test_qgemv import ELEMS, EXACT, GGML, U, check_close, int8_contract, random_blocks, reference
+from .test_qgemv import ELEMS, EXACT, GGML, U, check_close, int8_contract, random_blocks, reference, with_extremes
 
 # the GEMV tests' fixtures: the built kernel, each ISA this CPU runs, every call through the torch fallback
 qlib, isa, fallback = base.qlib, base.isa, base.fallback
@@ -140,6 +141,31 @@ def test_which_calls_are_tiled(qlib):
         assert (np.abs(y.numpy() - want) <= steps * U / (1 - steps * U) * bound).all()
     with pytest.raises(ValueError, match="path 'mm' is not one of gemv, tiled"):
         plan(torch.from_numpy(x), path="mm")
+
+
+@pytest.mark.parametrize("qtype", list(GGML))
+def test_int8_rows_per_pass_give_each_rows_own_result(isa, qtype):
+    """The integer kernel takes up to 8 rows of x per pass over the weights (each block's codes decoded once for
+    them all): every row's result is, bit for bit, that row's alone (M = 1: a decode step), for M = 1..9 and 128
+    (the passes' tails: 9 = 8 + 1; 128 on two threads), N = 37 (the streams' tails), rows 0 and 1 extreme codes
+    against q = ±127 (:func:`with_extremes`); and within the contract's bound of ``int8_groups(x, 32)`` times gguf's
+    dequantized weights in float64 (the bound of ``test_int8_activations_keep_their_contract``, plus the two
+    roundings of ``dx·q`` between that reference and the contract's)."""
+    n, k = 37, 512
+    raw, x = with_extremes(random_blocks(qtype, n, k, seed=31, wide=True),
+                           qtype, np.random.default_rng(32).standard_normal((128, k)).astype(np.float32))
+    plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)
+    alone = np.concatenate([plan(torch.from_numpy(x[i:i + 1]), isa=isa, activations="int8", threads=1).numpy()
+                            for i in range(128)])
+    w = gguf_dequantize(raw, GGML[qtype]).astype(np.float64)
+    want = int8_groups(torch.from_numpy(x), 32).double().numpy() @ w.T
+    _, bound = int8_contract(raw, qtype, x)
+    steps = 2 * (k // 32) + 16 + 2
+    err = np.abs(alone.astype(np.float64) - want)
+    assert (err <= steps * U / (1 - steps * U) * bound).all(), f"max error {err.max():.3g}"
+    for m in (*range(1, 10), 128):
+        y = plan(torch.from_numpy(x[:m]), isa=isa, activations="int8", threads=2 if m == 128 else 1)
+        np.testing.assert_array_equal(bits(y), bits(alone[:m]), err_msg=f"M = {m}")
 
 
 def test_the_path_policy_runs_the_faster_and_probes_the_other():

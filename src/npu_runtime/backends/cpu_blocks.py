@@ -8,7 +8,8 @@ A weight slot marked with a block layout (``npu_compiler.llm.with_block_weights`
   prefill chunk runs either that GEMV (up to 8 rows of x per pass over the weights) or tiles of rows dequantized
   into a small buffer and multiplied by BLAS, whichever runs faster for the shape; either way an fp32 product of
   the exactly dequantized weights (or, with the ops' ``x_int8_group``, llama.cpp's int8 activations: integer dot
-  products for decode rows, the float path on the int8-rounded x for a prefill's);
+  products for decode rows; for a prefill's, those (up to 8 rows of x per pass) or the float path on the
+  int8-rounded x, whichever ran faster for the shape: :meth:`_Part.native_int8`);
 * EMBEDDING (:class:`BlockEmbedding`) dequantizes only the rows it gathers;
 * any other kernel is given the slot dequantized once, at bind time (:class:`Dequantized`): slower and bigger,
   never wrong.
@@ -18,6 +19,7 @@ Dequantization is ``torch_ir.quant.blocks``', bit-exact with ggml's.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -35,6 +37,13 @@ Tensor = torch.Tensor
 
 
 _STACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+#: a prefill's rows with int8 activations: None, the integer kernel or the float path on the rounded x, whichever
+#: ran faster lately for the shape (:data:`_INT8_PATHS`); ``"native"`` or ``"rounded"`` forces one (tests, benches).
+#: The two are one contract: the same products, summed in another order
+INT8_PREFILL: str | None = None
+#: the measured choice: ``_PathPolicy``'s "tiled" side is the float path on the rounded x here
+_INT8_PATHS = cpu_qgemv._PathPolicy()
 
 
 def stacked(tensors: Sequence[Tensor]) -> Tensor:
@@ -72,19 +81,36 @@ class _Part:
             self.matrix = weight.float().contiguous()
             self.n = self.matrix.shape[0]
 
-    def native_int8(self, rows: int) -> bool:
-        """Whether a call with ``rows`` rows of x runs the integer kernel. From the prefill's rows
-        (``QGemv.tiled``) the float path on the int8-rounded x runs instead: the same products (the contract's
-        reference), and there its tiles or 8-row GEMV passes beat the integer GEMV, which passes over the weights
-        once per row of x (~1.7x at 128 rows, ``bench/gemv/README.md``)."""
-        return self.int8 and not self.gemv.tiled(rows)
+    def _prefill_key(self, rows: int) -> tuple | None:
+        """The shape class of a call whose path is measured (int8, a prefill's rows, unforced), else None."""
+        if not self.int8 or not self.gemv.tiled(rows) or INT8_PREFILL is not None:
+            return None
+        return self.gemv.qtype.code, self.gemv.n, self.gemv.k, rows.bit_length(), torch.get_num_threads()
 
-    def __call__(self, x: Tensor, x_int8: Tensor | None, out: Tensor) -> None:
-        native = self.native_int8(x.shape[0])
+    def native_int8(self, rows: int) -> bool:
+        """Whether a call with ``rows`` rows of x runs the integer kernel: decode rows always; a prefill's rows
+        (``QGemv.tiled``) as :data:`INT8_PREFILL` says, or whichever of it (up to 8 rows of x per pass over the
+        weights) and the float path on the int8-rounded x (tiles or 8-row GEMV passes) ran faster for the shape:
+        the same products either way (the contract's reference), and which wins depends on the layout, the shape
+        and the neighbours' load (``bench/gemv/qprefill.py --int8``). Called once per call (it may probe)."""
+        if INT8_PREFILL not in (None, "native", "rounded"):
+            raise ValueError(f"cpu_blocks.INT8_PREFILL = {INT8_PREFILL!r} is not None, 'native' or 'rounded'")
+        if not self.int8:
+            return False
+        key = self._prefill_key(rows)
+        if key is not None:
+            return not _INT8_PATHS.pick(key)
+        return not self.gemv.tiled(rows) or INT8_PREFILL == "native"
+
+    def __call__(self, x: Tensor, x_int8: Tensor | None, out: Tensor, native: bool) -> None:
+        """``native``: this call's :meth:`native_int8`, asked once by :class:`BlockLinear` (it chose x_int8)."""
+        key, start = self._prefill_key(x.shape[0]), time.perf_counter_ns()
         if x_int8 is not None and not native:
             x = x_int8  # the int8-rounded x, times the exact weights: the same products as the integer sums
         if self.gemv is not None:
             self.gemv(x, out=out, activations="int8" if native else "float32")
+            if key is not None:
+                _INT8_PATHS.record(key, not native, (time.perf_counter_ns() - start) / x.shape[0])
         elif self.bias is None:
             torch.mm(x, self.matrix.t(), out=out)
         else:
@@ -98,9 +124,9 @@ class BlockLinear:
     Parts of one layout next to each other are concatenated once (one GEMV call reads them); x is computed in
     fp32 (converted at the edges for bf16/fp16 programs, as ggml does). ``int8``: the ops' ``x_int8_group`` of 32,
     x rounded to int8 groups first (``torch_ir.quant.numerics.int8_groups``), which every block layout's kernel (Q8_0,
-    Q4_0, Q5_0, Q4_K, Q6_K) does itself with integer dot products (``cpu_qgemv``'s ``activations="int8"``) below
-    ``cpu_qgemv.PREFILL_ROWS`` rows; a float part, and a prefill's rows, are given the rounded x
-    (:meth:`_Part.native_int8`)."""
+    Q4_0, Q5_0, Q4_K, Q6_K) does itself with integer dot products (``cpu_qgemv``'s ``activations="int8"``) for
+    decode rows, and for a prefill's where they ran faster; a float part, and the other prefill calls, are given the
+    rounded x (:meth:`_Part.native_int8`)."""
 
     def __init__(self, parts: Sequence[tuple[Tensor, str | None]], bias: Tensor | None, int8: bool = False) -> None:
         merged: list[tuple[list[Tensor], str | None]] = []
@@ -123,13 +149,14 @@ class BlockLinear:
         x = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
         direct = len(self.parts) == 1 and out2.dtype == torch.float32 and out2.is_contiguous()
         y = out2 if direct else torch.empty(x.shape[0], self.n, dtype=torch.float32)
-        x_int8 = int8_groups(x, 32) if self.int8 and not all(p.native_int8(x.shape[0]) for p in self.parts) else None
+        native = [p.native_int8(x.shape[0]) for p in self.parts]
+        x_int8 = int8_groups(x, 32) if self.int8 and not all(native) else None
         if len(self.parts) == 1:
-            self.parts[0](x, x_int8, y)
+            self.parts[0](x, x_int8, y, native[0])
         else:
             col = 0
-            for part in self.parts:
-                part(x, x_int8, tmp := torch.empty(x.shape[0], part.n, dtype=torch.float32))
+            for part, nat in zip(self.parts, native):
+                part(x, x_int8, tmp := torch.empty(x.shape[0], part.n, dtype=torch.float32), nat)
                 y[:, col:col + part.n] = tmp
                 col += part.n
         if residual is not None:

@@ -36,14 +36,15 @@ the exactly dequantized weights, summed in torch.mm's order. Which path runs is 
 (:class:`_PathPolicy`: one thread favours the tiles, two threads on a loaded machine often the GEMV); ``path=``
 forces one (``bench/gemv/qprefill.py`` times them).
 
-``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; every layout: Q4_0, Q5_0 and Q4_K in ``gemv_q_i8.c``,
-Q8_0 and Q6_K in ``gemv_q_i8k.c``) is llama.cpp's dot product, faster than unpacking codes to fp32 but different
-numerics: ``x`` is quantized once per call, per group of 32, to ``q = round(x / dx)`` (fp32 division, ties to
-even), ``dx = max|x| / 127`` (fp32); each group's sum of codes times ``q`` is an exact integer (AVX-512 VNNI
+``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; every layout: Q4_0, Q5_0 and Q4_K in ``gemv_q_i8.c``, Q8_0
+and Q6_K in ``gemv_q_i8k.c``) is llama.cpp's dot product, faster than unpacking codes to fp32 but different numerics (up
+to 8 rows of x per pass over the weights, each block's codes decoded once for them; a row's result does not depend on
+how many rows a call has): ``x`` is quantized once per call, per group of 32, to ``q = round(x / dx)`` (fp32 division,
+ties to even), ``dx = max|x| / 127`` (fp32); each group's sum of codes times ``q`` is an exact integer (AVX-512 VNNI
 ``vpdpbusd`` where the CPU has it, else AVX2 ``maddubs``/``madd``, else C; Q8_0's signed codes as ``|code|`` times
-``sign(code)·q``, Q6_K's two sub-blocks of 16 each times its int8 scale inside the integer), and
-``y = Σ_g (D_g·dx_g)·isum_g − M_g·(dx_g·Σq)`` in fp32 (``D``, ``M``: the group's scale, Q6_K's ``d``, and Q4_K's
-min). Its error against the float path is that of quantizing ``x`` to 8 bits (~1e-3 relative on random data).
+``sign(code)·q``, Q6_K's two sub-blocks of 16 each times its int8 scale inside the integer), and ``y = Σ_g
+(D_g·dx_g)·isum_g − M_g·(dx_g·Σq)`` in fp32 (``D``, ``M``: the group's scale, Q6_K's ``d``, and Q4_K's min). Its error
+against the float path is that of quantizing ``x`` to 8 bits (~1e-3 relative on random data).
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
 other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
@@ -255,10 +256,11 @@ def dequantize_rows(weight: Tensor, qtype: str | int | QType, n0: int = 0, n1: i
 
 
 class _PathPolicy:
-    """GEMV or tiles, per shape class (layout, N, K, rows of x as a power of two, threads), by recent times per row
-    of x: two calls of each first, then the one with the lower mean, the other tried again after ``PROBE_NS``, then
-    twice as long after each try (up to ``MAX_PROBE_NS``), so that a neighbour's load changing sides is noticed
-    at a cost of a fraction of a percent (the same scheme as :class:`cpu_gemv._ThreadPolicy`)."""
+    """GEMV or tiles (``True``), per shape class (layout, N, K, rows of x as a power of two, threads), by recent times
+    per row of x (``cpu_blocks`` keeps one too, for a prefill's int8 rows: the float path on the rounded x (``True``) or
+    the integer kernel): two calls of each first, then the one with the lower mean, the other tried again after
+    ``PROBE_NS``, then twice as long after each try (up to ``MAX_PROBE_NS``), so that a neighbour's load changing sides
+    is noticed at a cost of a fraction of a percent (the same scheme as :class:`cpu_gemv._ThreadPolicy`)."""
 
     SAMPLES = 4
     PROBE_NS = 500_000_000

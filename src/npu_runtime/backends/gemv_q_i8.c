@@ -13,8 +13,20 @@
    fp32 products and sums are in whatever order the lanes give (the tests bound them). Unsigned nibbles meet
    signed q in AVX-512 VNNI's vpdpbusd (8 int32 lanes of 4 products each) or AVX2's maddubs/madd; Q4_0's
    "- 8" enters as each lane's starting value -8 * (sum of its 4 q), precomputed with q, and Q5_0's "- 16" (its codes
-   made unsigned, 0..31) as twice that. */
+   made unsigned, 0..31) as twice that.
+   A prefill's many rows of x: up to IM per pass over a chunk of weight rows (IB), each block's codes decoded once
+   (unpacked, made unsigned) and dotted with each of those rows' q; per (row of x, row of W) the integer sums and
+   the fp32 steps are the row's alone, in the same order, so a row's result does not depend on how many rows the
+   call has (the tests compare bits). dx is also kept 8 lanes wide (dx8): a block's d * dx is one vector multiply,
+   the same fp32 product as the scalar one. */
 #include <stdlib.h>
+
+/* rows of x per pass over the weights (each block's codes decoded once for them all) */
+#define IM 8
+/* the loops over rows of x fully unrolled (M is a constant in each copy): their accumulators then live in registers,
+   where gcc's own limits would leave the larger bodies rolled, the accumulators in memory (the rows of W stay a loop:
+   unrolled too, Q4_K's scales of 4 rows spill and one row of x ran ~25% slower) */
+#define UNROLL _Pragma("GCC unroll 8")
 
 typedef struct {
     const QJob *j;
@@ -22,11 +34,12 @@ typedef struct {
     const float *dx;      /* [M, K / 32] */
     const float *dxs;     /* [M, K / 32]: dx * sx */
     const int32_t *corr;  /* [M, K / 4]: -8 * the sum of each 4 q (Q4_0) */
+    const float *dx8;     /* [M, K / 32, 8]: dx for each of 8 lanes (a block's d * dx in one vector multiply) */
 } IJob;
 
 /* One row of x to int8 groups (vectorized by gcc: SSE2 at least). Non-finite x give 0 codes, never an
    out-of-range conversion. */
-static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *dxs, int32_t *corr) {
+static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *dxs, int32_t *corr, float *dx8) {
     for (int64_t g = 0; g < K / QK; g++) {
         const float *v = x + g * QK;
         float amax = 0.0f, t[QK];
@@ -44,49 +57,55 @@ static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *
             corr[g * 8 + l] = -8 * (q[0] + q[1] + q[2] + q[3]);
         }
         dx[g] = d;
+        for (int l = 0; l < 8; l++) dx8[g * 8 + l] = d;
         dxs[g] = d * (float)s;
     }
 }
 
-/* Row n of W against row m of x, portable C. */
-static void iblock_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
+/* Row n of W against M rows of x from m0, portable C: each block's codes decoded once, then each row's integer sums
+   and fp32 steps in the order one row alone takes them (the results do not depend on M). */
+static void iblock_c(const IJob *ij, int64_t m0, const int M, int64_t n, const int qt) {
     const QJob *j = ij->j;
     const int64_t G = j->K / QK;
-    const int8_t *qx = ij->qx + m * j->K;
-    const float *dx = ij->dx + m * G, *dxs = ij->dxs + m * G;
     const int bs = block_bytes(qt);
-    float acc = 0.0f, macc = 0.0f;
+    float acc[IM], macc[IM];
+    for (int m = 0; m < M; m++) acc[m] = macc[m] = 0.0f;
     for (int64_t b = 0; b < j->nb; b++) {
         const uint8_t *blk = j->w + n * j->row_bytes + b * bs;
-        if (qt == QT_Q5_0) {
+        if (qt == QT_Q5_0 || qt == QT_Q4_0) {
             int8_t c[QK];
-            int s = 0;
-            q5_codes_c(blk, c);
-            for (int i = 0; i < QK; i++) s += c[i] * qx[b * QK + i];
-            acc += (f16_to_f32(load_u16(blk)) * dx[b]) * (float)s;
-            continue;
-        }
-        if (qt == QT_Q4_0) {
-            int s = 0;
-            for (int i = 0; i < 16; i++)
-                s += ((blk[2 + i] & 15) - 8) * qx[b * QK + i] + ((blk[2 + i] >> 4) - 8) * qx[b * QK + 16 + i];
-            acc += (f16_to_f32(load_u16(blk)) * dx[b]) * (float)s;
+            if (qt == QT_Q5_0) q5_codes_c(blk, c);
+            else for (int i = 0; i < 16; i++) {
+                c[i] = (int8_t)((blk[2 + i] & 15) - 8);
+                c[16 + i] = (int8_t)((blk[2 + i] >> 4) - 8);
+            }
+            const float d = f16_to_f32(load_u16(blk));
+            for (int m = 0; m < M; m++) {
+                const int8_t *q = ij->qx + (m0 + m) * j->K + b * QK;
+                int s = 0;
+                for (int i = 0; i < QK; i++) s += c[i] * q[i];
+                acc[m] += (d * ij->dx[(m0 + m) * G + b]) * (float)s;
+            }
             continue;
         }
         float D[16], Mn[16];
         kq_scales(blk, qt, D, Mn);
         for (int c = 0; c < 4; c++) {
             const int64_t g = 8 * b + 2 * c;
-            int s0 = 0, s1 = 0;
-            for (int i = 0; i < 32; i++) {
-                s0 += (blk[16 + 32 * c + i] & 15) * qx[g * QK + i];
-                s1 += (blk[16 + 32 * c + i] >> 4) * qx[(g + 1) * QK + i];
+            for (int m = 0; m < M; m++) {
+                const int8_t *q = ij->qx + (m0 + m) * j->K + g * QK;
+                const float *dx = ij->dx + (m0 + m) * G, *dxs = ij->dxs + (m0 + m) * G;
+                int s0 = 0, s1 = 0;
+                for (int i = 0; i < 32; i++) {
+                    s0 += (blk[16 + 32 * c + i] & 15) * q[i];
+                    s1 += (blk[16 + 32 * c + i] >> 4) * q[QK + i];
+                }
+                acc[m] += (D[4 * c] * dx[g]) * (float)s0 + (D[4 * c + 2] * dx[g + 1]) * (float)s1;
+                macc[m] += Mn[4 * c] * dxs[g] + Mn[4 * c + 2] * dxs[g + 1];
             }
-            acc += (D[4 * c] * dx[g]) * (float)s0 + (D[4 * c + 2] * dx[g + 1]) * (float)s1;
-            macc += Mn[4 * c] * dxs[g] + Mn[4 * c + 2] * dxs[g + 1];
         }
     }
-    store(j, m, n, acc - macc);
+    for (int m = 0; m < M; m++) store(j, m0 + m, n, acc[m] - macc[m]);
 }
 
 #ifdef QG_X86
@@ -105,39 +124,39 @@ static inline __attribute__((always_inline)) VNNI __m256i q5_unsigned_vnni(const
     return _mm256_or_si256(q5_nibbles_avx2(blk), _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(16)));
 }
 
-/* R rows of W (n0 + r * stride) against row m of x; Q5U: Q5_0's codes + 16. */
+/* R rows of W (n0 + r * stride) against M rows of x from m0; Q5U: Q5_0's codes + 16. Each block's codes are decoded
+   once, then dotted with each row's q: per (row of x, row of W) the same integer sums and fp32 steps, in the same
+   order, as with M = 1 (the results do not depend on how many rows of x a call has). */
 #define IBLOCK(NAME, ATTR, DOT, Q5U) \
 static inline __attribute__((always_inline)) ATTR \
-void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, const int qt) { \
+void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) { \
     const QJob *j = ij->j; \
     const int64_t G = j->K / QK; \
-    const int8_t *qx = ij->qx + m * j->K; \
-    const float *dx = ij->dx + m * G, *dxs = ij->dxs + m * G; \
-    const int32_t *corr = ij->corr + m * (j->K / 4); \
+    const int8_t *qx = ij->qx + m0 * j->K; \
+    const float *dx8 = ij->dx8 + m0 * G * 8, *dxs = ij->dxs + m0 * G; \
+    const int32_t *corr = ij->corr + m0 * (j->K / 4); \
     const int bs = block_bytes(qt); \
     const __m256i m4 = _mm256_set1_epi8(15), shift = _mm256_set_epi64x(4, 4, 0, 0); \
-    __m256 acc[4]; \
-    float macc[4]; \
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.0f; } \
+    __m256 acc[IM][4]; \
+    float macc[IM][4]; \
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) { acc[m][r] = _mm256_setzero_ps(); macc[m][r] = 0.0f; } \
     for (int64_t b = 0; b < j->nb; b++) { \
         for (int r = 0; r < R; r++) { \
             const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * bs; \
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0); \
-            if (qt == QT_Q5_0) { /* the codes + 16 (0..31, unsigned); -16 * the sum of each 4 q = 2 * corr */ \
-                const __m256i u = Q5U(blk); \
-                const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(corr + 8 * b)), 1), u, \
-                                      _mm256_loadu_si256((const __m256i *)(qx + QK * b))); \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(blk)) * dx[b]), \
-                                         _mm256_cvtepi32_ps(i), acc[r]); \
-                continue; \
-            } \
-            if (qt == QT_Q4_0) { /* the 16 bytes twice, the upper copy shifted: nibbles 0..15, then 16..31 */ \
-                const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2))); \
-                const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(v, shift), m4); \
-                const __m256i i = DOT(_mm256_loadu_si256((const __m256i *)(corr + 8 * b)), u, \
-                                      _mm256_loadu_si256((const __m256i *)(qx + QK * b))); \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(blk)) * dx[b]), \
-                                         _mm256_cvtepi32_ps(i), acc[r]); \
+            if (qt == QT_Q5_0 || qt == QT_Q4_0) { \
+                /* Q5_0: the codes + 16 (0..31, unsigned), each lane starting at -16 * the sum of its 4 q = 2 * corr; \
+                   Q4_0: the 16 bytes twice, the upper copy shifted (nibbles 0..15, then 16..31), from corr */ \
+                const __m256i u = qt == QT_Q5_0 ? Q5U(blk) : _mm256_and_si256(_mm256_srlv_epi64( \
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2))), shift), m4); \
+                const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk))); \
+                UNROLL for (int m = 0; m < M; m++) { \
+                    const __m256i c = _mm256_loadu_si256((const __m256i *)(corr + m * (j->K / 4) + 8 * b)); \
+                    const __m256i i = DOT(qt == QT_Q5_0 ? _mm256_slli_epi32(c, 1) : c, u, \
+                                          _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * b))); \
+                    acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + b) * 8)), \
+                                                _mm256_cvtepi32_ps(i), acc[m][r]); \
+                } \
                 continue; \
             } \
             _mm_prefetch((const char *)blk + QG_AHEAD + 64, _MM_HINT_T0); \
@@ -147,31 +166,52 @@ void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, co
             for (int c = 0; c < 4; c++) { \
                 const int64_t g = 8 * b + 2 * c; \
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c)); \
-                const __m256i i0 = DOT(_mm256_setzero_si256(), _mm256_and_si256(v, m4), \
-                                       _mm256_loadu_si256((const __m256i *)(qx + QK * g))); \
-                const __m256i i1 = DOT(_mm256_setzero_si256(), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), \
-                                       _mm256_loadu_si256((const __m256i *)(qx + QK * (g + 1)))); \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(D[4 * c] * dx[g]), _mm256_cvtepi32_ps(i0), acc[r]); \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(D[4 * c + 2] * dx[g + 1]), _mm256_cvtepi32_ps(i1), acc[r]); \
-                macc[r] += Mn[4 * c] * dxs[g] + Mn[4 * c + 2] * dxs[g + 1]; \
+                const __m256i u0 = _mm256_and_si256(v, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4); \
+                const __m256 D0 = _mm256_set1_ps(D[4 * c]), D1 = _mm256_set1_ps(D[4 * c + 2]); \
+                UNROLL for (int m = 0; m < M; m++) { \
+                    const int8_t *q = qx + m * j->K + QK * g; \
+                    const __m256i i0 = DOT(_mm256_setzero_si256(), u0, _mm256_loadu_si256((const __m256i *)q)); \
+                    const __m256i i1 = DOT(_mm256_setzero_si256(), u1, _mm256_loadu_si256((const __m256i *)(q + QK))); \
+                    const float *e = dx8 + (m * G + g) * 8; \
+                    acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(D0, _mm256_loadu_ps(e)), _mm256_cvtepi32_ps(i0), \
+                                                acc[m][r]); \
+                    acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(D1, _mm256_loadu_ps(e + 8)), _mm256_cvtepi32_ps(i1), \
+                                                acc[m][r]); \
+                    macc[m][r] += Mn[4 * c] * dxs[m * G + g] + Mn[4 * c + 2] * dxs[m * G + g + 1]; \
+                } \
             } \
         } \
     } \
-    for (int r = 0; r < R; r++) store(j, m, n0 + r * stride, hsum8(acc[r]) - macc[r]); \
+    for (int m = 0; m < M; m++) \
+        for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, hsum8(acc[m][r]) - macc[m][r]); \
 }
 IBLOCK(iblock_avx2, AVX2, DOT_AVX2, q5_unsigned_avx2)
 IBLOCK(iblock_vnni, VNNI, DOT_VNNI, q5_unsigned_vnni)
 #endif
 
-/* Rows [n0, n1) against every row of x: 4 far-apart streams per row of x, the type a constant in each copy. */
+/* Rows [n0, n1) as R far-apart streams (SPREAD, gemv_q.c; its job is named j) against M rows of x from m0: M x R
+   accumulators, at most 8 (one row of x keeps 4 streams, as this path always had). */
+#define IRANGE_M(BLOCK, QT) do { \
+    switch (M) { \
+    case 1: SPREAD(BLOCK, 1, 4, QT); break; \
+    case 2: SPREAD(BLOCK, 2, 4, QT); break; \
+    case 3: SPREAD(BLOCK, 3, 2, QT); break; \
+    case 4: SPREAD(BLOCK, 4, 2, QT); break; \
+    case 5: SPREAD(BLOCK, 5, 1, QT); break; \
+    case 6: SPREAD(BLOCK, 6, 1, QT); break; \
+    case 7: SPREAD(BLOCK, 7, 1, QT); break; \
+    default: SPREAD(BLOCK, 8, 1, QT); break; \
+    } \
+} while (0)
+/* Rows [n0, n1) against every row of x, IM rows of x per pass over them: the chunk's weights come from memory
+   once, then from L2 (x's int8 rows, IM * K * 2 bytes with corr, stay in L2 too); the type a constant in each copy. */
 #define IB(BLOCK, QT) \
-    for (int64_t m = 0; m < ij->j->M; m++) { \
-        const int64_t S = (n1 - n0) / 4; \
-        for (int64_t i = 0; i < S; i++) BLOCK(ij, m, n0 + i, S, 4, QT); \
-        for (int64_t n = n0 + 4 * S; n < n1; n++) BLOCK(ij, m, n, 1, 1, QT); \
+    for (int64_t m0 = 0; m0 < j->j->M; m0 += IM) { \
+        const int M = (int)(j->j->M - m0 < IM ? j->j->M - m0 : IM); \
+        IRANGE_M(BLOCK, QT); \
     }
 #define IRANGE(NAME, BLOCK, ATTR) \
-static ATTR void NAME(const IJob *ij, int64_t n0, int64_t n1, const int qt) { \
+static ATTR void NAME(const IJob *j, int64_t n0, int64_t n1, const int qt) { \
     if (qt == QT_Q4_0) { IB(BLOCK, QT_Q4_0); } else if (qt == QT_Q5_0) { IB(BLOCK, QT_Q5_0); } \
     else { IB(BLOCK, QT_Q4_K); } \
 }
@@ -188,7 +228,10 @@ static void irange(const IJob *ij, int64_t n0, int64_t n1, const int qt, const i
     if (isa >= ISA_AVX2) { irange_avx2(ij, n0, n1, qt); return; }
 #endif
     (void)isa;
-    for (int64_t m = 0; m < ij->j->M; m++) for (int64_t n = n0; n < n1; n++) iblock_c(ij, m, n, qt);
+    for (int64_t m0 = 0; m0 < ij->j->M; m0 += IM) {
+        const int M = (int)(ij->j->M - m0 < IM ? ij->j->M - m0 : IM);
+        for (int64_t n = n0; n < n1; n++) iblock_c(ij, m0, M, n, qt);
+    }
 }
 
 /* 1 when this CPU has AVX-512 VNNI (with VL) as well: the int8 path's best kernel. */
@@ -206,14 +249,18 @@ static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa) {
     if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K && qt != QT_Q8_0 && qt != QT_Q6_K) return -2;
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(2 * M * G) * sizeof(float));
+    float *dx = malloc((size_t)(10 * M * G) * sizeof(float));  /* dx, dxs, dx8 */
     int32_t *corr = malloc((size_t)(M * G * 8) * sizeof(int32_t));
     if (!qx || !dx || !corr) { free(qx); free(dx); free(corr); return -3; }
+    float *dx8 = dx + 2 * M * G;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && M > 1)
+#endif
     for (int64_t m = 0; m < M; m++)
-        quantize_x(job->x + m * K, K, qx + m * K, dx + m * G, dx + M * G + m * G, corr + m * G * 8);
+        quantize_x(job->x + m * K, K, qx + m * K, dx + m * G, dx + M * G + m * G, corr + m * G * 8, dx8 + m * G * 8);
     if (isa == ISA_AVX512 && !qgemv_vnni()) isa = ISA_AVX2;
     else if (isa == ISA_AVX512) isa = ISA_AVX512_VNNI;
-    const IJob ij = {job, qx, dx, dx + M * G, corr};
+    const IJob ij = {job, qx, dx, dx + M * G, corr, dx8};
     const int64_t rows = chunk_rows(job->N, job->row_bytes, nthreads), chunks = (job->N + rows - 1) / rows;
     if (nthreads > chunks) nthreads = (int)chunks;
 #ifdef _OPENMP

@@ -36,19 +36,23 @@ static inline __attribute__((always_inline)) AVX2 void q6_unsigned_avx2(const ui
 }
 #endif
 
-/* Row n of W against row m of x, portable C. */
-static void iblock8_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
+/* Row n of W against M rows of x from m0, portable C (gemv_q_i8.c's iblock_c, for these two layouts). */
+static void iblock8_c(const IJob *ij, int64_t m0, const int M, int64_t n, const int qt) {
     const QJob *j = ij->j;
-    const int8_t *qx = ij->qx + m * j->K;
-    const float *dx = ij->dx + m * (j->K / QK);
+    const int64_t G = j->K / QK;
     const int bs = block_bytes(qt);
-    float acc = 0.0f;
+    float acc[IM];
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
     for (int64_t b = 0; b < j->nb; b++) {
         const uint8_t *blk = j->w + n * j->row_bytes + b * bs;
         if (qt == QT_Q8_0) {
-            int s = 0;
-            for (int i = 0; i < QK; i++) s += (int8_t)blk[2 + i] * qx[b * QK + i];
-            acc += (f16_to_f32(load_u16(blk)) * dx[b]) * (float)s;
+            const float d = f16_to_f32(load_u16(blk));
+            for (int m = 0; m < M; m++) {
+                const int8_t *q = ij->qx + (m0 + m) * j->K + b * QK;
+                int s = 0;
+                for (int i = 0; i < QK; i++) s += (int8_t)blk[2 + i] * q[i];
+                acc[m] += (d * ij->dx[(m0 + m) * G + b]) * (float)s;
+            }
             continue;
         }
         int8_t c[QKK];  /* u - 32 */
@@ -56,47 +60,55 @@ static void iblock8_c(const IJob *ij, int64_t m, int64_t n, const int qt) {
         const float d = f16_to_f32(load_u16(blk + 208));
         for (int t = 0; t < 8; t++) {
             const int64_t g = 8 * b + t;
-            int s = 0;
-            for (int h = 0; h < 2; h++) {
-                int p = 0;
-                for (int i = 0; i < 16; i++) p += c[32 * t + 16 * h + i] * qx[g * QK + 16 * h + i];
-                s += (int8_t)blk[192 + 2 * t + h] * p;
+            for (int m = 0; m < M; m++) {
+                const int8_t *q = ij->qx + (m0 + m) * j->K + g * QK;
+                int s = 0;
+                for (int h = 0; h < 2; h++) {
+                    int p = 0;
+                    for (int i = 0; i < 16; i++) p += c[32 * t + 16 * h + i] * q[16 * h + i];
+                    s += (int8_t)blk[192 + 2 * t + h] * p;
+                }
+                acc[m] += (d * ij->dx[(m0 + m) * G + g]) * (float)s;
             }
-            acc += (d * dx[g]) * (float)s;
         }
     }
-    store(j, m, n, acc);
+    for (int m = 0; m < M; m++) store(j, m0 + m, n, acc[m]);
 }
 
 #ifdef QG_X86
-/* R rows of W (n0 + r * stride) against row m of x (gemv_q_i8.c's IBLOCK, for these two layouts). */
+/* R rows of W (n0 + r * stride) against M rows of x from m0 (gemv_q_i8.c's IBLOCK, for these two layouts: each
+   block's codes decoded once, each row's sums and fp32 steps as with M = 1). */
 #define IBLOCK8(NAME, ATTR, DOT) \
 static inline __attribute__((always_inline)) ATTR \
-void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, const int qt) { \
+void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) { \
     const QJob *j = ij->j; \
-    const int8_t *qx = ij->qx + m * j->K; \
-    const float *dx = ij->dx + m * (j->K / QK); \
-    const int32_t *corr = ij->corr + m * (j->K / 4); \
+    const int64_t G = j->K / QK; \
+    const int8_t *qx = ij->qx + m0 * j->K; \
+    const float *dx8 = ij->dx8 + m0 * G * 8; \
+    const int32_t *corr = ij->corr + m0 * (j->K / 4); \
     const int bs = block_bytes(qt); \
-    __m256 acc[4]; \
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(); \
+    __m256 acc[IM][4]; \
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm256_setzero_ps(); \
     for (int64_t b = 0; b < j->nb; b++) { \
         for (int r = 0; r < R; r++) { \
             const uint8_t *blk = j->w + (n0 + r * stride) * j->row_bytes + b * bs; \
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0); \
             if (qt == QT_Q8_0) { /* |code| unsigned times sign(code) * q */ \
-                const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 2)); \
-                const __m256i i = DOT(_mm256_setzero_si256(), _mm256_abs_epi8(c), \
-                                      _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(qx + QK * b)), c)); \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(blk)) * dx[b]), \
-                                         _mm256_cvtepi32_ps(i), acc[r]); \
+                const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 2)), u = _mm256_abs_epi8(c); \
+                const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk))); \
+                UNROLL for (int m = 0; m < M; m++) { \
+                    const __m256i i = DOT(_mm256_setzero_si256(), u, _mm256_sign_epi8( \
+                        _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * b)), c)); \
+                    acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + b) * 8)), \
+                                                _mm256_cvtepi32_ps(i), acc[m][r]); \
+                } \
                 continue; \
             } \
             _mm_prefetch((const char *)blk + QG_AHEAD + 64, _MM_HINT_T0); \
             _mm_prefetch((const char *)blk + QG_AHEAD + 128, _MM_HINT_T0); \
             _mm_prefetch((const char *)blk + QG_AHEAD + 192, _MM_HINT_T0); \
             const __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192)); \
-            const float d = _cvtsh_ss(load_u16(blk + 208)); \
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 208))); \
             for (int h = 0; h < 2; h++) { \
                 __m256i u[4]; \
                 q6_unsigned_avx2(blk, h, u); \
@@ -106,21 +118,24 @@ void NAME(const IJob *ij, int64_t m, int64_t n0, int64_t stride, const int R, co
                     /* lanes 0-3: sc[2c], 4-7: sc[2c + 1], as int32 (bytes 2c x 4, 2c + 1 x 4, sign-extended) */ \
                     const __m256i s = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, _mm_set1_epi64x( \
                         0x0101010100000000LL + c * 0x0202020202020202LL))); \
-                    const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(corr + 8 * g)), 2), \
-                                          u[t], _mm256_loadu_si256((const __m256i *)(qx + QK * g))); \
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[g]), \
-                                             _mm256_cvtepi32_ps(_mm256_mullo_epi32(i, s)), acc[r]); \
+                    UNROLL for (int m = 0; m < M; m++) { \
+                        const int32_t *cm = corr + m * (j->K / 4) + 8 * g; \
+                        const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)cm), 2), \
+                                              u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g))); \
+                        acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + g) * 8)), \
+                                                    _mm256_cvtepi32_ps(_mm256_mullo_epi32(i, s)), acc[m][r]); \
+                    } \
                 } \
             } \
         } \
     } \
-    for (int r = 0; r < R; r++) store(j, m, n0 + r * stride, hsum8(acc[r])); \
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, hsum8(acc[m][r])); \
 }
 IBLOCK8(iblock8_avx2, AVX2, DOT_AVX2)
 IBLOCK8(iblock8_vnni, VNNI, DOT_VNNI)
 
 #define IRANGE8(NAME, BLOCK, ATTR) \
-static ATTR void NAME(const IJob *ij, int64_t n0, int64_t n1, const int qt) { \
+static ATTR void NAME(const IJob *j, int64_t n0, int64_t n1, const int qt) { \
     if (qt == QT_Q8_0) { IB(BLOCK, QT_Q8_0); } else { IB(BLOCK, QT_Q6_K); } \
 }
 IRANGE8(irange8_avx2, iblock8_avx2, AVX2)
@@ -134,5 +149,8 @@ static void irange8(const IJob *ij, int64_t n0, int64_t n1, const int qt, const 
     if (isa >= ISA_AVX2) { irange8_avx2(ij, n0, n1, qt); return; }
 #endif
     (void)isa;
-    for (int64_t m = 0; m < ij->j->M; m++) for (int64_t n = n0; n < n1; n++) iblock8_c(ij, m, n, qt);
+    for (int64_t m0 = 0; m0 < ij->j->M; m0 += IM) {
+        const int M = (int)(ij->j->M - m0 < IM ? ij->j->M - m0 : IM);
+        for (int64_t n = n0; n < n1; n++) iblock8_c(ij, m0, M, n, qt);
+    }
 }
