@@ -239,8 +239,11 @@ class _QuantizeOrDequantize:
         self.channels = 1 if self.axis is None else int(x.shape[self.axis])
         self.reference = Reference(dispatch, specs)
         self.native = False  # set by prepare when every condition of exactness holds
-        self.params: tuple[Tensor, Tensor, Tensor] | None = None
+        self.params: tuple[Tensor, ...] = ()  # scale, inverse, zero point per channel (set by prepare)
+        self.param_ptrs: list[int] = []
         self.bounds = (0, 0)
+        # elements per channel run of a contiguous x (per tensor: all of them, one run)
+        self.inner = _numel(x) if self.axis is None else math.prod(x.shape[self.axis + 1:])
 
     def _per_channel(self, t: Tensor, dtype: torch.dtype) -> Tensor:
         return t.reshape(-1).to(dtype).expand(self.channels).contiguous()
@@ -255,6 +258,12 @@ class _QuantizeOrDequantize:
                            and (not self.multiply or torch.isfinite(inv).all()))
         return s, inv
 
+    def _set_params(self, s: Tensor, inv: Tensor, zp: Tensor) -> None:
+        """Kept for the kernel's life, each checked once: the C code reads ``channels`` values of each."""
+        self.params = (s, inv, zp)
+        self.param_ptrs = [cpu_gemv_build.tensor_arg(t, self.kind, what, {t.dtype: 0}, (self.channels,))[0]
+                           for t, what in zip(self.params, ("scale", "inverse", "zero point"))]
+
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         library = _kernel.for_call() if self.native else None
         if library is None:
@@ -263,17 +272,21 @@ class _QuantizeOrDequantize:
         x, out = inputs[0], outputs[0]
         if out.numel() == 0:
             return
-        order = list(range(x.dim())) if x.is_contiguous() and out.is_contiguous() else (
-            _storage_dims(x) if x.stride() == out.stride() else None)
+        if x.is_contiguous() and out.is_contiguous():
+            self._call(library, x, out, None)
+            return
+        order = _storage_dims(x) if x.stride() == out.stride() else None
         if order is not None:
             self._call(library, x.permute(order), out.permute(order), order)
             return
         # stored differently: a contiguous copy in, a contiguous result copied into the arena's view
         y = torch.empty(out.shape, dtype=out.dtype)
-        self._call(library, x.contiguous(), y, list(range(x.dim())))
+        self._call(library, x.contiguous(), y, None)
         out.copy_(y)
 
-    def _call(self, library: Library, x: Tensor, y: Tensor, order: list[int]) -> None:
+    def _call(self, library: Library, x: Tensor, y: Tensor, order: list[int] | None) -> None:
+        """The kernel over x and y, contiguous (``order``: the dims of the tensors they are permutations of, None
+        when they are those tensors)."""
         shape = tuple(y.shape)
         xp, xt, xn = cpu_gemv_build.tensor_arg(x, self.kind, "x", self._x_codes, shape)
         yp, yt, yn = cpu_gemv_build.tensor_arg(y, self.kind, "out", self._y_codes, shape)
@@ -283,14 +296,10 @@ class _QuantizeOrDequantize:
             self._call(library, x, tmp, order)
             y.copy_(tmp)
             return
-        inner = 1
-        if self.axis is not None:
-            for d in shape[order.index(self.axis) + 1:]:
-                inner *= d
-        s, inv, zp = self.params
-        ptrs = [cpu_gemv_build.tensor_arg(t, self.kind, what, {t.dtype: 0}, (self.channels,))[0]
-                for t, what in ((s, "scale"), (inv, "inverse"), (zp, "zero point"))]
-        args = _QDQ_ARGS.pack(xp, yp, *ptrs, y.numel(), self.channels, max(inner, 1), xt, yt,
+        inner = self.inner
+        if order is not None and self.axis is not None:  # runs of the dims stored after the channel's
+            inner = math.prod(shape[order.index(self.axis) + 1:])
+        args = _QDQ_ARGS.pack(xp, yp, *self.param_ptrs, y.numel(), self.channels, max(inner, 1), xt, yt,
                               int(self.kind == "QUANTIZE"), int(self.multiply), torch.get_num_threads(),
                               _qdq_isa(library), *map(float, self.bounds))
         status = library.lib.qdq_packed(args)
@@ -323,7 +332,7 @@ class Quantize(_QuantizeOrDequantize):
     def prepare(self, weights: dict[str, Tensor]) -> None:
         s, inv = self._scales(weights)
         zp = weights[self.names[2]] if len(self.names) > 2 else torch.zeros(())  # + 0.0: the same codes as none
-        self.params = (s, inv, self._per_channel(zp, torch.float32))
+        self._set_params(s, inv, self._per_channel(zp, torch.float32))
         self.native = self.native and self.in_range
 
 
@@ -343,7 +352,7 @@ class Dequantize(_QuantizeOrDequantize):
     def prepare(self, weights: dict[str, Tensor]) -> None:
         s, inv = self._scales(weights)
         zp = weights[self.names[2]] if len(self.names) > 2 else torch.zeros((), dtype=torch.int32)
-        self.params = (s, inv, self._per_channel(zp, torch.int32))
+        self._set_params(s, inv, self._per_channel(zp, torch.int32))
 
 
 __all__ = ["ISAS", "Dequantize", "QAdd", "Quantize", "native_status"]
