@@ -153,6 +153,10 @@ int qadd_packed(const void *block) {
    Scales and zero points are per tensor (channels = 1) or per channel: element i's channel is (i / inner) %
    channels, so a run of `inner` elements shares one; the vectorized loops take one such run with its scalars. */
 enum { F_F32 = 0, F_BF16 = 1, F_F16 = 2 };
+/* elements per parallel chunk: larger than QADD's, so that a tensor of up to 64 Ki elements (a few microseconds of
+   work) runs on the calling thread alone, with no team to wake (a descheduled member of a loaded machine's team
+   holds up the whole region) */
+#define QDQ_CHUNK 65536
 enum { T_I32 = 2 };
 
 /* qdq_packed's argument block: 14 int64 then 2 doubles (_QDQ_ARGS in cpu_qelementwise.py); scale, inv and zp
@@ -283,7 +287,7 @@ static int qdq(const QdqArgs *a) {
         return -2;
     int isa = (int)a->isa;
     if (isa > qadd_isa()) isa = qadd_isa();
-    const int64_t chunks = (a->n + CHUNK - 1) / CHUNK;
+    const int64_t chunks = (a->n + QDQ_CHUNK - 1) / QDQ_CHUNK;
     const int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads;
     if (nthreads <= 1 || chunks <= 1) {
         qdq_range(isa, a, 0, a->n);
@@ -293,8 +297,8 @@ static int qdq(const QdqArgs *a) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
 #endif
     for (int64_t c = 0; c < chunks; c++) {
-        const int64_t start = c * CHUNK, left = a->n - start;
-        qdq_range(isa, a, start, left < CHUNK ? left : CHUNK);
+        const int64_t start = c * QDQ_CHUNK, left = a->n - start;
+        qdq_range(isa, a, start, left < QDQ_CHUNK ? left : QDQ_CHUNK);
     }
     return 0;
 }
