@@ -67,8 +67,9 @@ def _special(n: int, scale: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return x
 
 
-# odd sizes (vector tails), one spanning several parallel chunks
-SHAPES = [(1,), (7,), (3, 37), (1, 5, 7, 9), (2, 17, 31, 33)]
+# odd sizes (vector tails); the last spans four parallel chunks (64 Ki elements each: QDQ_CHUNK), with channel runs
+# that straddle their edges
+SHAPES = [(1,), (7,), (3, 37), (1, 5, 7, 9), (2, 17, 31, 33), (1, 3, 257, 263)]
 
 
 def _params(shape: tuple, dtype: str, axis: int | None, scale_kind: str, g: torch.Generator) -> tuple:
