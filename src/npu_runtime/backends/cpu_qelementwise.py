@@ -20,7 +20,7 @@ QUANTIZE (float32, or bfloat16/float16 widened exactly, to int8/uint8 codes: eit
 DEQUANTIZE (int8/uint8 codes or an int32 bias to float32 or bfloat16) take scales and zero points known at bind time,
 per tensor or per channel (``axis``; not per group), finite nonzero scales (and a finite inverse for
 multiply_inverse), x and y of one shape; the same layouts and overlaps as QADD (``TORCH_IR_QDQ_ISA`` caps their
-ISA). A QDQ BERT-base runs ~500 of them: through the reference, with its float32 temporaries, they took ~40 % of
+ISA). A QDQ BERT-base runs ~690 of them: through the reference, with its float32 temporaries, they took ~40 % of
 its time (issue 30); a pass over the bytes takes a few microseconds.
 """
 
