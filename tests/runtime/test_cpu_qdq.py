@@ -150,6 +150,21 @@ def test_nan_is_code_zero_as_torch_converts_it_and_every_special_value_is_covere
         assert torch.equal(y, want)
 
 
+def test_pt2e_constants_float64_scale_int64_zero_point(isa: str) -> None:
+    """PT2E's QUANTIZE: a Python-float scale as a float64 constant, an int64 zero point, qmin/qmax; the kernel reads
+    them as the reference does (the scale rounded to float32, its inverse from float64)."""
+    g = torch.Generator().manual_seed(11)
+    scale, zp = torch.tensor(0.0123456789, dtype=torch.float64), torch.tensor(-3, dtype=torch.int64)
+    x = _special(5000, scale.float(), g)
+    params = {"dtype": "int8", "method": "multiply_inverse", "qmin": -127, "qmax": 127}
+    want = qn.quantize(x, scale, zp, **params)
+    k = _kernel("QUANTIZE", [x, scale, zp], torch.int8, params)
+    assert isinstance(k, cpu_qelementwise.Quantize) and k.native
+    y = torch.empty(x.shape, dtype=torch.int8)
+    k.run([x, scale, zp], [y])
+    assert torch.equal(y, want) and int(y.min()) >= -127
+
+
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
     """``t``'s values as the CPU arena holds a 4-D NHWC tensor: a strided NCHW view of NHWC bytes."""
     return t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
