@@ -4,11 +4,12 @@ QGEMM, DQGEMM and QADD, one :func:`kernel` record each. Loaded by :mod:`npu_prog
 Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
 ``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). The CPU backend runs
 QCONV and QGEMM with native int8 kernels (``npu_runtime.backends.cpu_qconv``: 8-bit x, int8 weights, bit-exact;
-any other case the op's reference) and QADD with a native elementwise kernel
-(``npu_runtime.backends.cpu_qelementwise``), the other ops through their reference (``torch_ir.quant.numerics``,
-REFERENCE). The WebGPU backend runs QUANTIZE, DEQUANTIZE, QCONV, QGEMM and QADD as WGSL (``webgpu/quant.py``,
-``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); DQGEMM and the 4/16-bit and fp8 cases it
-refuses at compile time, or places on the host with ``compile(fallback="cpu")``. The FLOPs are those
+any other case the op's reference), QADD, QUANTIZE and DEQUANTIZE with native elementwise kernels
+(``npu_runtime.backends.cpu_qelementwise``: 8-bit codes per tensor or channel, bit-exact; any other case the op's
+reference), DQGEMM through its reference (``torch_ir.quant.numerics``, REFERENCE). The WebGPU backend runs
+QUANTIZE, DEQUANTIZE, QCONV, QGEMM and QADD as WGSL (``webgpu/quant.py``, ``webgpu/contraction/qcontraction.py``:
+8-bit codes, bit-exact); DQGEMM and the 4/16-bit and fp8 cases it refuses at compile time, or places on the host
+with ``compile(fallback="cpu")``. The FLOPs are those
 of the integer convolution or matrix product (a multiply-add counts two, as every contraction of the table); the
 requantize epilogue is not counted, as a CONV's activation is not; QADD counts one operation per output
 element, as an elementwise add. The bytes come from each tensor's dtype, so a
@@ -61,7 +62,7 @@ kernel("QUANTIZE", "elementwise", "q = saturate(round_half_even(x / scale) + zer
                                             "PyTorch)", choices=("divide", "multiply_inverse")),
                p("qmin", "int|null", None, "smallest code (null: the type's)"),
                p("qmax", "int|null", None, "largest code (null: the type's)")),
-       impls={"cpu": REFERENCE, "webgpu": gpu("quant", "quantize")},
+       impls={"cpu": f"{CPU_QELEMENTWISE}:Quantize", "webgpu": gpu("quant", "quantize")},
        test=(t("2,3,8", ":positive", ":uint8:index:256", params={"dtype": "uint8"}, dtypes=_FLOAT_NAMES),
              t("4,8", "4,2:positive", params={"dtype": "int4", "axis": 1, "group_size": 4}),
              t("3,8", "3:positive", params={"dtype": "int8", "axis": 0, "method": "multiply_inverse",
@@ -71,7 +72,7 @@ kernel("DEQUANTIZE", "elementwise", "x = (q - zero_point) · scale, in float32, 
        params=(p("dtype", "str", doc="the codes' type (as QUANTIZE's, or int32: a bias)",
                  choices=(*INT_CODES, "int32", *FP8_CODES)), *_GRAN,
                p("out_dtype", "str", "float32", "the float type of x", choices=_FLOAT_NAMES)),
-       impls={"cpu": REFERENCE, "webgpu": gpu("quant", "dequantize")},
+       impls={"cpu": f"{CPU_QELEMENTWISE}:Dequantize", "webgpu": gpu("quant", "dequantize")},
        test=(t("2,3,8:uint8:index:256", ":float32:positive", ":uint8:index:256", params={"dtype": "uint8"}),
              t("4,4:uint8:index:256", "4,2:float32:positive", "4,2:uint8:index:16",
                params={"dtype": "uint4", "axis": 1, "group_size": 4, "out_dtype": "bfloat16"})))

@@ -1,5 +1,6 @@
-"""Native quantized elementwise kernels of the CPU backend: QADD, bit-exact with its reference
-(``torch_ir.ops.npu_quant.qadd``, the QDQ chain DEQUANTIZE, add, relu, QUANTIZE it replaces).
+"""The native quantized elementwise kernels of the CPU backend: QADD, QUANTIZE and DEQUANTIZE, bit-exact with their
+references (``torch_ir.ops.npu_quant.qadd``, the QDQ chain DEQUANTIZE, add, relu, QUANTIZE it replaces;
+``torch_ir.quant.numerics.quantize`` and ``dequantize``).
 
 A QDQ ResNet's residual adds, as four reference dispatches with float32 intermediates, cost about as much as all its
 convolutions on one thread; QADD is one pass over the codes. The C kernel (``qelementwise.c`` beside this file,
@@ -14,10 +15,18 @@ also broadcasts and raises where it must). Layouts: the arena may hand 4-D tenso
 seen as NCHW); when the three are stored alike (same strides, dense) the kernel runs over their bytes in storage
 order, else it reads contiguous copies and copies the result in. An output that partly overlaps an input is
 written through a temporary. When the kernel cannot be had the reference runs and one warning says why.
+
+QUANTIZE (float32, or bfloat16/float16 widened exactly, to int8/uint8 codes: either method, qmin/qmax) and
+DEQUANTIZE (int8/uint8 codes or an int32 bias to float32 or bfloat16) take scales and zero points known at bind time,
+per tensor or per channel (``axis``; not per group), finite nonzero scales (and a finite inverse for
+multiply_inverse), x and y of one shape; the same layouts and overlaps as QADD (``TORCH_IR_QDQ_ISA`` caps their
+ISA). A QDQ BERT-base runs ~690 of them: through the reference, with its float32 temporaries, they took ~40 % of
+its time (issue 30); a pass over the bytes takes a few microseconds.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 
@@ -43,7 +52,10 @@ _ARGS = struct.Struct("<13q7d")
 
 
 def _build() -> Library:
-    return cpu_gemv_build.load_packed(SOURCE_NAME, "qadd")
+    library = cpu_gemv_build.load_packed(SOURCE_NAME, "qadd")
+    # QUANTIZE's and DEQUANTIZE's entry point, in the same library
+    library.lib.qdq_packed.argtypes, library.lib.qdq_packed.restype = [ctypes.c_char_p], ctypes.c_int
+    return library
 
 
 def _isa_cap() -> int:
@@ -72,14 +84,19 @@ def _f32(t: Tensor) -> float:
     return float(t.reshape(()).to(torch.float32))
 
 
-def _storage_order(t: Tensor) -> Tensor | None:
-    """``t`` with its dims permuted into storage order when that view is contiguous (a dense tensor in any dim
+def _storage_dims(t: Tensor) -> list[int] | None:
+    """The dims of ``t`` in storage order when ``t.permute`` of them is contiguous (a dense tensor in any dim
     order: NHWC bytes seen as NCHW), else None."""
     if t.is_contiguous():
-        return t
+        return list(range(t.dim()))
     order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d))
-    v = t.permute(order)
-    return v if v.is_contiguous() else None
+    return order if t.permute(order).is_contiguous() else None
+
+
+def _storage_order(t: Tensor) -> Tensor | None:
+    """``t`` with its dims permuted into storage order when that view is contiguous, else None."""
+    order = _storage_dims(t)
+    return None if order is None else t.permute(order)
 
 
 class QAdd:
@@ -167,4 +184,175 @@ class QAdd:
             raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")
 
 
-__all__ = ["ISAS", "QAdd", "native_status"]
+# ------------------------------------------------------------------------------------------ QUANTIZE, DEQUANTIZE
+
+#: ``qdq_packed``'s argument block: 14 int64 then 2 doubles (``QdqArgs`` of ``qelementwise.c``)
+_QDQ_ARGS = struct.Struct("<14q2d")
+#: QUANTIZE's float inputs and DEQUANTIZE's outputs (``F_*``), DEQUANTIZE's codes (``T_*``)
+_FLOATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_OUT_FLOATS = {torch.float32: 0, torch.bfloat16: 1}
+_DQ_CODES = {**_CODES, torch.int32: 2}
+
+
+def _qdq_isa(library: Library) -> int:
+    return min(library.isa, cpu_gemv_build.isa_cap("TORCH_IR_QDQ_ISA", ISAS))
+
+
+class _QuantizeOrDequantize:
+    """QUANTIZE or DEQUANTIZE of one tensor, scales and zero points per tensor or per channel (``axis``), known at
+    bind time; x and y of one shape, stored alike or through copies (as QAdd)."""
+
+    kind = ""
+    x_dtypes: tuple[str, ...] = ()
+    y_dtypes: tuple[str, ...] = ()
+
+    @classmethod
+    def _y_dtype(cls, params: dict) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        p, names = dispatch.params, dispatch.inputs
+        if p.get("group_size") is not None or len(names) not in (2, 3) or len(dispatch.outputs) != 1:
+            return False
+        x, y = specs.get(names[0]), specs.get(dispatch.outputs[0])
+        if x is None or y is None or block_of(x) is not None or x.dtype not in cls.x_dtypes \
+                or y.dtype not in cls.y_dtypes or y.dtype != cls._y_dtype(p) or list(x.shape) != list(y.shape):
+            return False
+        if cls.kind == "DEQUANTIZE" and x.dtype != p.get("dtype"):
+            return False
+        if any(n not in weight_names or n not in specs for n in names[1:]):
+            return False
+        sizes = [_numel(specs[n]) for n in names[1:]]
+        if all(k == 1 for k in sizes):
+            return True
+        axis, rank = p.get("axis"), len(x.shape)
+        return axis is not None and -rank <= axis < rank and all(k in (1, x.shape[axis]) for k in sizes)
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        p, x = dispatch.params, specs[dispatch.inputs[0]]
+        self.names = dispatch.inputs
+        self.multiply = p.get("method", "divide") == "multiply_inverse"
+        sizes = [_numel(specs[n]) for n in self.names[1:]]
+        # the channel dim, None per tensor (numerics.expand: one element is per tensor whatever axis says)
+        self.axis = None if all(k == 1 for k in sizes) else p["axis"] % len(x.shape)
+        self.channels = 1 if self.axis is None else int(x.shape[self.axis])
+        self.reference = Reference(dispatch, specs)
+        self.native = False  # set by prepare when every condition of exactness holds
+        self.params: tuple[Tensor, ...] = ()  # scale, inverse, zero point per channel (set by prepare)
+        self.param_ptrs: list[int] = []
+        self.bounds = (0, 0)
+        # elements per channel run of a contiguous x (per tensor: all of them, one run)
+        self.inner = _numel(x) if self.axis is None else math.prod(x.shape[self.axis + 1:])
+
+    def _per_channel(self, t: Tensor, dtype: torch.dtype) -> Tensor:
+        return t.reshape(-1).to(dtype).expand(self.channels).contiguous()
+
+    def _scales(self, weights: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """The scales and inverses as the reference computes them: float32, and float64's 1 / scale in float32."""
+        scale = weights[self.names[1]]
+        s = self._per_channel(scale, torch.float32)
+        inv = self._per_channel(1.0 / scale.to(torch.float64), torch.float32)
+        # a zero or non-finite scale makes NaN and inf of finite values: the reference's to define
+        self.native = bool(torch.isfinite(s).all() and (s != 0).all()
+                           and (not self.multiply or torch.isfinite(inv).all()))
+        return s, inv
+
+    def _set_params(self, s: Tensor, inv: Tensor, zp: Tensor) -> None:
+        """Kept for the kernel's life, each checked once: the C code reads ``channels`` values of each."""
+        self.params = (s, inv, zp)
+        self.param_ptrs = [cpu_gemv_build.tensor_arg(t, self.kind, what, {t.dtype: 0}, (self.channels,))[0]
+                           for t, what in zip(self.params, ("scale", "inverse", "zero point"))]
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        library = _kernel.for_call() if self.native else None
+        if library is None:
+            self.reference.run(inputs, outputs)
+            return
+        x, out = inputs[0], outputs[0]
+        if out.numel() == 0:
+            return
+        if x.is_contiguous() and out.is_contiguous():
+            self._call(library, x, out, None)
+            return
+        order = _storage_dims(x) if x.stride() == out.stride() else None
+        if order is not None:
+            self._call(library, x.permute(order), out.permute(order), order)
+            return
+        # stored differently: a contiguous copy in, a contiguous result copied into the arena's view
+        y = torch.empty(out.shape, dtype=out.dtype)
+        self._call(library, x.contiguous(), y, None)
+        out.copy_(y)
+
+    def _call(self, library: Library, x: Tensor, y: Tensor, order: list[int] | None) -> None:
+        """The kernel over x and y, contiguous (``order``: the dims of the tensors they are permutations of, None
+        when they are those tensors)."""
+        shape = tuple(y.shape)
+        xp, xt, xn = cpu_gemv_build.tensor_arg(x, self.kind, "x", self._x_codes, shape)
+        yp, yt, yn = cpu_gemv_build.tensor_arg(y, self.kind, "out", self._y_codes, shape)
+        # an output over exactly its input's bytes, element for element, is safe; any other overlap is not
+        if cpu_gemv_build.overlaps(xp, xn, yp, yn) and (xp != yp or xn != yn):
+            tmp = torch.empty_like(y)
+            self._call(library, x, tmp, order)
+            y.copy_(tmp)
+            return
+        inner = self.inner
+        if order is not None and self.axis is not None:  # runs of the dims stored after the channel's
+            inner = math.prod(shape[order.index(self.axis) + 1:])
+        args = _QDQ_ARGS.pack(xp, yp, *self.param_ptrs, y.numel(), self.channels, max(inner, 1), xt, yt,
+                              int(self.kind == "QUANTIZE"), int(self.multiply), torch.get_num_threads(),
+                              _qdq_isa(library), *map(float, self.bounds))
+        status = library.lib.qdq_packed(args)
+        if status != 0:
+            raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")
+
+
+class Quantize(_QuantizeOrDequantize):
+    """QUANTIZE of float32/bfloat16/float16 to int8/uint8 codes (``numerics.quantize``, either method, qmin/qmax)."""
+
+    kind = "QUANTIZE"
+    x_dtypes = ("float32", "bfloat16", "float16")
+    y_dtypes = ("int8", "uint8")
+    _x_codes = _FLOATS
+    _y_codes = _CODES
+
+    @classmethod
+    def _y_dtype(cls, params: dict) -> str:
+        return params.get("dtype", "")
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        super().__init__(dispatch, specs)
+        p = dispatch.params
+        lo, hi, _ = QTYPES[p["dtype"]]
+        qmin, qmax = p.get("qmin"), p.get("qmax")
+        # numerics.quantize's bounds; the kernel takes them inside the type's range (exact float32 values)
+        self.bounds = (max(lo, qmin) if qmin is not None else lo, min(hi, qmax) if qmax is not None else hi)
+        self.in_range = lo <= self.bounds[0] <= self.bounds[1] <= hi
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        s, inv = self._scales(weights)
+        zp = weights[self.names[2]] if len(self.names) > 2 else torch.zeros(())  # + 0.0: the same codes as none
+        self._set_params(s, inv, self._per_channel(zp, torch.float32))
+        self.native = self.native and self.in_range
+
+
+class Dequantize(_QuantizeOrDequantize):
+    """DEQUANTIZE of int8/uint8 codes or int32 (a bias) to float32 or bfloat16 (``numerics.dequantize``)."""
+
+    kind = "DEQUANTIZE"
+    x_dtypes = ("int8", "uint8", "int32")
+    y_dtypes = ("float32", "bfloat16")
+    _x_codes = _DQ_CODES
+    _y_codes = _OUT_FLOATS
+
+    @classmethod
+    def _y_dtype(cls, params: dict) -> str:
+        return params.get("out_dtype", "float32")
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        s, inv = self._scales(weights)
+        zp = weights[self.names[2]] if len(self.names) > 2 else torch.zeros((), dtype=torch.int32)
+        self._set_params(s, inv, self._per_channel(zp, torch.int32))
+
+
+__all__ = ["ISAS", "Dequantize", "QAdd", "Quantize", "native_status"]

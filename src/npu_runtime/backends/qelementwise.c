@@ -1,10 +1,11 @@
-/* Quantized elementwise add of the CPU backend: y = quantize(act(dequantize(a) + dequantize(b))), bit-exact with
-   the QADD op's reference (torch_ir.ops.npu_quant.qadd), which is the QDQ chain DEQUANTIZE, add, relu, QUANTIZE.
+/* The quantized elementwise kernels of the CPU backend. QADD, y = quantize(act(dequantize(a) + dequantize(b))),
+   bit-exact with its reference (torch_ir.ops.npu_quant.qadd), which is the QDQ chain DEQUANTIZE, add, relu,
+   QUANTIZE; then QUANTIZE and DEQUANTIZE themselves (below, after QADD).
 
    Compiled on first use by npu_runtime/backends/cpu_gemv_build.py (open_library) and called through ctypes by
    cpu_qelementwise.py, which checks every pointer and size, makes the three tensors flat and contiguous (or
-   computes through a copy) and refuses scales that are not finite. Keep the argument block (QAddArgs) in step
-   with _ARGS there.
+   computes through a copy) and refuses scales that are not finite. Keep the argument blocks (QAddArgs, QdqArgs) in
+   step with _ARGS and _QDQ_ARGS there.
 
    Per element, the reference's float32 steps in its order: va = float32(a - a_zp) * a_scale, vb likewise, s = va +
    vb, relu (s > 0 ? s : 0: the same for every value but NaN, which finite scales and codes cannot make), then s /
@@ -137,4 +138,173 @@ int qadd_packed(const void *block) {
     QAddArgs a;
     __builtin_memcpy(&a, block, sizeof a);  /* a Python bytes object: no alignment promised */
     return qadd(&a);
+}
+
+/* ---------------------------------------------------------------------------------------- QUANTIZE, DEQUANTIZE
+   Bit-exact with torch_ir.quant.numerics.quantize / dequantize (cpu_qelementwise.py: Quantize, Dequantize).
+
+   QUANTIZE, per element: v = float32(x) (bfloat16 and float16 widen exactly), q = v / scale (IEEE division) or
+   v * inv (multiply_inverse: inv is the reference's float32 of 1 / scale taken in float64), rintf, + zp (a
+   float32, as the reference adds it), clamp to [lo, hi] as torch.clamp (min then max: NaN stays NaN), then the
+   code. NaN has no code: torch's float-to-integer conversion gives 0 for it on x86-64 and AArch64, and so does
+   this kernel, explicitly (a C cast of NaN is undefined). DEQUANTIZE: float32(q - zp) * scale, the subtraction in
+   int32 wrapping as torch's does, then stored as float32 or rounded to bfloat16 (nearest even).
+
+   Scales and zero points are per tensor (channels = 1) or per channel: element i's channel is (i / inner) %
+   channels, so a run of `inner` elements shares one; the vectorized loops take one such run with its scalars. */
+enum { F_F32 = 0, F_BF16 = 1, F_F16 = 2 };
+/* elements per parallel chunk: larger than QADD's, so that a tensor of up to 64 Ki elements (a few microseconds of
+   work) runs on the calling thread alone, with no team to wake (a descheduled member of a loaded machine's team
+   holds up the whole region) */
+#define QDQ_CHUNK 65536
+enum { T_I32 = 2 };
+
+/* qdq_packed's argument block: 14 int64 then 2 doubles (_QDQ_ARGS in cpu_qelementwise.py); scale, inv and zp
+   point to `channels` float32 values each (zp: int32 for DEQUANTIZE; inv unread by it) */
+typedef struct {
+    int64_t x, y, scale, inv, zp, n, channels, inner, x_type, y_type, quantize, multiply, nthreads, isa;
+    double lo, hi;
+} QdqArgs;
+
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* exact: the magnitude's bits moved into float32's fields and scaled by 2^112 (a power of two: a float16 subnormal,
+   then a float32 subnormal, becomes normal exactly; no FTZ/DAZ at -O3 without fast-math), inf and NaN given
+   float32's top exponent; no branches, so that AVX2 vectorizes it too */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)(h & 0x7fff) << 13;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    f *= 0x1p112f;
+    __builtin_memcpy(&u, &f, sizeof u);
+    u = f >= 65536.0f ? u | 0x7f800000u : u;
+    u |= (uint32_t)(h & 0x8000) << 16;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* round to nearest even; NaN cannot reach it (finite scales times integers) */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#define LOAD_F32(v) (v)
+/* the method chosen outside the loop: a division under a condition would not vectorize (it might trap) */
+#define QUANT_LOOP(TX, LOAD, TY, STEP)                                                                       \
+    for (int64_t i = 0; i < n; i++) {                                                                        \
+        float q = rintf(LOAD(((const TX *)x)[i]) STEP) + zp;                                                 \
+        q = q < lo ? lo : q;                                                                                 \
+        q = q > hi ? hi : q;                                                                                 \
+        ((TY *)y)[i] = q != q ? (TY)0 : (TY)(int32_t)q;                                                      \
+    }
+#define QUANT_BODY(TX, LOAD, TY)                                                                             \
+    if (multiply) { QUANT_LOOP(TX, LOAD, TY, * inv) } else { QUANT_LOOP(TX, LOAD, TY, / s) }
+
+#define DEQUANT_BODY(TQ, STORE, TY)                                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                                        \
+        const int32_t v = (int32_t)((uint32_t)(int32_t)((const TQ *)x)[i] - (uint32_t)zp);                   \
+        ((TY *)y)[i] = STORE((float)v * s);                                                                  \
+    }
+
+/* One run of n elements with one channel's scalars; one loop per type combination, vectorized per ISA. */
+#define QDQ_VARIANT(SUFFIX, ATTR)                                                                            \
+    ATTR static void quant_##SUFFIX(const void *x, void *y, int64_t n, int tx, int ty, int multiply, float s,  \
+                                    float inv, float zp, float lo, float hi) {                               \
+        switch (tx * 2 + ty) {                                                                               \
+        case 0: QUANT_BODY(float, LOAD_F32, uint8_t) break;                                                  \
+        case 1: QUANT_BODY(float, LOAD_F32, int8_t) break;                                                   \
+        case 2: QUANT_BODY(uint16_t, bf16_to_f32, uint8_t) break;                                            \
+        case 3: QUANT_BODY(uint16_t, bf16_to_f32, int8_t) break;                                             \
+        case 4: QUANT_BODY(uint16_t, f16_to_f32, uint8_t) break;                                             \
+        default: QUANT_BODY(uint16_t, f16_to_f32, int8_t) break;                                             \
+        }                                                                                                    \
+    }                                                                                                        \
+    ATTR static void dequant_##SUFFIX(const void *x, void *y, int64_t n, int tq, int ty, float s,             \
+                                      int32_t zp) {                                                          \
+        switch (tq * 2 + ty) {                                                                               \
+        case 0: DEQUANT_BODY(uint8_t, LOAD_F32, float) break;                                                \
+        case 1: DEQUANT_BODY(uint8_t, f32_to_bf16, uint16_t) break;                                          \
+        case 2: DEQUANT_BODY(int8_t, LOAD_F32, float) break;                                                 \
+        case 3: DEQUANT_BODY(int8_t, f32_to_bf16, uint16_t) break;                                           \
+        case 4: DEQUANT_BODY(int32_t, LOAD_F32, float) break;                                                \
+        default: DEQUANT_BODY(int32_t, f32_to_bf16, uint16_t) break;                                         \
+        }                                                                                                    \
+    }
+
+QDQ_VARIANT(c, )
+#if defined(__x86_64__)
+QDQ_VARIANT(avx2, __attribute__((target("avx2"))))
+QDQ_VARIANT(avx512, __attribute__((target("avx512f,avx512bw,avx512vl"))))
+#endif
+
+static const int X_SIZE[] = {4, 2, 2};        /* QUANTIZE's x: F_F32, F_BF16, F_F16 */
+static const int Q_SIZE[] = {1, 1, 4};        /* DEQUANTIZE's codes: T_U8, T_I8, T_I32 */
+
+/* Elements [start, start + n): split into runs of one channel, each run by the ISA's loop. */
+static void qdq_range(int isa, const QdqArgs *a, int64_t start, int64_t n) {
+    const float *scale = (const float *)(intptr_t)a->scale, *inv = (const float *)(intptr_t)a->inv;
+    const int tx = (int)a->x_type, ty = (int)a->y_type;
+    const int xsize = a->quantize ? X_SIZE[tx] : Q_SIZE[tx], ysize = a->quantize ? 1 : (ty == F_F32 ? 4 : 2);
+    const float lo = (float)a->lo, hi = (float)a->hi;
+    for (int64_t i = start, end = start + n; i < end;) {
+        const int64_t row = i / a->inner, c = row % a->channels;
+        const int64_t stop = (row + 1) * a->inner < end ? (row + 1) * a->inner : end;
+        const void *px = (const char *)(intptr_t)a->x + i * xsize;
+        void *py = (char *)(intptr_t)a->y + i * ysize;
+        const int64_t m = stop - i;
+        if (a->quantize) {
+            const float zp = ((const float *)(intptr_t)a->zp)[c];
+#if defined(__x86_64__)
+            if (isa >= ISA_AVX512) quant_avx512(px, py, m, tx, ty, (int)a->multiply, scale[c], inv[c], zp, lo, hi);
+            else if (isa == ISA_AVX2) quant_avx2(px, py, m, tx, ty, (int)a->multiply, scale[c], inv[c], zp, lo, hi);
+            else
+#endif
+            quant_c(px, py, m, tx, ty, (int)a->multiply, scale[c], inv[c], zp, lo, hi);
+        } else {
+            const int32_t zp = ((const int32_t *)(intptr_t)a->zp)[c];
+#if defined(__x86_64__)
+            if (isa >= ISA_AVX512) dequant_avx512(px, py, m, tx, ty, scale[c], zp);
+            else if (isa == ISA_AVX2) dequant_avx2(px, py, m, tx, ty, scale[c], zp);
+            else
+#endif
+            dequant_c(px, py, m, tx, ty, scale[c], zp);
+        }
+        i = stop;
+    }
+}
+
+/* 0, or -2 for arguments out of range */
+static int qdq(const QdqArgs *a) {
+    if (a->n < 0 || a->channels < 1 || a->inner < 1 || a->x_type < 0 || a->y_type < 0
+        || (a->quantize ? a->x_type > F_F16 || a->y_type > T_I8 : a->x_type > T_I32 || a->y_type > F_BF16))
+        return -2;
+    int isa = (int)a->isa;
+    if (isa > qadd_isa()) isa = qadd_isa();
+    const int64_t chunks = (a->n + QDQ_CHUNK - 1) / QDQ_CHUNK;
+    const int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads;
+    if (nthreads <= 1 || chunks <= 1) {
+        qdq_range(isa, a, 0, a->n);
+        return 0;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+#endif
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t start = c * QDQ_CHUNK, left = a->n - start;
+        qdq_range(isa, a, start, left < QDQ_CHUNK ? left : QDQ_CHUNK);
+    }
+    return 0;
+}
+
+int qdq_packed(const void *block) {
+    QdqArgs a;
+    __builtin_memcpy(&a, block, sizeof a);
+    return qdq(&a);
 }
