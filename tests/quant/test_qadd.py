@@ -5,6 +5,7 @@ residual adds without changing a code, and leaves the chain where it does not ap
 
 from __future__ import annotations
 
+import math
 import warnings
 import zlib
 
@@ -164,6 +165,27 @@ def test_an_output_over_an_input_is_exact(isa: str) -> None:
     a.copy_(ins[0])
     k.run([a, *ins[1:]], [y])
     assert torch.equal(y, expected)
+
+
+@pytest.mark.parametrize(("shape", "small"), [((1, 128, 96), (96,)), ((3, 7, 37), (1, 37)), ((4, 5, 6), (5, 6)),
+                                              ((2, 300, 77), (1, 1, 77)), ((5, 3), (1,))])
+@pytest.mark.parametrize("first", [False, True], ids=["repeated_b", "repeated_a"])
+def test_a_repeated_operand_is_the_reference_bit_for_bit(shape: tuple, small: tuple, first: bool, isa: str) -> None:
+    """One operand repeated along y's trailing dims (a QDQ transformer's bias add: [N] against [..., N]), first or
+    second, relu or not, both quotients: the native kernel (the repeated one passed as b) equals the reference."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((shape, small, first)).encode()))
+    for relu, method in ((False, "divide"), (True, "divide"), (False, "multiply_inverse")):
+        ins = _operands(shape, "uint8", "int8", "uint8", g, halves=True)
+        ins[3] = _codes(small, "int8", g)
+        if first:
+            ins = [*ins[3:6], *ins[0:3], *ins[6:]]
+        params = {"out_dtype": "uint8", "activation": "relu" if relu else None, "method": method}
+        expected = qadd(*ins, **params)
+        k = _kernel(ins, params, shape, "uint8")
+        assert isinstance(k, cpu_qelementwise.QAdd) and k.native and k.period == math.prod(small)
+        y = torch.full_like(expected, 99)
+        k.run(ins, [y])
+        assert torch.equal(y, expected), (relu, method)
 
 
 def test_refused_cases_run_the_reference() -> None:

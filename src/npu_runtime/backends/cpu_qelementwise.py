@@ -10,11 +10,13 @@ compiler for AVX-512, AVX2 or plain C, chosen at run time (``TORCH_IR_QADD_ISA``
 it, for tests and comparisons).
 
 It takes int8/uint8 codes, one scale and zero point per tensor (known at bind time: weights or constants), finite
-scales and a nonzero y_scale, and a, b and y of one shape (``accepts``; any other QADD runs the reference, which
-also broadcasts and raises where it must). Layouts: the arena may hand 4-D tensors as strided views (NHWC bytes
-seen as NCHW); when the three are stored alike (same strides, dense) the kernel runs over their bytes in storage
-order, else it reads contiguous copies and copies the result in. An output that partly overlaps an input is
-written through a temporary. When the kernel cannot be had the reference runs and one warning says why.
+scales and a nonzero y_scale, and a, b and y of one shape or one operand repeated along y's trailing dims (a bias
+``[N]`` against ``[..., N]``, passed to the kernel as b, since ``a + b`` is ``b + a`` bit for bit; contiguous or
+copied) (``accepts``; any other QADD runs the reference, which also broadcasts and raises where it must). Layouts:
+the arena may hand 4-D tensors as strided views (NHWC bytes seen as NCHW); when the three are stored alike (same
+strides, dense) the kernel runs over their bytes in storage order, else it reads contiguous copies and copies the
+result in. An output that partly overlaps an input is written through a temporary. When the kernel cannot be had the
+reference runs and one warning says why.
 
 QUANTIZE (float32, or bfloat16/float16 widened exactly, to int8/uint8 codes: either method, qmin/qmax) and
 DEQUANTIZE (int8/uint8 codes or an int32 bias to float32 or bfloat16) take scales and zero points known at bind time,
@@ -47,8 +49,8 @@ ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
 #: the code types (``T_*`` of ``qelementwise.c``)
 _CODES = {torch.uint8: 0, torch.int8: 1}
-#: ``qadd_packed``'s argument block: 13 int64 then 7 doubles (``QAddArgs``)
-_ARGS = struct.Struct("<13q7d")
+#: ``qadd_packed``'s argument block: 14 int64 then 7 doubles (``QAddArgs``)
+_ARGS = struct.Struct("<14q7d")
 
 
 def _build() -> Library:
@@ -99,8 +101,22 @@ def _storage_order(t: Tensor) -> Tensor | None:
     return None if order is None else t.permute(order)
 
 
+def _repeats(shape: list, y_shape: list) -> int | None:
+    """0 when an operand of ``shape`` has y's shape; P when it is P elements repeated along y (its dims past
+    leading 1s are y's trailing dims: a bias ``[N]`` against ``[..., N]``); None for any other broadcast."""
+    if list(shape) == list(y_shape):
+        return 0
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    if len(dims) > len(y_shape) or dims != list(y_shape)[len(y_shape) - len(dims):]:
+        return None
+    return math.prod(dims)
+
+
 class QAdd:
-    """QADD: int8/uint8 codes, per-tensor scales and zero points, a, b and y of one shape (module docstring)."""
+    """QADD: int8/uint8 codes, per-tensor scales and zero points, a and b of y's shape or one of them repeated
+    along y's trailing dims (module docstring)."""
 
     kind = "QADD"
 
@@ -116,8 +132,9 @@ class QAdd:
         if a.dtype not in ("int8", "uint8") or b.dtype not in ("int8", "uint8") or y.dtype != p.get("out_dtype",
                                                                                                     "int8"):
             return False
-        if list(a.shape) != list(y.shape) or list(b.shape) != list(y.shape):
-            return False  # a broadcast add: the reference
+        ra, rb = _repeats(a.shape, y.shape), _repeats(b.shape, y.shape)
+        if not ((ra == 0 and rb is not None) or (rb == 0 and ra is not None)):
+            return False  # another broadcast: the reference
         scalars = [n for i, n in enumerate(names) if i not in (0, 3)]
         return all(n in weight_names and n in specs and _numel(specs[n]) == 1 for n in scalars)
 
@@ -130,9 +147,14 @@ class QAdd:
         self.reference = Reference(dispatch, specs)
         self.native = False  # set by prepare when every condition of exactness holds
         self.steps: tuple = ()
+        a, b, y = (list(specs[n].shape) for n in (self.names[0], self.names[3], dispatch.outputs[0]))
+        # the repeated operand is passed as b: a + b is b + a in IEEE arithmetic, so the swap changes no bit
+        self.swap = _repeats(b, y) == 0 and _repeats(a, y) != 0
+        self.period = _repeats(a if self.swap else b, y) or 0
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
-        a_scale, a_zp, b_scale, b_zp, y_scale, y_zp = (weights[self.names[i]] for i in (1, 2, 4, 5, 6, 7))
+        order = (4, 5, 1, 2, 6, 7) if self.swap else (1, 2, 4, 5, 6, 7)
+        a_scale, a_zp, b_scale, b_zp, y_scale, y_zp = (weights[self.names[i]] for i in order)
         scales = [_f32(a_scale), _f32(b_scale), _f32(y_scale)]
         # the reference's inverse: 1 / scale in float64, rounded to float32 (numerics.quantize)
         inv = float((1.0 / y_scale.reshape(()).to(torch.float64)).to(torch.float32))
@@ -151,7 +173,13 @@ class QAdd:
         if library is None:
             self.reference.run(inputs, outputs)
             return
-        a, b, out = inputs[0], inputs[3], outputs[0]
+        a, b, out = (inputs[3], inputs[0], outputs[0]) if self.swap else (inputs[0], inputs[3], outputs[0])
+        if self.period:  # y's element order is row-major here: contiguous tensors (or copies)
+            vy = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype)
+            self._call(library, a.contiguous(), b.contiguous(), vy)
+            if vy is not out:
+                out.copy_(vy)
+            return
         flat = [_storage_order(t) for t in (a, b, out)]
         # one element order for all three: contiguous, or one dense permuted layout (equal strides, equal order)
         alike = all(t.is_contiguous() for t in (a, b, out)) or (
@@ -167,7 +195,7 @@ class QAdd:
     def _call(self, library: Library, a: Tensor, b: Tensor, y: Tensor) -> None:
         n = y.numel()
         ap, at, an = cpu_gemv_build.tensor_arg(a, self.kind, "a", _CODES, tuple(y.shape))
-        bp, bt, bn = cpu_gemv_build.tensor_arg(b, self.kind, "b", _CODES, tuple(y.shape))
+        bp, bt, bn = cpu_gemv_build.tensor_arg(b, self.kind, "b", _CODES, tuple(b.shape if self.period else y.shape))
         yp, yt, yn = cpu_gemv_build.tensor_arg(y, self.kind, "out", {getattr(torch, self.out_dtype): _CODES[
             getattr(torch, self.out_dtype)]}, tuple(y.shape))
         # an output over exactly an input's bytes is safe (each element read before it is written); a partial
@@ -177,8 +205,10 @@ class QAdd:
             self._call(library, a, b, tmp)
             y.copy_(tmp)
             return
+        if self.period and (b.numel() != self.period or n % self.period):
+            raise RuntimeError(f"{self.kind}: {b.numel()} repeated codes do not tile {n} outputs")
         args = _ARGS.pack(ap, bp, yp, n, at, bt, yt, self.steps[0], self.steps[1], self.steps[2], self.steps[3],
-                          torch.get_num_threads(), min(library.isa, _isa_cap()), *self.steps[4:])
+                          torch.get_num_threads(), min(library.isa, _isa_cap()), self.period, *self.steps[4:])
         status = library.lib.qadd_packed(args)
         if status != 0:
             raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")

@@ -30,9 +30,11 @@ enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { T_U8 = 0, T_I8 = 1 };
 #define CHUNK 16384  /* elements per parallel chunk */
 
-/* qadd_packed's argument block: 13 int64 then 7 doubles, each an exact float32 (_ARGS in cpu_qelementwise.py) */
+/* qadd_packed's argument block: 14 int64 then 7 doubles, each an exact float32 (_ARGS in cpu_qelementwise.py).
+   period 0: b has y's n elements; period P > 0: b holds P elements, repeated along y (y's trailing dims: a bias
+   [N] against [..., N]), element i reading b[i % P]. */
 typedef struct {
-    int64_t a, b, y, n, a_type, b_type, y_type, a_zp, b_zp, relu, multiply, nthreads, isa;
+    int64_t a, b, y, n, a_type, b_type, y_type, a_zp, b_zp, relu, multiply, nthreads, isa, period;
     double a_scale, b_scale, y_scale, inv, y_zp, lo, hi;
 } QAddArgs;
 
@@ -42,17 +44,25 @@ typedef struct {
     int relu, multiply;
 } Steps;
 
-#define QADD_BODY(TA, TB, TY)                                                                                \
+/* relu as a floor: s > 0 ? s : 0 with relu, s itself without (floor -inf; finite scales and codes make no NaN);
+   the quotient's form is a macro argument, so that the loop has no branch and vectorizes (AVX2 included). */
+#define QADD_LOOP(TA, TB, TY, QUOTIENT)                                                                      \
     for (int64_t i = 0; i < n; i++) {                                                                        \
         const float va = (float)((int32_t)((const TA *)a)[i] - p->za) * p->sa;                              \
         const float vb = (float)((int32_t)((const TB *)b)[i] - p->zb) * p->sb;                              \
         float s = va + vb;                                                                                   \
-        if (p->relu) s = s > 0.0f ? s : 0.0f;                                                                \
-        float q = p->multiply ? s * p->inv : s / p->ys;                                                      \
+        s = s > rfloor ? s : rfloor;                                                                         \
+        float q = QUOTIENT;                                                                                  \
         q = rintf(q) + p->zy;                                                                                \
         q = q < p->lo ? p->lo : q;                                                                           \
         q = q > p->hi ? p->hi : q;                                                                           \
         ((TY *)y)[i] = (TY)(int32_t)q;                                                                       \
+    }
+#define QADD_BODY(TA, TB, TY)                                                                                \
+    {                                                                                                        \
+        const float rfloor = p->relu ? 0.0f : -INFINITY;                                                     \
+        if (p->multiply) QADD_LOOP(TA, TB, TY, s * p->inv)                                                   \
+        else QADD_LOOP(TA, TB, TY, s / p->ys)                                                                \
     }
 
 /* One loop per code-type combination, so the compiler vectorizes each with its types known. */
@@ -95,8 +105,9 @@ int qadd_openmp(void) { return 1; }
 int qadd_openmp(void) { return 0; }
 #endif
 
-static void run_range(int isa, const QAddArgs *a, const Steps *p, int64_t start, int64_t n) {
-    const char *pa = (const char *)(intptr_t)a->a + start, *pb = (const char *)(intptr_t)a->b + start;
+/* n elements from start of a and y, from b_start of b */
+static void run_range(int isa, const QAddArgs *a, const Steps *p, int64_t start, int64_t b_start, int64_t n) {
+    const char *pa = (const char *)(intptr_t)a->a + start, *pb = (const char *)(intptr_t)a->b + b_start;
     char *py = (char *)(intptr_t)a->y + start;
     const int ta = (int)a->a_type, tb = (int)a->b_type, ty = (int)a->y_type;
 #if defined(__x86_64__)
@@ -107,11 +118,24 @@ static void run_range(int isa, const QAddArgs *a, const Steps *p, int64_t start,
     qadd_c(pa, pb, py, n, ta, tb, ty, p);
 }
 
-/* 0, or -2 for arguments out of range (a zero point outside [-255, 255]: no 8-bit code's). */
+/* The rows of a repeated b (period P): rows per parallel chunk as many as make about CHUNK elements. */
+static void qadd_rows(int isa, const QAddArgs *a, const Steps *p, int nthreads) {
+    const int64_t P = a->period, rows = a->n / P, per = P >= CHUNK ? 1 : CHUNK / P;
+    const int64_t chunks = (rows + per - 1) / per;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && chunks > 1)
+#endif
+    for (int64_t c = 0; c < chunks; c++)
+        for (int64_t r = c * per; r < rows && r < (c + 1) * per; r++) run_range(isa, a, p, r * P, 0, P);
+    (void)nthreads;
+}
+
+/* 0, or -2 for arguments out of range (a zero point outside [-255, 255]: no 8-bit code's; a period that does not
+   divide n). */
 static int qadd(const QAddArgs *a) {
     if (a->n < 0 || a->a_type < T_U8 || a->a_type > T_I8 || a->b_type < T_U8 || a->b_type > T_I8
         || a->y_type < T_U8 || a->y_type > T_I8 || a->a_zp < -255 || a->a_zp > 255 || a->b_zp < -255
-        || a->b_zp > 255) return -2;
+        || a->b_zp > 255 || a->period < 0 || (a->period > 0 && a->n % a->period)) return -2;
     const Steps p = {(float)a->a_scale, (float)a->b_scale, (float)a->y_scale, (float)a->inv, (float)a->y_zp,
                      (float)a->lo, (float)a->hi, (int32_t)a->a_zp, (int32_t)a->b_zp, (int)a->relu,
                      (int)a->multiply};
@@ -119,8 +143,12 @@ static int qadd(const QAddArgs *a) {
     if (isa > qadd_isa()) isa = qadd_isa();
     const int64_t chunks = (a->n + CHUNK - 1) / CHUNK;
     const int nthreads = a->nthreads < 1 ? 1 : (int)a->nthreads;
+    if (a->period > 0) {
+        qadd_rows(isa, a, &p, nthreads);
+        return 0;
+    }
     if (nthreads <= 1 || chunks <= 1) {
-        run_range(isa, a, &p, 0, a->n);
+        run_range(isa, a, &p, 0, 0, a->n);
         return 0;
     }
 #ifdef _OPENMP
@@ -128,7 +156,7 @@ static int qadd(const QAddArgs *a) {
 #endif
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t start = c * CHUNK, left = a->n - start;
-        run_range(isa, a, &p, start, left < CHUNK ? left : CHUNK);
+        run_range(isa, a, &p, start, start, left < CHUNK ? left : CHUNK);
     }
     return 0;
 }
