@@ -136,6 +136,7 @@ GEMMS = [
     ((40, 19), 8, True, "int8", 12, "int32", "float32", True, False),
     ((2, 37, 40), 27, False, "uint8", 200, "int32", "uint8", True, True),  # 74 rows: whole tiles of 32, then 10
     ((1, 50, 64), 16, True, "int8", -9, "float", "int8", False, True),     # 50 rows: a tile of 32, one of 18
+    ((1, 130, 768), 24, False, "uint8", 128, None, "uint8", False, True),  # BERT's x: 3 panels of 64 rows
 ]
 
 

@@ -18,7 +18,8 @@ file), compiled on first use:
 * AVX-512 VNNI (``vpdpbusd``: unsigned x times signed w, 4 products a lane, no saturation), AVX2 (x widened to
   int16 pairs and ``madd``: ``maddubs`` would saturate) or portable C, chosen at run time; ``TORCH_IR_QCONV_ISA``
   (``c``, ``avx2``, ``vnni``) caps it, for tests and comparisons;
-* per image, x is copied once with a border of its zero point (a 1x1 convolution reads x itself); torch's OpenMP
+* per image, x is copied once with a border of its zero point (a 1x1 convolution reads x itself, and so does a
+  QGEMM, whose rows of K contiguous codes make each group of 4 k one 32-bit word: ``panel_rows``); torch's OpenMP
   threads then take panels of 64 output positions, each building the panel's im2col groups of 4 k (``[K/4][64][4]``
   bytes, in its own part of a scratch buffer kept per calling thread) just before running every tile of 8 output
   channels over it from L1/L2 (a small image's panels are split by channels too); the weights are prepacked once

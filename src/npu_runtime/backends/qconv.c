@@ -171,6 +171,32 @@ void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t
     }
 }
 
+/* The panel of positions p0 .. p0 + np - 1 of a matrix whose rows are positions and whose k are contiguous (a
+   QGEMM's x [P][K] at row stride rs; qmatmul.c's b with trans_b): each group of 4 k is 4 bytes of one row, so the
+   panel is a transpose of 32-bit words read in place, with no bordered copy. fb flips int8 codes' sign bits; a
+   last group past K takes its real bytes one by one (the rest meet zero weights). k4 outer: the np rows' current
+   cache lines stay in L1 while each group's 4 np bytes are written in one run. */
+static void panel_rows(const uint8_t *x, int64_t K, int64_t K4, int64_t rs, uint8_t fb, uint8_t *b, int64_t p0,
+                       int np) {
+    u32_unaligned *d = (u32_unaligned *)b;
+    const uint32_t f4 = fb * 0x01010101u;
+    const uint8_t *x0 = x + p0 * rs;
+    for (int64_t k4 = 0; k4 < K4; k4++) {
+        u32_unaligned *dk = d + k4 * BLOCK;
+        if (4 * k4 + 4 <= K) {
+            for (int q = 0; q < np; q++) dk[q] = *(const u32_unaligned *)(x0 + q * rs + 4 * k4) ^ f4;
+        } else {
+            for (int q = 0; q < np; q++) {
+                uint32_t v = 0;
+                for (int e = 0; 4 * k4 + e < K; e++)
+                    v |= (uint32_t)(uint8_t)(x0[q * rs + 4 * k4 + e] ^ fb) << 8 * e;
+                dk[q] = v;
+            }
+        }
+        if (np < BLOCK) memset(dk + np, 0, (size_t)(BLOCK - np) * 4);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- epilogue */
 
 static inline void store_one(const Job *j, int64_t n, int64_t p, int32_t acc) {

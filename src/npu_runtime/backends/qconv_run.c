@@ -43,7 +43,7 @@ static VNNI void panel_vnni(const QArgs *a, const uint8_t *xp, const uint8_t *fi
    already (*built: the panel it holds, -1 none), then its share of the channel tiles (all of them when groups is
    1; a small image's panel split in groups keeps both threads busy, each building it once). */
 static void run_item(const Job *job, const uint8_t *src, const uint8_t *fill, uint32_t flip, int64_t it,
-                     int64_t groups, int isa, int64_t *built) {
+                     int64_t groups, int isa, int64_t *built, int rows) {
     const QArgs *a = job->a;
     const int64_t block = it / groups, g = it % groups, nbs = (a->N + QR - 1) / QR;
     const int64_t left = job->P - block * BLOCK;
@@ -51,8 +51,9 @@ static void run_item(const Job *job, const uint8_t *src, const uint8_t *fill, ui
     uint8_t *b = (uint8_t *)job->b;
     if (*built != block) {
         *built = block;
+        if (rows) panel_rows(src, a->C, a->K4, a->xs_w, (uint8_t)a->flip, b, block * BLOCK, nblock);
 #ifdef QC_X86
-        if (isa >= ISA_VNNI) panel_vnni(a, src, fill, flip, b, block * BLOCK, nblock);
+        else if (isa >= ISA_VNNI) panel_vnni(a, src, fill, flip, b, block * BLOCK, nblock);
         else if (isa == ISA_AVX2) panel_avx2(a, src, fill, flip, b, block * BLOCK, nblock);
         else
 #endif
@@ -90,8 +91,11 @@ static int qconv(const QArgs *a) {
     memset(fill, (uint8_t)a->zp_u, (size_t)Wp);
     /* no border and x contiguous (a 1x1 convolution, say): im2col reads x itself, flipping int8 x's sign bits */
     const int direct = a->ph == 0 && a->pw == 0 && a->xs_w == 1 && a->xs_h == a->W && a->xs_c == a->H * a->W;
+    /* a QGEMM's x, a row of C contiguous codes per position (1x1 window over one image row): panel_rows reads x */
+    const int rows = !direct && a->kh == 1 && a->kw == 1 && a->H == 1 && a->OH == 1 && a->ph == 0 && a->pw == 0
+                     && a->sw == 1 && a->xs_c == 1 && a->xs_w >= a->C;
     const uint32_t flip = direct ? (uint32_t)a->flip * 0x01010101u : 0u;
-    const int64_t C = direct ? 0 : a->C;                /* channels to copy */
+    const int64_t C = direct || rows ? 0 : a->C;        /* channels to copy */
     if (nthreads > 1 && nbs * panels * (BLOCK / PANEL) * K <= 65536) nthreads = 1;  /* small: no parallel region */
 #ifndef _OPENMP
     nthreads = 1;
@@ -101,12 +105,12 @@ static int qconv(const QArgs *a) {
     while (nthreads > 1 && panels * groups < 4 * (int64_t)nthreads && groups * 2 <= nbs) groups *= 2;
     const int64_t items = panels * groups;
     for (int64_t im = 0; im < a->batch; im++) {
-        const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct ? x : xp;
+        const uint8_t *x = (const uint8_t *)(intptr_t)a->x + im * a->xs_b, *src = direct || rows ? x : xp;
         Job job = {a, b, (char *)(intptr_t)a->y + im * a->ys_b * (int64_t)esize, P};
         if (nthreads <= 1) {
             int64_t built = -1;
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
-            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
+            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built, rows);
             continue;
         }
 #ifdef _OPENMP
@@ -119,7 +123,7 @@ static int qconv(const QArgs *a) {
 #pragma omp for schedule(dynamic, 4)
             for (int64_t c = 0; c < C; c++) pad_channel(a, x, xp, c);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built);
+            for (int64_t it = 0; it < items; it++) run_item(&job, src, fill, flip, it, groups, isa, &built, rows);
         }
 #endif
     }

@@ -132,22 +132,6 @@ static void mm_prepare_batch(const MArgs *g, const MLayout *l, uint8_t *s, int64
     prep_c(g, l, s, bt);
 }
 
-/* The panel of columns n0 .. n0 + np - 1 of a [N][K] b (trans_b): each column's 4 consecutive k are one group. */
-static void panel_t(const uint8_t *B, int64_t K, int64_t K4, uint8_t fb, uint8_t *b, int64_t n0, int np) {
-    u32_unaligned *d = (u32_unaligned *)b;
-    const uint32_t f4 = fb * 0x01010101u;
-    for (int q = 0; q < np; q++) {
-        const uint8_t *row = B + (n0 + q) * K;
-        for (int64_t k4 = 0; k4 < K4; k4++) {
-            uint32_t v = 0;
-            if (4 * k4 + 4 <= K) { memcpy(&v, row + 4 * k4, 4); v ^= f4; }
-            else for (int e = 0; 4 * k4 + e < K; e++) v |= (uint32_t)(uint8_t)(row[4 * k4 + e] ^ fb) << 8 * e;
-            d[k4 * BLOCK + q] = v;
-        }
-    }
-    if (np < BLOCK) for (int64_t k4 = 0; k4 < K4; k4++) memset(d + k4 * BLOCK + np, 0, (size_t)(BLOCK - np) * 4);
-}
-
 /* Work item (batch bt, block of BLOCK columns, group g of the row tiles): its panel built into this thread's buffer
    unless held already (*built), then the tiles. q: qconv's arguments for this product (see qmatmul). */
 static void mm_item(const MArgs *g, const MLayout *l, uint8_t *s, QArgs q, uint8_t *pb, int64_t it, int64_t groups,
@@ -167,7 +151,7 @@ static void mm_item(const MArgs *g, const MLayout *l, uint8_t *s, QArgs q, uint8
         *built = bt * nblocks + blk;
         const uint32_t f4 = (uint32_t)g->b_flip * 0x01010101u;
         const uint8_t *fill = s + l->fill;
-        if (g->trans_b) panel_t(B, K, K4, (uint8_t)g->b_flip, pb, blk * BLOCK, nblock);
+        if (g->trans_b) panel_rows(B, K, K4, K, (uint8_t)g->b_flip, pb, blk * BLOCK, nblock);
 #ifdef QC_X86
         else if (isa >= ISA_VNNI) panel_vnni(&q, B, fill, f4, pb, blk * BLOCK, nblock);
         else if (isa == ISA_AVX2) panel_avx2(&q, B, fill, f4, pb, blk * BLOCK, nblock);
