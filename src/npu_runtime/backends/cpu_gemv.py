@@ -10,12 +10,19 @@ kernel (``gemv.c`` beside this file) compiled on first use:
 
 * weights fp32, bf16 (widened by a 16-bit shift) or fp16 (F16C), accumulated in fp32; activations,
   bias, residual and output in any of the three (the output is rounded once, to nearest even);
-* an AVX2/FMA version chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on any
-  x86-64 of a CI pool, and a portable C version (auto-vectorized) for other CPUs;
+* an AVX-512 F/BW/VL version (16 fp32 lanes, K by 32, the tail of K by masked loads) and an AVX2/FMA one
+  (8 lanes), the best the CPU has chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on
+  any x86-64 of a CI pool, and a portable C version (auto-vectorized) for other CPUs. All three compute
+  the same fp32 products of the exactly widened weights and sum them in fp32, in different orders;
+  ``TORCH_IR_GEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the version a process runs (a test of the
+  other paths, or a comparison), ``isa=`` does so per call;
 * read the way a core reads memory fastest: 8 rows of W at once, taken from 8 places far apart in a
   chunk of ~256 KiB (8 long sequential streams, as a plain read of 8 streams moves ~1.6x the bytes/s of
-  one), with a software prefetch 2 KiB ahead in each (the hardware prefetcher restarts at every 4 KiB
-  page); for bf16 with K=896 (short rows) this reads ~1.5x the bytes/s of 4 adjacent rows;
+  one), with a software prefetch 4 KiB ahead in each, into L2 (the hardware prefetcher restarts at every
+  4 KiB page; into L1 the fills crowd out the loads: measured ~1.4x slower); for bf16 with K=896 (short
+  rows) this reads ~1.5x the bytes/s of 4 adjacent rows. The decode GEMV is bound by these memory
+  streams, not by the widening or the FMAs: the AVX-512 and AVX2 versions read at the same speed out of
+  cache (bench/gemv);
 * chunks handed out one at a time to the threads of torch's own OpenMP pool (the library links the
   ``libgomp.so.1`` torch has loaded: no second pool competes for the cores). One thread or all of
   them is chosen per call from the recent times of both (:class:`_ThreadPolicy`): on a quiet machine
@@ -60,9 +67,28 @@ SINGLE_THREAD_BYTES = 512 << 10
 #: ``gemv_packed``'s argument block: M N K x x_dtype w w_dtype bias bias_dtype res res_dtype y y_dtype threads isa
 _ARGS = struct.Struct("<15q")
 
+#: the kernel versions ``isa=`` / ``TORCH_IR_GEMV_ISA`` may cap a call at (``gemv_isa`` in ``gemv.c``)
+ISAS = cpu_gemv_build.ISAS
+_ISA_NAMES = {0: "portable C", 1: "AVX2/FMA", 2: "AVX-512"}
+
 _kernel = cpu_gemv_build.NativeKernel(
-    "GEMV", cpu_gemv_build.load, lambda library: "AVX2/FMA" if library.isa == 1 else "portable C",
+    "GEMV", cpu_gemv_build.load, lambda library: _ISA_NAMES[min(library.isa, _isa_cap())],
     "one-token GEMMs run at PyTorch's speed")
+
+
+_env_cap: list[int] = []  # TORCH_IR_GEMV_ISA's code, read on the first call (not once per call: decode's µs)
+
+
+def _isa_cap(isa: str | None = None) -> int:
+    """The highest kernel version a call may run: ``isa`` (a key of :data:`ISAS`), else ``TORCH_IR_GEMV_ISA``
+    (read once per process), else the best; an unknown name is a ``ValueError`` naming the choices."""
+    if isa is None:
+        if not _env_cap:
+            _env_cap.append(cpu_gemv_build.isa_cap("TORCH_IR_GEMV_ISA", ISAS))
+        return _env_cap[0]
+    if isa not in ISAS:
+        raise ValueError(f"gemv: isa {isa!r} is not one of {', '.join(ISAS)}")
+    return ISAS[isa]
 
 
 def set_native_enabled(enabled: bool) -> bool:
@@ -143,11 +169,12 @@ class Gemv:
         self._b = _arg(bias, "bias", (self.n,)) if bias is not None else (0, 0, 0)
 
     def __call__(self, x: Tensor, out: Tensor | None = None, residual: Tensor | None = None,
-                 threads: int | None = None) -> Tensor:
+                 threads: int | None = None, isa: str | None = None) -> Tensor:
         """``x [M, K]`` -> ``out [M, N]`` (a new tensor of ``x``'s dtype when None); ``residual [M, N]`` may be
         ``out`` itself (an in-place residual add). ``threads``: by default one for a weight under
         ``SINGLE_THREAD_BYTES``, else one or ``torch.get_num_threads()``, whichever ran faster lately
-        (:class:`_ThreadPolicy`); a number forces it."""
+        (:class:`_ThreadPolicy`); a number forces it. ``isa``: at most this kernel version (a key of
+        :data:`ISAS`; by default ``TORCH_IR_GEMV_ISA``, else the best the CPU runs)."""
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError("gemv: x must be a 2-D tensor [M, K]")
         m = int(x.shape[0])
@@ -164,6 +191,7 @@ class Gemv:
         for (p, _, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xc, xn), "x")):
             if _overlap(yp, yn, p, size):
                 raise ValueError(f"gemv: out overlaps {what}")
+        cap = _isa_cap(isa)
         library = _kernel.for_call()
         if library is None:
             return torch_gemv(x, self.weight, self.bias, residual, out)
@@ -174,7 +202,7 @@ class Gemv:
             threads = policy.pick(w[2], torch.get_num_threads()) if policy is not None else 1
         # one packed argument block: ctypes converts one pointer much faster than fifteen arguments
         args = _ARGS.pack(m, self.n, self.k, xp, xc, w[0], w[1], b[0], b[1], rp, rc, yp, yc, max(1, threads),
-                          library.isa)
+                          min(library.isa, cap))
         start = time.perf_counter_ns()
         status = library.lib.gemv_packed(args)
         if policy is not None:
@@ -256,5 +284,5 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor
     return Gemv(weight, bias)(x, out=out, residual=residual)
 
 
-__all__ = ["DTYPE_CODES", "Gemv", "cache_dir", "gemv", "native_available", "native_status", "set_native_enabled",
-           "torch_gemv"]
+__all__ = ["DTYPE_CODES", "ISAS", "Gemv", "cache_dir", "gemv", "native_available", "native_status",
+           "set_native_enabled", "torch_gemv"]

@@ -99,11 +99,21 @@ void block_generic(const Job *j, int64_t m0, const int M, int64_t n0, const int 
 
 #ifdef GEMV_X86
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* Each stream is prefetched 4 KiB ahead (at most one row: a short row's next row is the same stream's) into
+   L2, not L1: the hardware prefetcher stops at every 4 KiB page and needs a few misses to start again.
+   Measured out of cache, one thread, Zen 4 (bf16, the Qwen2.5 shapes): 2 KiB into L1 (_MM_HINT_T0) read
+   14-17 GB/s, no prefetch 17-23, 2-8 KiB into L2 (_MM_HINT_T1) 19-26 (4 KiB best on K=1536); the L1 fills
+   of 8 streams crowd out the demand loads. A whole row ahead on long rows (K=8960, one row per stream and
+   chunk: the next row is another chunk's, often another thread's) lost up to 40% with the L1 hint. */
+#define GEMV_AHEAD 4096
 #ifndef GEMV_NO_PREFETCH
-#define GEMV_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define GEMV_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #else
 #define GEMV_PREFETCH(p) ((void)(p))
 #endif
+static inline size_t prefetch_ahead(int64_t K, size_t es) {
+    return (size_t)K * es < GEMV_AHEAD ? (size_t)K * es : GEMV_AHEAD;
+}
 static inline __attribute__((always_inline)) AVX2 __m256 load8(const void *w, const int wdt, size_t i) {
     if (wdt == DT_F32) return _mm256_loadu_ps((const float *)w + i);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
@@ -122,12 +132,7 @@ static inline __attribute__((always_inline)) AVX2
 void block_avx2(const Job *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int wdt) {
     const int64_t K = j->K, KB = K - K % 16;
     const size_t es = wdt == DT_F32 ? 4 : 2;
-    /* Prefetch 2 KiB ahead in each stream (a stream's rows are adjacent, so this runs into its next row):
-       the hardware prefetcher stops at every 4 KiB page and needs a few misses to start again. Measured
-       out of cache, one thread: ~1.15x for bf16 rows of K=896 against no prefetch; a whole row ahead
-       instead lost up to 40% on long rows (K=8960), whose next row is another chunk's, often another
-       thread's. */
-    const size_t ahead = (size_t)K * es < 2048 ? (size_t)K * es : 2048;
+    const size_t ahead = prefetch_ahead(K, es);  /* a stream's rows are adjacent: this runs into its next row */
     const char *row[8];
     __m256 acc[4][8];
     for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * es;
@@ -155,32 +160,84 @@ void block_avx2(const Job *j, int64_t m0, const int M, int64_t n0, int64_t strid
 /* Rows [n0, n1) as R streams far apart (R rows per block: n0 + i + r * S for the S = (n1 - n0) / R rows
    of each stream), then the < R rows left one by one. A core reads memory fastest with several long
    sequential streams in flight (a plain read of 8 streams measured 1.6x one stream's bandwidth, one thread);
-   R adjacent rows would make R streams of one short row each. */
-#define SPREAD(M, R) do { \
+   R adjacent rows would make R streams of one short row each. BLOCK: block_avx2 or block_avx512. */
+#define SPREAD(BLOCK, M, R) do { \
     const int64_t S = (n1 - n0) / (R); \
     int64_t n = n0 + (R) * S; \
-    for (int64_t i = 0; i < S; i++) block_avx2(j, m0, M, n0 + i, S, R, wdt); \
-    if ((R) == 8) for (; n + 4 <= n1; n += 4) block_avx2(j, m0, M, n, 1, 4, wdt); \
-    for (; n < n1; n++) block_avx2(j, m0, M, n, 1, 1, wdt); \
+    for (int64_t i = 0; i < S; i++) BLOCK(j, m0, M, n0 + i, S, R, wdt); \
+    if ((R) == 8) for (; n + 4 <= n1; n += 4) BLOCK(j, m0, M, n, 1, 4, wdt); \
+    for (; n < n1; n++) BLOCK(j, m0, M, n, 1, 1, wdt); \
 } while (0)
+/* The block shapes by rows of x: M x R = 8 accumulators, R streams of w. */
+#define RANGE_M(BLOCK) switch (M) { \
+    case 1: SPREAD(BLOCK, 1, 8); break; \
+    case 2: SPREAD(BLOCK, 2, 4); break; \
+    case 3: SPREAD(BLOCK, 3, 2); break; \
+    default: SPREAD(BLOCK, 4, 2); break; \
+}
+/* Up to 4 rows of x at a time; the weight's dtype a constant inside each instance. */
+#define RANGE(RANGE_M_FN) \
+    for (int64_t m0 = 0; m0 < j->M; m0 += 4) { \
+        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4); \
+        if (j->wdt == DT_F32) RANGE_M_FN(j, m0, M, n0, n1, DT_F32); \
+        else if (j->wdt == DT_BF16) RANGE_M_FN(j, m0, M, n0, n1, DT_BF16); \
+        else RANGE_M_FN(j, m0, M, n0, n1, DT_F16); \
+    }
 
 static AVX2 void range_avx2_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
-    switch (M) {
-    case 1: SPREAD(1, 8); break;
-    case 2: SPREAD(2, 4); break;
-    case 3: SPREAD(3, 2); break;
-    default: SPREAD(4, 2); break;
+    RANGE_M(block_avx2)
+}
+static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) { RANGE(range_avx2_m) }
+
+/* AVX-512 F/BW/VL: the AVX2 kernel's design with 16 fp32 lanes, K by 32 (a 64-byte line of a bf16/fp16 row
+   per step and stream), the tail of K % 32 by masked loads (zeros past the row: no scalar loop, and no read
+   past the row's last element). Same numerics: fp32 products of the exactly widened weights (bf16 by a
+   16-bit shift, fp16 by vcvtph2ps), fp32 sums; only the order of the sums differs. */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+static inline __attribute__((always_inline)) AVX512
+__m512 load16(const void *w, const int wdt, size_t i, __mmask16 mask) {
+    if (wdt == DT_F32) return _mm512_maskz_loadu_ps(mask, (const float *)w + i);
+    __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)w + i);
+    if (wdt == DT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+/* One step of 32 columns from k for M rows of x and R streams; masks all-ones but in the tail. */
+#define STEP512(mask0, mask1) do { \
+    __m512 x0[4], x1[4]; \
+    for (int m = 0; m < M; m++) { \
+        x0[m] = _mm512_maskz_loadu_ps(mask0, j->x + (m0 + m) * K + k); \
+        x1[m] = _mm512_maskz_loadu_ps(mask1, j->x + (m0 + m) * K + k + 16); \
+    } \
+    for (int r = 0; r < R; r++) { \
+        GEMV_PREFETCH(row[r] + (size_t)k * es + ahead); \
+        if (es == 4) GEMV_PREFETCH(row[r] + (size_t)k * es + ahead + 64); /* fp32: two lines a step */ \
+        __m512 w0 = load16(row[r], wdt, (size_t)k, mask0), w1 = load16(row[r], wdt, (size_t)k + 16, mask1); \
+        for (int m = 0; m < M; m++) acc[m][r] = _mm512_fmadd_ps(x1[m], w1, _mm512_fmadd_ps(x0[m], w0, acc[m][r])); \
+    } \
+} while (0)
+static inline __attribute__((always_inline)) AVX512
+void block_avx512(const Job *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int wdt) {
+    const int64_t K = j->K, KB = K - K % 32;
+    const size_t es = wdt == DT_F32 ? 4 : 2;
+    const size_t ahead = prefetch_ahead(K, es);
+    const char *row[8];
+    __m512 acc[4][8];
+    for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * es;
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < KB; k += 32) STEP512((__mmask16)0xffff, (__mmask16)0xffff);
+    if (k < K) {
+        const int t = (int)(K - k);                     /* 1..31 */
+        STEP512((__mmask16)(t >= 16 ? 0xffffu : (1u << t) - 1), (__mmask16)(t > 16 ? (1u << (t - 16)) - 1 : 0));
     }
+    for (int m = 0; m < M; m++) for (int r = 0; r < R; r++)
+        epilogue(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]));
 }
 
-static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) {
-    for (int64_t m0 = 0; m0 < j->M; m0 += 4) {
-        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4);
-        if (j->wdt == DT_F32) range_avx2_m(j, m0, M, n0, n1, DT_F32);
-        else if (j->wdt == DT_BF16) range_avx2_m(j, m0, M, n0, n1, DT_BF16);
-        else range_avx2_m(j, m0, M, n0, n1, DT_F16);
-    }
+static AVX512 void range_avx512_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
+    RANGE_M(block_avx512)
 }
+static AVX512 void range_avx512(const Job *j, int64_t n0, int64_t n1) { RANGE(range_avx512_m) }
 #endif
 
 /* Portable: rows [n0, n1) for up to 4 rows of x from m0, 4 / 2 / 1 adjacent rows of w per block. */
@@ -209,11 +266,14 @@ static void range_generic(const Job *j, int64_t n0, int64_t n1) {
     }
 }
 
-/* 1: the AVX2/FMA/F16C kernel runs on this CPU (libgcc checks the OS saves the ymm state too), 0: portable */
+/* The best kernel this CPU runs (libgcc checks that the OS saves the ymm/zmm state too): 2 AVX-512 F/BW/VL,
+   1 AVX2/FMA/F16C, 0 portable C. A call may ask for less (its isa argument), never for more. */
 int gemv_isa(void) {
 #ifdef GEMV_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) return 0;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+        ? 2 : 1;
 #else
     return 0;
 #endif
@@ -229,6 +289,7 @@ int gemv_openmp(void) {
 
 static void run_rows(const Job *j, int64_t n0, int64_t n1, int isa) {
 #ifdef GEMV_X86
+    if (isa == 2) { range_avx512(j, n0, n1); return; }
     if (isa == 1) { range_avx2(j, n0, n1); return; }
 #endif
     (void)isa;
