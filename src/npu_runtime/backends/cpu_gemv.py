@@ -10,9 +10,10 @@ kernel (``gemv.c`` beside this file) compiled on first use:
 
 * weights fp32, bf16 (widened by a 16-bit shift) or fp16 (F16C), accumulated in fp32; activations,
   bias, residual and output in any of the three (the output is rounded once, to nearest even);
-* an AVX-512 F/BW/VL version (16 fp32 lanes, K by 32, the tail of K by masked loads) and an AVX2/FMA one
-  (8 lanes), the best the CPU has chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on
-  any x86-64 of a CI pool, and a portable C version (auto-vectorized) for other CPUs. All three compute
+* an AVX-512 F/BW/VL version for bf16/fp16 weights (16 fp32 lanes, K by 32, the tail of K by masked
+  loads; fp32 weights run the AVX2 one, measured faster for them) and an AVX2/FMA one (8 lanes), the
+  best the CPU has chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on any x86-64
+  of a CI pool, and a portable C version (auto-vectorized) for other CPUs. All three compute
   the same fp32 products of the exactly widened weights and sum them in fp32, in different orders;
   ``TORCH_IR_GEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the version a process runs (a test of the
   other paths, or a comparison), ``isa=`` does so per call;
@@ -21,8 +22,8 @@ kernel (``gemv.c`` beside this file) compiled on first use:
   one), with a software prefetch 4 KiB ahead in each, into L2 (the hardware prefetcher restarts at every
   4 KiB page; into L1 the fills crowd out the loads: measured ~1.4x slower); for bf16 with K=896 (short
   rows) this reads ~1.5x the bytes/s of 4 adjacent rows. The decode GEMV is bound by these memory
-  streams, not by the widening or the FMAs: the AVX-512 and AVX2 versions read at the same speed out of
-  cache (bench/gemv);
+  streams, not by the widening or the FMAs: out of cache the AVX-512 and AVX2 versions read bf16 at the
+  same speed (in cache AVX-512 is 1.15-1.45x faster), ~1.05x the time of a plain read (bench/gemv);
 * chunks handed out one at a time to the threads of torch's own OpenMP pool (the library links the
   ``libgomp.so.1`` torch has loaded: no second pool competes for the cores). One thread or all of
   them is chosen per call from the recent times of both (:class:`_ThreadPolicy`): on a quiet machine

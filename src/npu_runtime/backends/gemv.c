@@ -175,28 +175,28 @@ void block_avx2(const Job *j, int64_t m0, const int M, int64_t n0, int64_t strid
     case 3: SPREAD(BLOCK, 3, 2); break; \
     default: SPREAD(BLOCK, 4, 2); break; \
 }
-/* Up to 4 rows of x at a time; the weight's dtype a constant inside each instance. */
-#define RANGE(RANGE_M_FN) \
-    for (int64_t m0 = 0; m0 < j->M; m0 += 4) { \
-        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4); \
-        if (j->wdt == DT_F32) RANGE_M_FN(j, m0, M, n0, n1, DT_F32); \
-        else if (j->wdt == DT_BF16) RANGE_M_FN(j, m0, M, n0, n1, DT_BF16); \
-        else RANGE_M_FN(j, m0, M, n0, n1, DT_F16); \
-    }
-
 static AVX2 void range_avx2_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
     RANGE_M(block_avx2)
 }
-static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) { RANGE(range_avx2_m) }
+static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < j->M; m0 += 4) {
+        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4);
+        if (j->wdt == DT_F32) range_avx2_m(j, m0, M, n0, n1, DT_F32);
+        else if (j->wdt == DT_BF16) range_avx2_m(j, m0, M, n0, n1, DT_BF16);
+        else range_avx2_m(j, m0, M, n0, n1, DT_F16);
+    }
+}
 
-/* AVX-512 F/BW/VL: the AVX2 kernel's design with 16 fp32 lanes, K by 32 (a 64-byte line of a bf16/fp16 row
-   per step and stream), the tail of K % 32 by masked loads (zeros past the row: no scalar loop, and no read
-   past the row's last element). Same numerics: fp32 products of the exactly widened weights (bf16 by a
-   16-bit shift, fp16 by vcvtph2ps), fp32 sums; only the order of the sums differs. */
+/* AVX-512 F/BW/VL, for bf16/fp16 weights: the AVX2 kernel's design with 16 fp32 lanes, K by 32 (a 64-byte
+   line of a row per step and stream), the tail of K % 32 by masked loads (zeros past the row: no scalar
+   loop, and no read past the row's last element). Same numerics: fp32 products of the exactly widened
+   weights (bf16 by a 16-bit shift, fp16 by vcvtph2ps), fp32 sums; only the order of the sums differs.
+   Measured, one thread (bench/gemv, the Qwen2.5 shapes): in cache 1.15-1.45x the AVX2 kernel's bytes/s for
+   bf16, out of cache (decode) the same within noise, bound by the memory streams. fp32 weights keep the
+   AVX2 kernel: 16-lane fp32 rows measured ~10% slower out of cache, and no faster in cache. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 static inline __attribute__((always_inline)) AVX512
 __m512 load16(const void *w, const int wdt, size_t i, __mmask16 mask) {
-    if (wdt == DT_F32) return _mm512_maskz_loadu_ps(mask, (const float *)w + i);
     __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)w + i);
     if (wdt == DT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
@@ -209,8 +209,7 @@ __m512 load16(const void *w, const int wdt, size_t i, __mmask16 mask) {
         x1[m] = _mm512_maskz_loadu_ps(mask1, j->x + (m0 + m) * K + k + 16); \
     } \
     for (int r = 0; r < R; r++) { \
-        GEMV_PREFETCH(row[r] + (size_t)k * es + ahead); \
-        if (es == 4) GEMV_PREFETCH(row[r] + (size_t)k * es + ahead + 64); /* fp32: two lines a step */ \
+        GEMV_PREFETCH(row[r] + (size_t)k * 2 + ahead); \
         __m512 w0 = load16(row[r], wdt, (size_t)k, mask0), w1 = load16(row[r], wdt, (size_t)k + 16, mask1); \
         for (int m = 0; m < M; m++) acc[m][r] = _mm512_fmadd_ps(x1[m], w1, _mm512_fmadd_ps(x0[m], w0, acc[m][r])); \
     } \
@@ -218,11 +217,10 @@ __m512 load16(const void *w, const int wdt, size_t i, __mmask16 mask) {
 static inline __attribute__((always_inline)) AVX512
 void block_avx512(const Job *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int wdt) {
     const int64_t K = j->K, KB = K - K % 32;
-    const size_t es = wdt == DT_F32 ? 4 : 2;
-    const size_t ahead = prefetch_ahead(K, es);
+    const size_t ahead = prefetch_ahead(K, 2);
     const char *row[8];
     __m512 acc[4][8];
-    for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * es;
+    for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * 2;
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k < KB; k += 32) STEP512((__mmask16)0xffff, (__mmask16)0xffff);
@@ -237,7 +235,13 @@ void block_avx512(const Job *j, int64_t m0, const int M, int64_t n0, int64_t str
 static AVX512 void range_avx512_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
     RANGE_M(block_avx512)
 }
-static AVX512 void range_avx512(const Job *j, int64_t n0, int64_t n1) { RANGE(range_avx512_m) }
+static AVX512 void range_avx512(const Job *j, int64_t n0, int64_t n1) {    /* bf16 and fp16 weights only */
+    for (int64_t m0 = 0; m0 < j->M; m0 += 4) {
+        int M = (int)(j->M - m0 < 4 ? j->M - m0 : 4);
+        if (j->wdt == DT_BF16) range_avx512_m(j, m0, M, n0, n1, DT_BF16);
+        else range_avx512_m(j, m0, M, n0, n1, DT_F16);
+    }
+}
 #endif
 
 /* Portable: rows [n0, n1) for up to 4 rows of x from m0, 4 / 2 / 1 adjacent rows of w per block. */
@@ -266,8 +270,9 @@ static void range_generic(const Job *j, int64_t n0, int64_t n1) {
     }
 }
 
-/* The best kernel this CPU runs (libgcc checks that the OS saves the ymm/zmm state too): 2 AVX-512 F/BW/VL,
-   1 AVX2/FMA/F16C, 0 portable C. A call may ask for less (its isa argument), never for more. */
+/* The best kernel this CPU runs (libgcc checks that the OS saves the ymm/zmm state too): 2 AVX-512 F/BW/VL
+   (bf16/fp16 weights; fp32 ones run AVX2), 1 AVX2/FMA/F16C, 0 portable C. A call may ask for less (its isa
+   argument), never for more. */
 int gemv_isa(void) {
 #ifdef GEMV_X86
     __builtin_cpu_init();
@@ -289,8 +294,8 @@ int gemv_openmp(void) {
 
 static void run_rows(const Job *j, int64_t n0, int64_t n1, int isa) {
 #ifdef GEMV_X86
-    if (isa == 2) { range_avx512(j, n0, n1); return; }
-    if (isa == 1) { range_avx2(j, n0, n1); return; }
+    if (isa == 2 && j->wdt != DT_F32) { range_avx512(j, n0, n1); return; }
+    if (isa >= 1) { range_avx2(j, n0, n1); return; }
 #endif
     (void)isa;
     range_generic(j, n0, n1);
