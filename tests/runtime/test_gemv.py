@@ -77,7 +77,7 @@ SHAPES = [(1, 1), (7, 1), (5, 3), (4, 16), (37, 53), (9, 300), (130, 17), (64, 8
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9])
-@pytest.mark.parametrize("path", ["avx512", "avx2", "portable", "torch"])
+@pytest.mark.parametrize("path", ["avx512bf16", "avx512", "avx2", "portable", "torch"])
 def test_matches_float64_linear(dtype, rows, path, request):
     roundings = 3 if path == "torch" else 1
     if path == "portable":
@@ -96,9 +96,9 @@ def test_matches_float64_linear(dtype, rows, path, request):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "c"])
+@pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "c"])
 def test_every_tail_of_n_and_k(native, dtype, isa):
-    """K around the 16- and 32-wide blocks (AVX2's scalar tail, AVX-512's masked one) and N around the 8/4-row
+    """K around the 16- and 32-wide blocks (AVX2's scalar tail, AVX-512's masked ones) and N around the 8/4-row
     blocks and the chunks, 1 to 8 rows of x, two threads; ``isa=`` caps the kernel per call."""
     if native.isa < cpu_gemv.ISAS[isa]:
         pytest.skip(f"this CPU has no {isa}")
@@ -113,7 +113,7 @@ def test_every_tail_of_n_and_k(native, dtype, isa):
 
 def test_the_isa_cap_is_checked_and_named(native, tmp_path):
     x, w = random((1, 40), torch.bfloat16, 0), random((9, 40), torch.bfloat16, 1)
-    with pytest.raises(ValueError, match="isa 'avx1024' is not one of c, avx2, avx512"):
+    with pytest.raises(ValueError, match="isa 'avx1024' is not one of c, avx2, avx512, avx512bf16"):
         cpu_gemv.Gemv(w)(x, isa="avx1024")
     code = "from npu_runtime.backends import cpu_gemv; print(cpu_gemv.native_status())"
     for isa, name in [("avx2", "AVX2/FMA"), ("c", "portable C")]:

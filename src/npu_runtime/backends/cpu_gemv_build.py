@@ -157,8 +157,11 @@ def load() -> Library:
         raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
     lib, path = open_library(source, "gemv")
     i64, cint, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint]
+    lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint,
+                         ctypes.c_float]
     lib.gemv.restype = cint
+    lib.gemv_min_abs_bf16.argtypes = [ptr, i64]
+    lib.gemv_min_abs_bf16.restype = ctypes.c_float
     lib.gemv_packed.argtypes = [ctypes.c_char_p]
     lib.gemv_packed.restype = cint
     lib.gemv_isa.restype = cint
