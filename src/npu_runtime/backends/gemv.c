@@ -287,12 +287,12 @@ static AVX512BF16 void range_dp(const Job *j, int64_t n0, int64_t n1) {
    weight (cpu_gemv.Gemv keeps it). */
 float gemv_min_abs_bf16(const void *w, int64_t n) {
     const uint16_t *h = (const uint16_t *)w;
-    uint16_t lo = 0x7f80u;
+    int16_t lo = 0x7fff;              /* the min of |w| - 1, a 0 counted as 0x7fff: a signed 16-bit min, SSE2's */
     for (int64_t i = 0; i < n; i++) {
-        const uint16_t a = h[i] & 0x7fffu;
-        if (a != 0 && a < lo) lo = a;
+        const int16_t a = (int16_t)(((h[i] & 0x7fffu) + 0x7fffu) & 0x7fffu);
+        lo = a < lo ? a : lo;
     }
-    return bf16_to_f32(lo);
+    return lo == 0x7fff ? __builtin_inff() : bf16_to_f32((uint16_t)(lo + 1));  /* NaN/inf: no finite one */
 }
 
 /* x [M, K] (fp32) as bf16 for vdpbf16ps, or NULL to take the widening kernel: when a value is not exactly a
