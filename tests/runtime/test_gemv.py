@@ -98,7 +98,7 @@ def test_matches_float64_linear(dtype, rows, path, request):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "c"])
 def test_every_tail_of_n_and_k(native, dtype, isa):
-    """K around the 16- and 32-wide blocks (AVX2's scalar tail, AVX-512's masked ones) and N around the 8/4-row
+    """K around the 16- and 32-wide blocks (the scalar tails of AVX2 and AVX-512) and N around the 8/4-row
     blocks and the chunks, 1 to 8 rows of x, two threads; ``isa=`` caps the kernel per call."""
     if native.isa < cpu_gemv.ISAS[isa]:
         pytest.skip(f"this CPU has no {isa}")
@@ -147,7 +147,7 @@ def test_mixed_dtypes_accumulate_in_float32(native):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_every_16_bit_weight_widens_exactly(native, dtype, k):
     """W holds all 65536 bit patterns, x is a one-hot: y is the widened weight, equal to torch's widening
-    (NaN as NaN). K=1 takes the scalar tail, K=16 the vector loads (AVX-512: its masked tail), K=32 AVX-512's loop."""
+    (NaN as NaN). K=1 takes the scalar tail, K=16 the vector loads (AVX-512: its tail), K=32 AVX-512's loop."""
     w = torch.zeros(65536, k, dtype=dtype)
     w[:, 0] = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
     x = torch.zeros(1, k)

@@ -10,8 +10,8 @@ kernel (``gemv.c`` beside this file) compiled on first use:
 
 * weights fp32, bf16 (widened by a 16-bit shift) or fp16 (F16C), accumulated in fp32; activations,
   bias, residual and output in any of the three (the output is rounded once, to nearest even);
-* an AVX-512 F/BW/VL version for bf16/fp16 weights (16 fp32 lanes, K by 32, the tail of K by masked
-  loads; fp32 weights run the AVX2 one, measured faster for them) and an AVX2/FMA one (8 lanes), the
+* an AVX-512 F/BW/VL version for bf16/fp16 weights (16 fp32 lanes, K by 32, the rest of K one by one;
+  fp32 weights run the AVX2 one, measured faster for them) and an AVX2/FMA one (8 lanes), the
   best the CPU has chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on any x86-64
   of a CI pool, and a portable C version (auto-vectorized) for other CPUs. All three compute
   the same fp32 products of the exactly widened weights and sum them in fp32, in different orders;

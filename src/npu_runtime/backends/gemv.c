@@ -189,32 +189,26 @@ static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) {
 }
 
 /* AVX-512 F/BW/VL, for bf16/fp16 weights: the AVX2 kernel's design with 16 fp32 lanes, K by 32 (a 64-byte
-   line of a row per step and stream), the tail of K % 32 by masked loads (zeros past the row: no scalar
-   loop, and no read past the row's last element). Same numerics: fp32 products of the exactly widened
+   line of a row per step and stream), the tail of K % 32 one by one (row_tail). Same numerics: fp32 products of the exactly widened
    weights (bf16 by a 16-bit shift, fp16 by vcvtph2ps), fp32 sums; only the order of the sums differs.
    Measured, one thread (bench/gemv, the Qwen2.5 shapes): in cache 1.15-1.45x the AVX2 kernel's bytes/s for
    bf16, out of cache (decode) the same within noise, bound by the memory streams. fp32 weights keep the
    AVX2 kernel: 16-lane fp32 rows measured ~10% slower out of cache, and no faster in cache. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-static inline __attribute__((always_inline)) AVX512
-__m512 load16(const void *w, const int wdt, size_t i, __mmask16 mask) {
-    __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)w + i);
+static inline __attribute__((always_inline)) AVX512 __m512 load16(const void *w, const int wdt, size_t i) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
     if (wdt == DT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
-/* One step of 32 columns from k for M rows of x and R streams; masks all-ones but in the tail. */
-#define STEP512(mask0, mask1) do { \
-    __m512 x0[4], x1[4]; \
-    for (int m = 0; m < M; m++) { \
-        x0[m] = _mm512_maskz_loadu_ps(mask0, j->x + (m0 + m) * K + k); \
-        x1[m] = _mm512_maskz_loadu_ps(mask1, j->x + (m0 + m) * K + k + 16); \
-    } \
-    for (int r = 0; r < R; r++) { \
-        GEMV_PREFETCH(row[r] + (size_t)k * 2 + ahead); \
-        __m512 w0 = load16(row[r], wdt, (size_t)k, mask0), w1 = load16(row[r], wdt, (size_t)k + 16, mask1); \
-        for (int m = 0; m < M; m++) acc[m][r] = _mm512_fmadd_ps(x1[m], w1, _mm512_fmadd_ps(x0[m], w0, acc[m][r])); \
-    } \
-} while (0)
+/* The rest of a row past its multiple of 32 (K % 32 columns), one by one in fp32 as in block_avx2: a masked
+   step inside the loop instead was slower, and a second copy of the step after it made gcc keep the
+   accumulators in memory. */
+static inline float row_tail(const Job *j, int64_t m, const char *row, int64_t k0, int wdt) {
+    float s = 0.0f;
+    const float *xr = j->x + m * j->K;
+    for (int64_t k = k0; k < j->K; k++) s += xr[k] * load_elem(row, wdt, (size_t)k);
+    return s;
+}
 static inline __attribute__((always_inline)) AVX512
 void block_avx512(const Job *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int wdt) {
     const int64_t K = j->K, KB = K - K % 32;
@@ -223,14 +217,20 @@ void block_avx512(const Job *j, int64_t m0, const int M, int64_t n0, int64_t str
     __m512 acc[4][8];
     for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * 2;
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k < KB; k += 32) STEP512((__mmask16)0xffff, (__mmask16)0xffff);
-    if (k < K) {
-        const int t = (int)(K - k);                     /* 1..31 */
-        STEP512((__mmask16)(t >= 16 ? 0xffffu : (1u << t) - 1), (__mmask16)(t > 16 ? (1u << (t - 16)) - 1 : 0));
+    for (int64_t k = 0; k < KB; k += 32) {
+        __m512 x0[4], x1[4];
+        for (int m = 0; m < M; m++) {
+            x0[m] = _mm512_loadu_ps(j->x + (m0 + m) * K + k);
+            x1[m] = _mm512_loadu_ps(j->x + (m0 + m) * K + k + 16);
+        }
+        for (int r = 0; r < R; r++) {
+            GEMV_PREFETCH(row[r] + (size_t)k * 2 + ahead);
+            __m512 w0 = load16(row[r], wdt, (size_t)k), w1 = load16(row[r], wdt, (size_t)k + 16);
+            for (int m = 0; m < M; m++) acc[m][r] = _mm512_fmadd_ps(x1[m], w1, _mm512_fmadd_ps(x0[m], w0, acc[m][r]));
+        }
     }
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++)
-        epilogue(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]));
+        epilogue(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]) + row_tail(j, m0 + m, row[r], KB, wdt));
 }
 
 static AVX512 void range_avx512_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
@@ -250,29 +250,25 @@ static AVX512 void range_avx512(const Job *j, int64_t n0, int64_t n1) {    /* bf
    Measured out of cache, one thread (bench/gemv, the Qwen2.5 shapes): ~1.15-1.2x the bytes/s of the
    widening AVX-512 kernel, whose shifts and FMAs the memory streams wait on. */
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
-#define STEPDP(mask) do { \
-    __m512bh xv[4]; \
-    for (int m = 0; m < M; m++) xv[m] = (__m512bh)_mm512_maskz_loadu_epi16(mask, j->xb + (m0 + m) * K + k); \
-    for (int r = 0; r < R; r++) { \
-        GEMV_PREFETCH(row[r] + (size_t)k * 2 + ahead); \
-        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, row[r] + (size_t)k * 2); \
-        for (int m = 0; m < M; m++) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv[m], wv); \
-    } \
-} while (0)
 static inline __attribute__((always_inline)) AVX512BF16
 void block_dp(const Job *j, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int wdt) {
     const int64_t K = j->K, KB = K - K % 32;
     const size_t ahead = prefetch_ahead(K, 2);
     const char *row[8];
     __m512 acc[4][8];
-    (void)wdt;
     for (int r = 0; r < R; r++) row[r] = (const char *)j->w + (size_t)((n0 + r * stride) * K) * 2;
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k < KB; k += 32) STEPDP((__mmask32)0xffffffffu);
-    if (k < K) STEPDP((__mmask32)((1u << (K - k)) - 1));   /* 1..31 left: zero pairs past the row */
+    for (int64_t k = 0; k < KB; k += 32) {
+        __m512bh xv[4];
+        for (int m = 0; m < M; m++) xv[m] = (__m512bh)_mm512_loadu_si512(j->xb + (m0 + m) * K + k);
+        for (int r = 0; r < R; r++) {
+            GEMV_PREFETCH(row[r] + (size_t)k * 2 + ahead);
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(row[r] + (size_t)k * 2);
+            for (int m = 0; m < M; m++) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv[m], wv);
+        }
+    }
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++)
-        epilogue(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]));
+        epilogue(j, m0 + m, n0 + r * stride, _mm512_reduce_add_ps(acc[m][r]) + row_tail(j, m0 + m, row[r], KB, wdt));
 }
 static AVX512BF16 void range_dp_m(const Job *j, int64_t m0, int M, int64_t n0, int64_t n1, const int wdt) {
     RANGE_M(block_dp)
