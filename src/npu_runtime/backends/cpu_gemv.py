@@ -25,7 +25,7 @@ kernel (``gemv.c`` beside this file) compiled on first use:
   nonzero ``|x|`` times the weight's (found once per :class:`Gemv`, on its first such call) at least
   2^-110, which keeps every product and partial sum a multiple of 2^-125, never subnormal. Its results are
   then the widening kernels' sums in another order; any other call (fp32 ``x`` that is not bf16 among
-  them) gives the widening AVX-512 kernel's bits. Measured out of cache, one thread: ~1.15-1.2x the
+  them) gives the widening AVX-512 kernel's bits. Measured out of cache, one thread: 1.07-1.3x the
   bytes/s of the widening kernel (the memory streams wait on its shifts and FMAs);
 * read the way a core reads memory fastest: 8 rows of W at once, taken from 8 places far apart in a
   chunk of ~256 KiB (8 long sequential streams, as a plain read of 8 streams moves ~1.6x the bytes/s of

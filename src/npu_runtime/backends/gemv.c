@@ -189,11 +189,13 @@ static AVX2 void range_avx2(const Job *j, int64_t n0, int64_t n1) {
 }
 
 /* AVX-512 F/BW/VL, for bf16/fp16 weights: the AVX2 kernel's design with 16 fp32 lanes, K by 32 (a 64-byte
-   line of a row per step and stream), the tail of K % 32 one by one (row_tail). Same numerics: fp32 products of the exactly widened
-   weights (bf16 by a 16-bit shift, fp16 by vcvtph2ps), fp32 sums; only the order of the sums differs.
+   line of a row per step and stream), the tail of K % 32 one by one (row_tail). Same numerics: fp32
+   products of the exactly widened weights (bf16 by a 16-bit shift, fp16 by vcvtph2ps), fp32 sums; only
+   the order of the sums differs.
    Measured, one thread (bench/gemv, the Qwen2.5 shapes): in cache 1.15-1.45x the AVX2 kernel's bytes/s for
    bf16, out of cache (decode) the same within noise, bound by the memory streams. fp32 weights keep the
-   AVX2 kernel: 16-lane fp32 rows measured ~10% slower out of cache, and no faster in cache. */
+   AVX2 kernel, which reads them at about a plain read's speed: 16-lane fp32 rows measured no faster in
+   cache and ~10% slower out of it (in this kernel's first form, with a masked tail). */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 static inline __attribute__((always_inline)) AVX512 __m512 load16(const void *w, const int wdt, size_t i) {
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
@@ -247,7 +249,7 @@ static AVX512 void range_avx512(const Job *j, int64_t n0, int64_t n1) {    /* bf
 /* AVX512-BF16, bf16 weights and x exactly bf16 (dp_x says when): vdpbf16ps multiplies 32 pairs a step with
    no widening, a product of two bf16 exact in fp32, each added in fp32 rounded to nearest even; so the same
    sum as the widening kernels', in another order, as long as its DAZ/FTZ never acts (dp_x ensures it).
-   Measured out of cache, one thread (bench/gemv, the Qwen2.5 shapes): ~1.15-1.2x the bytes/s of the
+   Measured out of cache, one thread (the Qwen2.5 shapes, a loaded machine): 1.07-1.3x the bytes/s of the
    widening AVX-512 kernel, whose shifts and FMAs the memory streams wait on. */
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 static inline __attribute__((always_inline)) AVX512BF16
@@ -346,9 +348,11 @@ static void range_generic(const Job *j, int64_t n0, int64_t n1) {
 int gemv_isa(void) {
 #ifdef GEMV_X86
     __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) return 0;
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")))
-        return 1;
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+        return 0;
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl");
+    if (!avx512) return 1;
     return __builtin_cpu_supports("avx512bf16") ? 3 : 2;
 #else
     return 0;
