@@ -90,6 +90,8 @@ def time_shape(n: int, k: int, dtype: torch.dtype, reps: int, pool_bytes: int, r
     x = torch.randn(rows, k, generator=gen).to(dtype)
     out = torch.empty(rows, n, dtype=dtype)
     plans = [cpu_gemv.Gemv(w) for w in weights]
+    for plan in plans:  # decode calls a plan every token: its first call's one-off scan of a bf16 weight is no token's
+        plan(x, out=out)
     calls: dict[str, Callable[[int], object]] = {
         "F.linear": lambda c: F.linear(x, weights[c]),
         "torch.mv": lambda c: torch.mv(weights[c], x[0]) if rows == 1 else torch.mm(x, weights[c].t()),

@@ -36,6 +36,15 @@ def portable(native, monkeypatch):
     monkeypatch.setattr(cpu_gemv._kernel, "library", dataclasses.replace(native, isa=0))
 
 
+def at_most(request: pytest.FixtureRequest, isa: str) -> None:
+    """Calls run the ``isa`` kernel (``cpu_gemv.ISAS``) as a CPU without the better ones would; skipped where this
+    CPU lacks it."""
+    native, code = request.getfixturevalue("native"), cpu_gemv.ISAS[isa]
+    if native.isa < code:
+        pytest.skip(f"this CPU has no {isa}")
+    request.getfixturevalue("monkeypatch").setattr(cpu_gemv._kernel, "library", dataclasses.replace(native, isa=code))
+
+
 @pytest.fixture
 def fallback(monkeypatch):
     """Every call through the torch path (what a machine without gcc runs)."""
@@ -67,16 +76,16 @@ SHAPES = [(1, 1), (7, 1), (5, 3), (4, 16), (37, 53), (9, 300), (130, 17), (64, 8
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
-@pytest.mark.parametrize("path", ["avx2", "portable", "torch"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("path", ["avx512bf16", "avx512", "avx2", "portable", "torch"])
 def test_matches_float64_linear(dtype, rows, path, request):
     roundings = 3 if path == "torch" else 1
     if path == "portable":
         request.getfixturevalue("portable")
     elif path == "torch":
         request.getfixturevalue("fallback")
-    elif request.getfixturevalue("native").isa != 1:
-        pytest.skip("this CPU has no AVX2")
+    else:
+        at_most(request, path)
     for i, (n, k) in enumerate(SHAPES):
         x, w, b, r = random((rows, k), dtype, i), random((n, k), dtype, i + 1), random((n,), dtype, i + 2), \
             random((rows, n), dtype, i + 3)
@@ -87,14 +96,30 @@ def test_matches_float64_linear(dtype, rows, path, request):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_every_tail_of_n_and_k(native, dtype):
-    """K around the 16-wide blocks and N around the 4-row blocks and the 64 KiB chunks, two threads."""
-    for k in [0, 1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 47]:
-        for n in [1, 2, 3, 4, 5, 6, 7, 8, 9]:
-            x, w, b = random((1, k), dtype, k), random((n, k), dtype, n), random((n,), dtype, n + k)
-            check_against_float64(cpu_gemv.gemv(x, w, b), x, w, b)
+@pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "c"])
+def test_every_tail_of_n_and_k(native, dtype, isa):
+    """K around the 16- and 32-wide blocks (the scalar tails of AVX2 and AVX-512) and N around the 8/4-row
+    blocks and the chunks, 1 to 8 rows of x, two threads; ``isa=`` caps the kernel per call."""
+    if native.isa < cpu_gemv.ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    for k in [0, 1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65]:
+        for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]:
+            rows = 1 + (k + n) % 8
+            x, w, b = random((rows, k), dtype, k), random((n, k), dtype, n), random((n,), dtype, n + k)
+            check_against_float64(cpu_gemv.Gemv(w, b)(x, isa=isa), x, w, b)
     x, w = random((2, 4099), dtype, 1), random((1001, 4099), dtype, 2)  # many chunks of 16 rows, a tail of 9
-    check_against_float64(cpu_gemv.Gemv(w)(x, threads=2), x, w)
+    check_against_float64(cpu_gemv.Gemv(w)(x, threads=2, isa=isa), x, w)
+
+
+def test_the_isa_cap_is_checked_and_named(native, tmp_path):
+    x, w = random((1, 40), torch.bfloat16, 0), random((9, 40), torch.bfloat16, 1)
+    with pytest.raises(ValueError, match="isa 'avx1024' is not one of c, avx2, avx512, avx512bf16"):
+        cpu_gemv.Gemv(w)(x, isa="avx1024")
+    code = "from npu_runtime.backends import cpu_gemv; print(cpu_gemv.native_status())"
+    for isa, name in [("avx2", "AVX2/FMA"), ("c", "portable C")]:
+        env = {**os.environ, "TORCH_IR_GEMV_ISA": isa}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.startswith(f"native {name}" if native.isa >= cpu_gemv.ISAS[isa] else "native ")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -118,11 +143,11 @@ def test_mixed_dtypes_accumulate_in_float32(native):
     check_against_float64(out16, xh, w.float(), b.to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("k", [1, 16], ids=["scalar", "vector"])
+@pytest.mark.parametrize("k", [1, 16, 32], ids=["scalar", "vector", "vector32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_every_16_bit_weight_widens_exactly(native, dtype, k):
     """W holds all 65536 bit patterns, x is a one-hot: y is the widened weight, equal to torch's widening
-    (NaN as NaN). K=1 takes the scalar tail, K=16 the vector loads."""
+    (NaN as NaN). K=1 takes the scalar tail, K=16 the vector loads (AVX-512: its tail), K=32 AVX-512's loop."""
     w = torch.zeros(65536, k, dtype=dtype)
     w[:, 0] = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
     x = torch.zeros(1, k)

@@ -10,12 +10,30 @@ kernel (``gemv.c`` beside this file) compiled on first use:
 
 * weights fp32, bf16 (widened by a 16-bit shift) or fp16 (F16C), accumulated in fp32; activations,
   bias, residual and output in any of the three (the output is rounded once, to nearest even);
-* an AVX2/FMA version chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on any
-  x86-64 of a CI pool, and a portable C version (auto-vectorized) for other CPUs;
+* an AVX-512 F/BW/VL version for bf16/fp16 weights (16 fp32 lanes, K by 32, the rest of K one by one;
+  fp32 weights run the AVX2 one, measured faster for them) and an AVX2/FMA one (8 lanes), the
+  best the CPU has chosen at run time (``__builtin_cpu_supports``), so one ``.so`` runs on any x86-64
+  of a CI pool, and a portable C version (auto-vectorized) for other CPUs. All three compute
+  the same fp32 products of the exactly widened weights and sum them in fp32, in different orders;
+  ``TORCH_IR_GEMV_ISA`` (``c``, ``avx2``, ``avx512``, ``avx512bf16``) caps the version a process runs (a
+  test of the other paths, or a comparison), ``isa=`` does so per call;
+* with AVX512-BF16, bf16 weights and an ``x`` whose every value is exactly a bf16 number (a bf16 program's
+  activations; fp32 ``x`` is checked value by value, per call), ``vdpbf16ps`` multiplies the pairs
+  without widening: the product of two bf16 is exact in fp32 and each sum is rounded to nearest even, as
+  in the widening kernels, but the instruction reads subnormal inputs as 0 and flushes subnormal results
+  to 0 (DAZ/FTZ). So it runs only where that cannot act: no subnormal ``x`` or weight, and the smallest
+  nonzero ``|x|`` times the weight's (found once per :class:`Gemv`, on its first such call) at least
+  2^-110, which keeps every product and partial sum a multiple of 2^-125, never subnormal. Its results are
+  then the widening kernels' sums in another order; any other call (fp32 ``x`` that is not bf16 among
+  them) gives the widening AVX-512 kernel's bits. Measured out of cache, one thread: 1.07-1.3x the
+  bytes/s of the widening kernel (the memory streams wait on its shifts and FMAs);
 * read the way a core reads memory fastest: 8 rows of W at once, taken from 8 places far apart in a
   chunk of ~256 KiB (8 long sequential streams, as a plain read of 8 streams moves ~1.6x the bytes/s of
-  one), with a software prefetch 2 KiB ahead in each (the hardware prefetcher restarts at every 4 KiB
-  page); for bf16 with K=896 (short rows) this reads ~1.5x the bytes/s of 4 adjacent rows;
+  one), with a software prefetch 4 KiB ahead in each, into L2 (the hardware prefetcher restarts at every
+  4 KiB page; into L1 the fills crowd out the loads: measured ~1.4x slower); for bf16 with K=896 (short
+  rows) this reads ~1.5x the bytes/s of 4 adjacent rows. The decode GEMV is bound by these memory
+  streams, not by the widening or the FMAs: out of cache the AVX-512 and AVX2 versions read bf16 at the
+  same speed (in cache AVX-512 is 1.15-1.45x faster), ~1.05x the time of a plain read (bench/gemv);
 * chunks handed out one at a time to the threads of torch's own OpenMP pool (the library links the
   ``libgomp.so.1`` torch has loaded: no second pool competes for the cores). One thread or all of
   them is chosen per call from the recent times of both (:class:`_ThreadPolicy`): on a quiet machine
@@ -58,11 +76,34 @@ DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torc
 SINGLE_THREAD_BYTES = 512 << 10
 
 #: ``gemv_packed``'s argument block: M N K x x_dtype w w_dtype bias bias_dtype res res_dtype y y_dtype threads isa
-_ARGS = struct.Struct("<15q")
+#: wmin (the float bits of the weight's smallest nonzero magnitude, for the AVX512-BF16 kernel)
+_ARGS = struct.Struct("<16q")
+_FLOAT_BITS = struct.Struct("<f")
+
+#: the kernel versions ``isa=`` / ``TORCH_IR_GEMV_ISA`` may cap a call at (``gemv_isa`` in ``gemv.c``): the x86
+#: levels, and AVX512-BF16's ``vdpbf16ps`` for bf16 weights and x
+ISAS: dict[str, int] = {**cpu_gemv_build.ISAS, "avx512bf16": 3}
+_ISA_NAMES = {0: "portable C", 1: "AVX2/FMA", 2: "AVX-512", 3: "AVX-512 + AVX512-BF16"}
+_BF16 = DTYPE_CODES[torch.bfloat16]
 
 _kernel = cpu_gemv_build.NativeKernel(
-    "GEMV", cpu_gemv_build.load, lambda library: "AVX2/FMA" if library.isa == 1 else "portable C",
+    "GEMV", cpu_gemv_build.load, lambda library: _ISA_NAMES[min(library.isa, _isa_cap())],
     "one-token GEMMs run at PyTorch's speed")
+
+
+_env_cap: list[int] = []  # TORCH_IR_GEMV_ISA's code, read on the first call (not once per call: decode's µs)
+
+
+def _isa_cap(isa: str | None = None) -> int:
+    """The highest kernel version a call may run: ``isa`` (a key of :data:`ISAS`), else ``TORCH_IR_GEMV_ISA``
+    (read once per process), else the best; an unknown name is a ``ValueError`` naming the choices."""
+    if isa is None:
+        if not _env_cap:
+            _env_cap.append(cpu_gemv_build.isa_cap("TORCH_IR_GEMV_ISA", ISAS))
+        return _env_cap[0]
+    if isa not in ISAS:
+        raise ValueError(f"gemv: isa {isa!r} is not one of {', '.join(ISAS)}")
+    return ISAS[isa]
 
 
 def set_native_enabled(enabled: bool) -> bool:
@@ -131,7 +172,9 @@ class Gemv:
 
     ``weight`` and ``bias`` are kept (referenced, not copied): holding them keeps their memory alive. Resizing
     their storage in place afterwards (``resize_``) is not supported: the per-call checks cover ``x``,
-    ``out`` and ``residual`` only, so that a decode step does not check the same weights every token.
+    ``out`` and ``residual`` only, so that a decode step does not check the same weights every token. For
+    the same reason a bf16 weight's smallest magnitude (the AVX512-BF16 kernel's condition) is found once:
+    weights edited in place to hold subnormals afterwards may lose them (counted as 0, ~1e-38 each).
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
@@ -141,13 +184,15 @@ class Gemv:
         self.weight, self.bias = weight, bias
         self._w = _arg(weight, "weight", (self.n, self.k))
         self._b = _arg(bias, "bias", (self.n,)) if bias is not None else (0, 0, 0)
+        self._wmin = -1  # the float bits of gemv_min_abs_bf16 of a bf16 weight, found on the first call that needs it
 
     def __call__(self, x: Tensor, out: Tensor | None = None, residual: Tensor | None = None,
-                 threads: int | None = None) -> Tensor:
+                 threads: int | None = None, isa: str | None = None) -> Tensor:
         """``x [M, K]`` -> ``out [M, N]`` (a new tensor of ``x``'s dtype when None); ``residual [M, N]`` may be
         ``out`` itself (an in-place residual add). ``threads``: by default one for a weight under
         ``SINGLE_THREAD_BYTES``, else one or ``torch.get_num_threads()``, whichever ran faster lately
-        (:class:`_ThreadPolicy`); a number forces it."""
+        (:class:`_ThreadPolicy`); a number forces it. ``isa``: at most this kernel version (a key of
+        :data:`ISAS`; by default ``TORCH_IR_GEMV_ISA``, else the best the CPU runs)."""
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError("gemv: x must be a 2-D tensor [M, K]")
         m = int(x.shape[0])
@@ -164,6 +209,7 @@ class Gemv:
         for (p, _, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xc, xn), "x")):
             if _overlap(yp, yn, p, size):
                 raise ValueError(f"gemv: out overlaps {what}")
+        cap = _isa_cap(isa)
         library = _kernel.for_call()
         if library is None:
             return torch_gemv(x, self.weight, self.bias, residual, out)
@@ -173,8 +219,12 @@ class Gemv:
             policy = _policy if w[2] >= SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
             threads = policy.pick(w[2], torch.get_num_threads()) if policy is not None else 1
         # one packed argument block: ctypes converts one pointer much faster than fifteen arguments
+        isa_code = min(library.isa, cap)
+        if isa_code == 3 and w[1] == _BF16 and self._wmin < 0:  # one pass over the weight, once
+            min_abs = library.lib.gemv_min_abs_bf16(w[0], self.n * self.k)
+            self._wmin = int.from_bytes(_FLOAT_BITS.pack(min_abs), "little")
         args = _ARGS.pack(m, self.n, self.k, xp, xc, w[0], w[1], b[0], b[1], rp, rc, yp, yc, max(1, threads),
-                          library.isa)
+                          isa_code, max(self._wmin, 0))
         start = time.perf_counter_ns()
         status = library.lib.gemv_packed(args)
         if policy is not None:
@@ -256,5 +306,5 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor
     return Gemv(weight, bias)(x, out=out, residual=residual)
 
 
-__all__ = ["DTYPE_CODES", "Gemv", "cache_dir", "gemv", "native_available", "native_status", "set_native_enabled",
-           "torch_gemv"]
+__all__ = ["DTYPE_CODES", "ISAS", "Gemv", "cache_dir", "gemv", "native_available", "native_status",
+           "set_native_enabled", "torch_gemv"]

@@ -5,8 +5,8 @@ into :func:`cache_dir` ``/gemv-<hash>.so``, the hash covering the source, the co
 machine's architecture, so an edited ``gemv.c`` or another compiler builds anew. The library is written
 to a temporary name and renamed, so a process never loads half a file written by another, and only
 loaded from a folder and file that are the user's own and writable by nobody else; otherwise it is built
-in a private temporary folder, for this process alone. Which kernel runs (AVX2/FMA/F16C or portable C)
-is asked of the loaded library (``gemv_isa``), so one ``.so`` serves any x86-64 of a CI pool.
+in a private temporary folder, for this process alone. Which kernel runs (AVX-512, AVX2/FMA/F16C or portable
+C: :data:`ISAS`) is asked of the loaded library (``gemv_isa``), so one ``.so`` serves any x86-64 of a CI pool.
 
 :func:`open_library` builds and loads any such C source (``bench/gemv`` builds its read loop with it).
 :func:`tensor_arg` is the check every C call of the CPU backend makes of each tensor it passes.
@@ -42,6 +42,9 @@ Q_SOURCE_NAME = "gemv_q.c"
 Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_i8k.c", "gemv_q_deq.c")
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
+#: the x86 kernels' levels, by the names an ``isa=`` cap or ``TORCH_IR_GEMV_ISA`` / ``TORCH_IR_QGEMV_ISA`` takes: the
+#: codes ``gemv_isa`` and ``qgemv_isa`` return (2 AVX-512 F/BW(/VL), 1 AVX2/FMA/F16C, 0 portable C)
+ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 
 
 class BuildError(RuntimeError):
@@ -54,7 +57,7 @@ class Library:
 
     lib: ctypes.CDLL
     path: Path
-    isa: int  # 1: AVX2/FMA/F16C, 0: the portable C kernel (gemv_q.c: 2 for AVX-512 F/BW)
+    isa: int  # the best the CPU runs: a code of ISAS
     openmp: bool
 
 
@@ -154,8 +157,11 @@ def load() -> Library:
         raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
     lib, path = open_library(source, "gemv")
     i64, cint, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint]
+    lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint,
+                         ctypes.c_float]
     lib.gemv.restype = cint
+    lib.gemv_min_abs_bf16.argtypes = [ptr, i64]
+    lib.gemv_min_abs_bf16.restype = ctypes.c_float
     lib.gemv_packed.argtypes = [ctypes.c_char_p]
     lib.gemv_packed.restype = cint
     lib.gemv_isa.restype = cint
@@ -294,6 +300,6 @@ def set_enabled(enabled: bool) -> bool:
     return previous
 
 
-__all__ = ["FLAGS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME", "BuildError", "Library",
+__all__ = ["FLAGS", "ISAS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME", "BuildError", "Library",
            "NativeKernel", "build", "cache_dir", "find_compiler", "kernel_source", "load", "load_q", "open_library",
            "overlaps", "private", "set_enabled", "tensor_arg"]

@@ -92,7 +92,7 @@ class QType:
 QTYPES: dict[str, QType] = {name: QType(name, t.id, t.block, t.nbytes) for name, t in
                             ((n, blocks.ggml_type(n.upper())) for n in ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K"))}
 #: ``isa`` values: the kernel's codes (``qgemv_isa`` in ``gemv_q.c``)
-ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
+ISAS: dict[str, int] = cpu_gemv_build.ISAS
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
 
 #: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
