@@ -4,6 +4,7 @@ build cache and its trust rules, a failed build's fallback, ``gemv.c`` as packag
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.resources
 import os
 import shutil
@@ -138,9 +139,14 @@ def test_the_streaming_bandwidth_is_measured_within_physical_bounds(bandwidth):
 
 
 def test_the_kernel_source_is_package_data():
-    """``gemv.c`` is read from the installed package, so a wheel must ship it (pyproject's package-data)."""
-    assert importlib.resources.files("npu_runtime.backends").joinpath(cpu_gemv_build.SOURCE_NAME).is_file()
+    """The C kernels are read from the installed package, so a wheel must ship every one (pyproject's
+    package-data patterns must match each ``.c`` file beside the backends)."""
+    backends = importlib.resources.files("npu_runtime.backends")
+    assert backends.joinpath(cpu_gemv_build.SOURCE_NAME).is_file()
     tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    assert "backends/gemv.c" in pyproject["tool"]["setuptools"]["package-data"]["npu_runtime"]
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["npu_runtime"]
+    sources = sorted(f"backends/{p.name}" for p in Path(str(backends)).glob("*.c"))
+    assert len(sources) >= 8 and "backends/qmatmul.c" in sources
+    assert [s for s in sources if not any(fnmatch.fnmatch(s, pat) for pat in patterns)] == []
 
