@@ -17,8 +17,9 @@
    A prefill's many rows of x: up to IM per pass over a chunk of weight rows (IB), each block's codes decoded once
    (unpacked, made unsigned) and dotted with each of those rows' q; per (row of x, row of W) the integer sums and
    the fp32 steps are the row's alone, in the same order, so a row's result does not depend on how many rows the
-   call has (the tests compare bits). dx is also kept 8 lanes wide (dx8): a block's d * dx is one vector multiply,
-   the same fp32 product as the scalar one. */
+   call has (the tests compare bits). Q4_K reads dx 8 lanes wide (dx8: two groups' D * dx in vector multiplies);
+   Q4_0/Q5_0 (and gemv_q_i8k.c's layouts) broadcast the scalar d * dx, the same fp32 product: the wide load made
+   the one-row decode ~9 % slower (Q8_0, measured). */
 #include <stdlib.h>
 
 /* rows of x per pass over the weights (each block's codes decoded once for them all) */
@@ -133,7 +134,7 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
     const QJob *j = ij->j; \
     const int64_t G = j->K / QK; \
     const int8_t *qx = ij->qx + m0 * j->K; \
-    const float *dx8 = ij->dx8 + m0 * G * 8, *dxs = ij->dxs + m0 * G; \
+    const float *dx8 = ij->dx8 + m0 * G * 8, *dxs = ij->dxs + m0 * G, *dx = ij->dx + m0 * G; \
     const int32_t *corr = ij->corr + m0 * (j->K / 4); \
     const int bs = block_bytes(qt); \
     const __m256i m4 = _mm256_set1_epi8(15), shift = _mm256_set_epi64x(4, 4, 0, 0); \
@@ -149,13 +150,12 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
                    Q4_0: the 16 bytes twice, the upper copy shifted (nibbles 0..15, then 16..31), from corr */ \
                 const __m256i u = qt == QT_Q5_0 ? Q5U(blk) : _mm256_and_si256(_mm256_srlv_epi64( \
                     _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2))), shift), m4); \
-                const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk))); \
+                const float d = _cvtsh_ss(load_u16(blk)); \
                 UNROLL for (int m = 0; m < M; m++) { \
                     const __m256i c = _mm256_loadu_si256((const __m256i *)(corr + m * (j->K / 4) + 8 * b)); \
                     const __m256i i = DOT(qt == QT_Q5_0 ? _mm256_slli_epi32(c, 1) : c, u, \
                                           _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * b))); \
-                    acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + b) * 8)), \
-                                                _mm256_cvtepi32_ps(i), acc[m][r]); \
+                    acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + b]), _mm256_cvtepi32_ps(i), acc[m][r]); \
                 } \
                 continue; \
             } \

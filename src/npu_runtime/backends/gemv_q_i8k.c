@@ -84,7 +84,7 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
     const QJob *j = ij->j; \
     const int64_t G = j->K / QK; \
     const int8_t *qx = ij->qx + m0 * j->K; \
-    const float *dx8 = ij->dx8 + m0 * G * 8; \
+    const float *dx = ij->dx + m0 * G; \
     const int32_t *corr = ij->corr + m0 * (j->K / 4); \
     const int bs = block_bytes(qt); \
     __m256 acc[IM][4]; \
@@ -95,12 +95,11 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
             _mm_prefetch((const char *)blk + QG_AHEAD, _MM_HINT_T0); \
             if (qt == QT_Q8_0) { /* |code| unsigned times sign(code) * q */ \
                 const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 2)), u = _mm256_abs_epi8(c); \
-                const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk))); \
+                const float d = _cvtsh_ss(load_u16(blk)); \
                 UNROLL for (int m = 0; m < M; m++) { \
                     const __m256i i = DOT(_mm256_setzero_si256(), u, _mm256_sign_epi8( \
                         _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * b)), c)); \
-                    acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + b) * 8)), \
-                                                _mm256_cvtepi32_ps(i), acc[m][r]); \
+                    acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + b]), _mm256_cvtepi32_ps(i), acc[m][r]); \
                 } \
                 continue; \
             } \
@@ -108,7 +107,7 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
             _mm_prefetch((const char *)blk + QG_AHEAD + 128, _MM_HINT_T0); \
             _mm_prefetch((const char *)blk + QG_AHEAD + 192, _MM_HINT_T0); \
             const __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192)); \
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 208))); \
+            const float d = _cvtsh_ss(load_u16(blk + 208)); \
             for (int h = 0; h < 2; h++) { \
                 __m256i u[4]; \
                 q6_unsigned_avx2(blk, h, u); \
@@ -122,7 +121,7 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
                         const int32_t *cm = corr + m * (j->K / 4) + 8 * g; \
                         const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)cm), 2), \
                                               u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g))); \
-                        acc[m][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx8 + (m * G + g) * 8)), \
+                        acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + g]), \
                                                     _mm256_cvtepi32_ps(_mm256_mullo_epi32(i, s)), acc[m][r]); \
                     } \
                 } \
