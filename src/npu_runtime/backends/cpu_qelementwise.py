@@ -95,10 +95,16 @@ def _storage_dims(t: Tensor) -> list[int] | None:
     return order if t.permute(order).is_contiguous() else None
 
 
-def _storage_order(t: Tensor) -> Tensor | None:
-    """``t`` with its dims permuted into storage order when that view is contiguous, else None."""
-    order = _storage_dims(t)
-    return None if order is None else t.permute(order)
+def _alike(*tensors: Tensor) -> list[int] | None:
+    """The dims in storage order that every one of ``tensors`` shares (contiguous ones: 0, 1, ...; the arena's
+    NHWC bytes seen as NCHW: 0, 2, 3, 1), so that the kernel can run over their bytes as they lie; None when they
+    are stored differently or not densely (then the caller goes through contiguous copies)."""
+    first = tensors[0]
+    if all(t.is_contiguous() for t in tensors):  # strides of size-1 dims may differ: no matter
+        return list(range(first.dim()))
+    if any(t.stride() != first.stride() for t in tensors[1:]):
+        return None
+    return _storage_dims(first)
 
 
 def _repeats(shape: list, y_shape: list) -> int | None:
@@ -180,17 +186,14 @@ class QAdd:
             if vy is not out:
                 out.copy_(vy)
             return
-        flat = [_storage_order(t) for t in (a, b, out)]
-        # one element order for all three: contiguous, or one dense permuted layout (equal strides, equal order)
-        alike = all(t.is_contiguous() for t in (a, b, out)) or (
-            a.stride() == b.stride() == out.stride() and all(v is not None for v in flat))
-        if alike:
-            va, vb, vy = flat
-        else:  # stored differently: contiguous copies in, a contiguous result copied into the arena's view
-            va, vb, vy = a.contiguous(), b.contiguous(), torch.empty(out.shape, dtype=out.dtype)
-        self._call(library, va, vb, vy)
-        if not alike:
-            out.copy_(vy)
+        order = _alike(a, b, out)  # one element order for all three: their bytes as they lie
+        if order is not None:
+            self._call(library, a.permute(order), b.permute(order), out.permute(order))
+            return
+        # stored differently: contiguous copies in, a contiguous result copied into the arena's view
+        vy = torch.empty(out.shape, dtype=out.dtype)
+        self._call(library, a.contiguous(), b.contiguous(), vy)
+        out.copy_(vy)
 
     def _call(self, library: Library, a: Tensor, b: Tensor, y: Tensor) -> None:
         n = y.numel()
@@ -302,10 +305,7 @@ class _QuantizeOrDequantize:
         x, out = inputs[0], outputs[0]
         if out.numel() == 0:
             return
-        if x.is_contiguous() and out.is_contiguous():
-            self._call(library, x, out, None)
-            return
-        order = _storage_dims(x) if x.stride() == out.stride() else None
+        order = _alike(x, out)
         if order is not None:
             self._call(library, x.permute(order), out.permute(order), order)
             return
