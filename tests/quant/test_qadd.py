@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npu_program.program import Dispatch, TensorSpec
 from npu_runtime.backends import cpu_gemv_build, cpu_qelementwise
 from npu_runtime.backends.cpu_kernels import Reference, make_kernel
+from tests.native import isa_fixtures
 from tests.runtime.test_cpu_qconv import resnet18_qdq_import  # noqa: F401  (a fixture, used by name)
 from torch_ir.ops.npu_quant import dequantize, qadd, quantize
 
@@ -76,21 +77,7 @@ def test_the_reference_broadcasts_as_aten_add() -> None:
 # ------------------------------------------------------------------------------------------------ the CPU kernel
 
 
-@pytest.fixture(scope="module")
-def qlib():
-    library = cpu_qelementwise._kernel.load()
-    if library is None:
-        pytest.skip(f"no native quantized add here: {cpu_qelementwise.native_status()}")
-    return library
-
-
-@pytest.fixture(params=list(cpu_qelementwise.ISAS))
-def isa(request, qlib, monkeypatch) -> str:
-    """Each kernel this CPU can run, the portable one always (capped with TORCH_IR_QADD_ISA)."""
-    if cpu_qelementwise.ISAS[request.param] > qlib.isa:
-        pytest.skip(f"this CPU has no {request.param}")
-    monkeypatch.setenv("TORCH_IR_QADD_ISA", request.param)
-    return request.param
+qlib, isa = isa_fixtures(cpu_qelementwise, cpu_qelementwise.ISAS, "TORCH_IR_QADD_ISA")
 
 
 def _kernel(ins: list, params: dict, out_shape: tuple, out_dtype: str) -> object:

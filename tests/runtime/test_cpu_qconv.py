@@ -15,26 +15,13 @@ import torch
 from npu_program.program import Dispatch, TensorSpec
 from npu_runtime.backends import cpu_gemv_build, cpu_qconv
 from npu_runtime.backends.cpu_kernels import Reference, make_kernel
+from tests.native import isa_fixtures
 from torch_ir.ops.npu_quant import qconv, qgemm
 
 DTYPES = {"uint8": torch.uint8, "int8": torch.int8}
 
 
-@pytest.fixture(scope="module")
-def qlib():
-    library = cpu_qconv._kernel.load()
-    if library is None:
-        pytest.skip(f"no native int8 convolution here: {cpu_qconv.native_status()}")
-    return library
-
-
-@pytest.fixture(params=list(cpu_qconv.ISAS))
-def isa(request, qlib, monkeypatch) -> str:
-    """Each kernel this CPU can run, the portable one always (capped with TORCH_IR_QCONV_ISA)."""
-    if cpu_qconv.ISAS[request.param] > qlib.isa:
-        pytest.skip(f"this CPU has no {request.param}")
-    monkeypatch.setenv("TORCH_IR_QCONV_ISA", request.param)
-    return request.param
+qlib, isa = isa_fixtures(cpu_qconv, cpu_qconv.ISAS, "TORCH_IR_QCONV_ISA")
 
 
 def _codes(shape: tuple, dtype: str, g: torch.Generator) -> torch.Tensor:

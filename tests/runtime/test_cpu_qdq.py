@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npu_program.program import Dispatch, TensorSpec
 from npu_runtime.backends import cpu_qelementwise
 from npu_runtime.backends.cpu_kernels import Reference, make_kernel
+from tests.native import isa_fixtures
 from torch_ir.quant import numerics as qn
 
 CODES = {"uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32}
@@ -28,21 +29,7 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-@pytest.fixture(scope="module")
-def qlib():
-    library = cpu_qelementwise._kernel.load()
-    if library is None:
-        pytest.skip(f"no native quantized elementwise kernels here: {cpu_qelementwise.native_status()}")
-    return library
-
-
-@pytest.fixture(params=list(cpu_qelementwise.ISAS))
-def isa(request, qlib, monkeypatch) -> str:
-    """Each kernel this CPU can run, the portable one always (capped with TORCH_IR_QDQ_ISA)."""
-    if cpu_qelementwise.ISAS[request.param] > qlib.isa:
-        pytest.skip(f"this CPU has no {request.param}")
-    monkeypatch.setenv("TORCH_IR_QDQ_ISA", request.param)
-    return request.param
+qlib, isa = isa_fixtures(cpu_qelementwise, cpu_qelementwise.ISAS, "TORCH_IR_QDQ_ISA")
 
 
 def _kernel(op: str, ins: list[torch.Tensor], out_dtype: torch.dtype, params: dict, weights: bool = True):
