@@ -105,6 +105,14 @@ def producer_op(m: Match, t: TensorMeta) -> str | None:
 VIEWS = tuple(sorted(kernels_where(view=True)))
 
 
+def same_input(m: Match, a: TensorMeta, b: TensorMeta) -> bool:
+    """One tensor, or two constants of one value (each layer's ``arange`` of a static length, folded)."""
+    if a.name == b.name:
+        return True
+    value = m.constant(a)
+    return value is not None and (list(a.shape), a.dtype) == (list(b.shape), b.dtype) and value == m.constant(b)
+
+
 def residual_problem(m: Match, y: TensorMeta, add: OpNode, residual: TensorMeta, what: str) -> str | None:
     """Why ``add(y, residual)`` is not a plain residual add that the op making ``y`` (a ``what``) can take in,
     or None: an add without ``alpha``, of another tensor of ``y``'s shape and dtype that is not a weight.

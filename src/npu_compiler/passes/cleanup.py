@@ -19,7 +19,7 @@ from torch_ir.ops.registry import bind_kernel, is_supported
 from torch_ir.ops.values import INLINE_DTYPES, dtype_from_name, has_symbols
 from torch_ir.rewrite import Fold, Match, Op, Rule, Var
 
-from .build import VIEWS, static
+from .build import VIEWS, same_input, static
 
 x = Var("x")
 
@@ -151,17 +151,9 @@ def _pure(op_type: str) -> bool:
     return not in_place and not any(word in op_type for word in _NO_FOLD)
 
 
-def _same_input(m: Match, a: TensorMeta, b: TensorMeta) -> bool:
-    """One tensor, or two constants of one value (each layer's ``arange`` of a static length, folded)."""
-    if a.name == b.name:
-        return True
-    value = m.constant(a)
-    return value is not None and (list(a.shape), a.dtype) == (list(b.shape), b.dtype) and value == m.constant(b)
-
-
 def _same_node(m: Match, a: OpNode, b: OpNode) -> bool:
     return (a.op_type == b.op_type and len(a.inputs) == len(b.inputs)
-            and all(_same_input(m, x, y) for x, y in zip(a.inputs, b.inputs))
+            and all(same_input(m, x, y) for x, y in zip(a.inputs, b.inputs))
             and a.attrs == b.attrs and len(a.outputs) == len(b.outputs) == 1
             and list(a.outputs[0].shape) == list(b.outputs[0].shape) and a.outputs[0].dtype == b.outputs[0].dtype)
 

@@ -24,12 +24,11 @@ from torch_ir.ir import OpNode, TensorMeta
 from torch_ir.quant.spec import QTYPES
 from torch_ir.rewrite import Match, Op, Rule, Var
 
-from .cleanup import _same_input
+from .build import VIEWS, same_input
 
-#: ops that only place elements (any dtype): their output is some arrangement of their input's values
-MOVEMENT_OPS = ("aten.reshape.default", "aten.view.default", "aten._unsafe_view.default", "aten.permute.default",
-                "aten.transpose.int", "aten.t.default", "aten.squeeze.dim", "aten.squeeze.dims",
-                "aten.unsqueeze.default", "aten.flatten.using_ints", "aten.expand.default")
+#: ops that only place elements (any dtype): their output is some arrangement of their input's values (the kernel
+#: table's views, and the reorderings and broadcast)
+MOVEMENT_OPS = (*VIEWS, "aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.expand.default")
 #: code types whose codes are whole elements (packed 4-bit ones are not)
 CODES = ("int8", "uint8", "int16", "uint16")
 
@@ -55,7 +54,7 @@ def _check(m: Match) -> str | None:
     lo, hi, _ = QTYPES[q.attrs["dtype"]]
     if q.attrs.get("qmin", lo) != lo or q.attrs.get("qmax", hi) != hi:
         return "the QUANTIZE narrows the code range"
-    if len(q.inputs) != len(dq.inputs) or not all(_same_input(m, a, b) for a, b in zip(q.inputs[1:], dq.inputs[1:])):
+    if len(q.inputs) != len(dq.inputs) or not all(same_input(m, a, b) for a, b in zip(q.inputs[1:], dq.inputs[1:])):
         return "the QUANTIZE's scale or zero point is not the DEQUANTIZE's"
     return None
 
