@@ -175,6 +175,7 @@ CPU_TRANSFORMER = "npu_runtime.backends.cpu_transformer"
 CPU_BLOCKS = "npu_runtime.backends.cpu_blocks"
 CPU_QCONV = "npu_runtime.backends.cpu_qconv"
 CPU_QELEMENTWISE = "npu_runtime.backends.cpu_qelementwise"
+CPU_QPOOL = "npu_runtime.backends.cpu_qpool"
 #: The kernels whose weight inputs (by position, ``[N, K]`` with ``trans_b``) every backend with block-quantized
 #: weights reads as GGUF blocks (``npu_compiler.llm.with_block_weights``); the CPU backend also gives any other
 #: dispatch such a weight dequantized.

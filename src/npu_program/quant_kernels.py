@@ -1,5 +1,6 @@
 """The kernel table's rows for the quantized NPU ops (``torch_ir.ops.npu_quant``): QUANTIZE, DEQUANTIZE, QCONV,
-QGEMM, DQGEMM and QADD, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after ``npu_kernels``.
+QGEMM, DQGEMM, QADD and QMAXPOOL, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after
+``npu_kernels``.
 
 Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
 ``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). The CPU backend runs
@@ -19,8 +20,8 @@ packed int4 weight counts half a byte per element (``torch_ir.dtypes.nbytes``).
 from __future__ import annotations
 
 from .array_mapping import conv_mapping, gemm_mapping
-from .cost_formulas import conv_flops, conv_traffic, gemm_flops
-from .kernel_record import ACTIVATIONS, CPU_QCONV, CPU_QELEMENTWISE, FLOATS, REFERENCE, gpu, kernel, t
+from .cost_formulas import conv_flops, conv_traffic, gemm_flops, reduce_flops
+from .kernel_record import ACTIVATIONS, CPU_QCONV, CPU_QELEMENTWISE, CPU_QPOOL, FLOATS, REFERENCE, gpu, kernel, t
 from .params import Param, p
 
 #: The integer code types of the quantized ops (4-bit ones travel packed two per byte, as uint8 storage).
@@ -130,3 +131,21 @@ kernel("QADD", "elementwise", "y = quantize(act(dequantize(a) + dequantize(b))):
                params={"out_dtype": "uint8", "activation": "relu"}),
              t("3,37:int8", ":float32:positive", ":int8:index:1", "3,37:uint8:index:256", ":float32:positive",
                ":uint8:index:256", ":float32:positive", ":int8:index:1", params={"out_dtype": "int8"})))
+kernel("QMAXPOOL", "pooling", "y = quantize(max_pool2d(dequantize(x))): a max pool of codes with its own "
+       "requantize, the QDQ chain's float32 steps (a QDQ CNN's stem pool)", dtypes=QUANT_DTYPES,
+       flops=reduce_flops, layout="spatial",
+       params=(p("kernel_size", "ints", doc="[kh, kw]"), p("stride", "ints", doc="[sh, sw]"),
+               p("padding", "ints", doc="[ph, pw], implicit -inf"), p("dilation", "ints", doc="[dh, dw]"),
+               p("ceil_mode", "bool", False, "torch's ceil_mode: partial last windows"),
+               p("out_dtype", "str", "int8", "y's code type", choices=_ADD_CODES),
+               p("method", "str", "divide", "divide (the pooled value / y_scale: ONNX) or multiply_inverse "
+                                            "(PyTorch)", choices=("divide", "multiply_inverse"))),
+       impls={"cpu": f"{CPU_QPOOL}:QMaxPool", "webgpu": gpu("quant", "qmaxpool")},
+       test=(t("1,3,9,9:uint8:index:256", ":float32:positive", ":uint8:index:256", ":float32:positive",
+               ":uint8:index:256", weights=(1, 2, 3, 4),
+               params={"kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1], "dilation": [1, 1],
+                       "out_dtype": "uint8"}),
+             t("2,2,7,8:int8", ":float32", ":int8:index:1", ":float32:positive", ":int8:index:3",
+               weights=(1, 2, 3, 4),
+               params={"kernel_size": [2, 3], "stride": [2, 1], "padding": [1, 1], "dilation": [2, 1],
+                       "ceil_mode": True, "out_dtype": "int8", "method": "multiply_inverse"})))

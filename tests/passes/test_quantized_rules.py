@@ -316,3 +316,28 @@ def test_qdq_pairs_of_other_parameters_stay(change: str) -> None:
     assert applied(after)["qdq_movement"] == 1 and ops(after).count("QUANTIZE") == 1
     reason = "scale or zero point" if change == "scale" else "narrows"
     assert any(r[0] == "qdq_movement" and reason in r[2] for r in rejected(after))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("x_scale", [0.0173, -0.0173])
+def test_a_max_pool_between_qdq_pairs_becomes_qmaxpool_exactly(dtype: str, x_scale: float) -> None:
+    """QUANTIZE(max_pool2d(DEQUANTIZE(x))) -> QMAXPOOL (rule qdq_maxpool), whose reference is the chain: the codes
+    equal it bit for bit, a negative scale included (the pool then picks the smallest code); a narrowed QUANTIZE
+    keeps the chain, saying so."""
+    g = QDQGraph(6)
+    zp = 128 if dtype == "uint8" else -3
+    _, x = g.quantized_input("x_q", [1, 3, 9, 9], dtype, scale=x_scale, zero_point=zp)
+    pooled = g.op("aten.max_pool2d.default", [x], [1, 3, 5, 5], {"kernel_size": [3, 3], "stride": [2, 2],
+                                                                   "padding": [1, 1]})
+    y_q = g.quantize(pooled, g.scale("y_scale", 0.02), g.zp("y_zp", zp, dtype), dtype, "y_q")
+    before = g.ir([y_q])
+    after = normalize(before)
+    assert ops(after) == ["QMAXPOOL"] and applied(after)["qdq_maxpool"] == 1
+    assert after.nodes[0].attrs == {"kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1], "dilation": [1, 1],
+                                    "ceil_mode": False, "out_dtype": dtype, "method": "divide"}
+    for _ in range(3):
+        feeds = [g.codes(dtype, [1, 3, 9, 9])]
+        assert torch.equal(g.run(after, feeds)[0], g.run(before, feeds)[0])
+    g.nodes[-1].attrs["qmax"] = 100  # the QUANTIZE narrows the range
+    kept = normalize(g.ir([y_q]))
+    assert "QMAXPOOL" not in ops(kept) and any(r[0] == "qdq_maxpool" and "narrowed" in r[2] for r in rejected(kept))

@@ -1,4 +1,4 @@
-"""The WebGPU int8 kernels (QUANTIZE, DEQUANTIZE, QGEMM, QCONV) bit-exact against the ops' reference
+"""The WebGPU int8 kernels (QUANTIZE, DEQUANTIZE, QGEMM, QCONV, QADD, QMAXPOOL) bit-exact against the ops' reference
 (``torch_ir.ops.npu_quant``) on the same tensors, on both dot-product paths; the exact f32 helpers against numpy;
 and onnxruntime QDQ models compiled for WebGPU giving the reference executor's and the CPU backend's codes."""
 
@@ -318,6 +318,9 @@ _MODELS = {
         torch.nn.Conv2d(8, 12, 1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(12 * 8 * 8, 10)),
         (1, 3, 16, 16)),
     "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(20, 33), torch.nn.ReLU(), torch.nn.Linear(33, 7)), (3, 20)),
+    "pooled": (lambda: torch.nn.Sequential(  # a ResNet stem: its pool between a DEQUANTIZE and a QUANTIZE
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()), (1, 3, 15, 15)),
 }
 
 
@@ -335,12 +338,13 @@ def test_qdq_model_on_webgpu_gives_the_reference_codes(name: str, tmp_path: Path
     ir, weights = import_onnx(_qdq_model(tmp_path, make().eval(), xs[:3]))
     ir = normalize(ir)
     ops = ir.op_histogram()
-    assert ops.get("QCONV", 0) + ops.get("QGEMM", 0) >= {"cnn": 4, "mlp": 2, "residual": 3}[name], ops
+    assert ops.get("QCONV", 0) + ops.get("QGEMM", 0) >= {"cnn": 4, "mlp": 2, "residual": 3, "pooled": 2}[name], ops
     assert ops.get("QADD", 0) == (1 if name == "residual" else 0), ops
+    assert ops.get("QMAXPOOL", 0) == (1 if name == "pooled" else 0), ops
     (expected,) = IRExecutor(ir, weights).run([xs[3]])
     got, program = _run(ir, weights, xs[3], "webgpu")
     kernels = {d.kernel for d in program.dispatches}
-    assert {"QUANTIZE", "DEQUANTIZE", "QCONV" if name == "residual" else "QGEMM"} <= kernels
+    assert {"QUANTIZE", "DEQUANTIZE", "QGEMM" if name in ("cnn", "mlp") else "QCONV"} <= kernels
     assert not any(d.host for d in program.dispatches)
     cpu, _ = _run(ir, weights, xs[3], "cpu")
     assert torch.equal(got, expected) and torch.equal(got, cpu)
@@ -395,3 +399,31 @@ def test_qadd_refuses_scales_outside_its_exact_range_when_bound() -> None:
         run_kernel("QADD", values, {"out_dtype": "uint8"}, weights=(1, 2, 4, 5, 6, 7))
     values[1] = torch.tensor(0.0)
     assert_exact("QADD", values, {"out_dtype": "uint8"}, weights=(1, 2, 4, 5, 6, 7))
+
+
+# -- QMAXPOOL, the quantized max pool ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("types", [(torch.uint8, torch.uint8), (torch.int8, torch.int8), (torch.int8, torch.uint8)])
+@pytest.mark.parametrize("method", ["divide", "multiply_inverse"])
+def test_qmaxpool(types: tuple, method: str) -> None:
+    """Bit-exact with the reference QDQ chain: x's scale positive (the largest code), negative (the smallest) and 0,
+    y's the same or another; windows with padding, dilation and ceil_mode's partial ones."""
+    g = torch.Generator().manual_seed(13)
+    out = str(types[1]).removeprefix("torch.")
+    windows = [([3, 3], [2, 2], [1, 1], [1, 1], False), ([3, 2], [2, 3], [1, 1], [2, 1], True)]
+    for (k, s, p, d, ceil) in windows:
+        params = {"kernel_size": k, "stride": s, "padding": p, "dilation": d, "ceil_mode": ceil, "out_dtype": out,
+                  "method": method}
+        for x_scale, y_scale in ((0.02, 0.02), (-0.02, 0.031), (0.0, 0.031), (0.017, 0.043)):
+            values = [codes((2, 3, 9, 11), types[0], g), torch.tensor(x_scale), codes((), types[0], g),
+                      torch.tensor(y_scale), codes((), types[1], g)]
+            assert_exact("QMAXPOOL", values, params, weights=(1, 2, 3, 4))
+
+
+def test_qmaxpool_refuses_scales_outside_its_exact_range_when_bound() -> None:
+    g = torch.Generator().manual_seed(14)
+    params = {"kernel_size": [2, 2], "stride": [2, 2], "padding": [0, 0], "dilation": [1, 1], "out_dtype": "uint8"}
+    values = [codes((1, 2, 4, 4), torch.uint8, g), torch.tensor(1e-35), codes((), torch.uint8, g),
+              torch.tensor(0.02), codes((), torch.uint8, g)]
+    with pytest.raises(RuntimeInputError, match=r"QMAXPOOL .*x's scale is 1e-35.*run the program on the CPU backend"):
+        run_kernel("QMAXPOOL", values, params, weights=(1, 2, 3, 4))

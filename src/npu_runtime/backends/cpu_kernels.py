@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from npu_program.kernel_record import CPU_QCONV, CPU_QELEMENTWISE
+from npu_program.kernel_record import CPU_QCONV, CPU_QELEMENTWISE, CPU_QPOOL
 from npu_program.kernels import REFERENCE, get_kernel
 from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.activations import ACTIVATIONS, get_activation
@@ -473,7 +473,7 @@ class Reference:
 
 #: The modules whose classes the kernel table may name as CPU implementations (``impls["cpu"]``).
 KERNEL_MODULES = (__name__, "npu_runtime.backends.cpu_transformer", "npu_runtime.backends.cpu_blocks",
-                  "npu_runtime.backends.cpu_kvcache", CPU_QCONV, CPU_QELEMENTWISE)
+                  "npu_runtime.backends.cpu_kvcache", CPU_QCONV, CPU_QELEMENTWISE, CPU_QPOOL)
 
 
 

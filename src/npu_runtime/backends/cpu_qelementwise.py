@@ -86,7 +86,7 @@ def _f32(t: Tensor) -> float:
     return float(t.reshape(()).to(torch.float32))
 
 
-def _storage_dims(t: Tensor) -> list[int] | None:
+def storage_dims(t: Tensor) -> list[int] | None:
     """The dims of ``t`` in storage order when ``t.permute`` of them is contiguous (a dense tensor in any dim
     order: NHWC bytes seen as NCHW), else None."""
     if t.is_contiguous():
@@ -104,7 +104,7 @@ def _alike(*tensors: Tensor) -> list[int] | None:
         return list(range(first.dim()))
     if any(t.stride() != first.stride() for t in tensors[1:]):
         return None
-    return _storage_dims(first)
+    return storage_dims(first)
 
 
 def _repeats(shape: list, y_shape: list) -> int | None:

@@ -65,28 +65,30 @@ typedef struct {
 typedef uint32_t u32_unaligned __attribute__((aligned(1), may_alias));
 
 /* Channel c of x as unsigned codes (sign bit flipped for int8 x) into a copy bordered by the zero point,
-   [C][Hp][Wp] with Hp = H + 2 ph, Wp = W + 2 pw: im2col then reads it without a bounds check. */
+   [C][Hp][Wp] with Hp = H + 2 ph, Wp = W + 2 pw: im2col then reads it without a bounds check. The fields are read
+   into locals first: the stores are of bytes, which may alias *a, and the compiler would otherwise reload them at
+   every store and copy byte by byte (12 % of a 3x3 convolution's time, measured). */
 static void pad_channel(const QArgs *a, const uint8_t *x, uint8_t *xp, int64_t c) {
-    const int64_t Hp = a->H + 2 * a->ph, Wp = a->W + 2 * a->pw, W = a->W;
+    const int64_t H = a->H, W = a->W, ph = a->ph, pw = a->pw, Hp = H + 2 * ph, Wp = W + 2 * pw;
+    const int64_t xs_h = a->xs_h, xs_w = a->xs_w;
     const uint8_t fill = (uint8_t)a->zp_u, flip = (uint8_t)a->flip;
-    uint8_t *dst = xp + c * Hp * Wp;
-    memset(dst, fill, (size_t)(a->ph * Wp));
-    if (a->pw == 0 && a->xs_w == 1 && a->xs_h == W) {   /* rows without a border: the channel in one loop */
-        const uint8_t *src = x + c * a->xs_c;
-        uint8_t *r = dst + a->ph * Wp;
-        for (int64_t e = 0; e < a->H * W; e++) r[e] = (uint8_t)(src[e] ^ flip);
-        memset(dst + (a->ph + a->H) * Wp, fill, (size_t)(a->ph * Wp));
-        return;
+    uint8_t *restrict dst = xp + c * Hp * Wp;
+    const uint8_t *restrict src = x + c * a->xs_c;
+    memset(dst, fill, (size_t)(ph * Wp));
+    if (pw == 0 && xs_w == 1 && xs_h == W) {            /* rows without a border: the channel in one loop */
+        uint8_t *restrict r = dst + ph * Wp;
+        for (int64_t e = 0; e < H * W; e++) r[e] = (uint8_t)(src[e] ^ flip);
+    } else {
+        for (int64_t h = 0; h < H; h++) {
+            uint8_t *restrict r = dst + (h + ph) * Wp;
+            const uint8_t *restrict s = src + h * xs_h;
+            memset(r, fill, (size_t)pw);
+            if (xs_w == 1) for (int64_t w = 0; w < W; w++) r[pw + w] = (uint8_t)(s[w] ^ flip);
+            else for (int64_t w = 0; w < W; w++) r[pw + w] = (uint8_t)(s[w * xs_w] ^ flip);
+            memset(r + pw + W, fill, (size_t)pw);
+        }
     }
-    for (int64_t h = 0; h < a->H; h++) {
-        uint8_t *r = dst + (h + a->ph) * Wp;
-        const uint8_t *src = x + c * a->xs_c + h * a->xs_h;
-        memset(r, fill, (size_t)a->pw);
-        if (a->xs_w == 1) for (int64_t w = 0; w < W; w++) r[a->pw + w] = (uint8_t)(src[w] ^ flip);
-        else for (int64_t w = 0; w < W; w++) r[a->pw + w] = (uint8_t)(src[w * a->xs_w] ^ flip);
-        memset(r + a->pw + W, fill, (size_t)a->pw);
-    }
-    memset(dst + (a->ph + a->H) * Wp, fill, (size_t)(a->ph * Wp));
+    memset(dst + (ph + H) * Wp, fill, (size_t)(ph * Wp));
 }
 
 #ifdef QC_X86

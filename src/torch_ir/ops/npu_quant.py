@@ -200,3 +200,42 @@ def qadd(a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor, b: 
     if activation == "relu":
         s = torch.relu(s)
     return qn.quantize(s, y_scale, y_zero_point, dtype=out_dtype, method=method)
+
+
+def _pool_out(size: int | str, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int | str:
+    """torch's pooled size (``pooling_output_shape``): with ceil_mode a last window that would start past the
+    padded input is dropped."""
+    if isinstance(size, str):
+        if ceil_mode:
+            raise ValueError(f"QMAXPOOL: ceil_mode over the symbolic size {size!r} is not supported")
+        return f"(({size})+{2 * p - d * (k - 1) - 1})//{s}+1"
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    return out - 1 if ceil_mode and (out - 1) * s >= size + p else out
+
+
+def _qmaxpool_shape(inputs: Sequence[TensorMeta], attrs: dict[str, Any]) -> list[Shape]:
+    x = list(inputs[0].shape)
+    ceil = bool(attrs.get("ceil_mode", False))
+    spatial = [_pool_out(size, k, s, p, d, ceil) for size, k, s, p, d in
+               zip(x[-2:], attrs["kernel_size"], attrs["stride"], attrs["padding"], attrs["dilation"])]
+    return [x[:-2] + spatial]
+
+
+@npu_op("QMAXPOOL", inputs="x x_scale x_zero_point y_scale y_zero_point", outputs="y", shape=_qmaxpool_shape,
+        layouts={"x": "NCHW", "y": "NCHW"}, attrs={
+            "kernel_size": "[kh, kw]", "stride": "[sh, sw]", "padding": "[ph, pw] (implicit -inf)",
+            "dilation": "[dh, dw]", "ceil_mode": "torch's ceil_mode (partial last windows)",
+            "out_dtype": "y's code type (int8 or uint8)",
+            "method": "how the pooled value is quantized: divide (by y_scale: ONNX) or multiply_inverse (PyTorch)"})
+def qmaxpool(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor, y_scale: torch.Tensor,
+             y_zero_point: torch.Tensor, *, kernel_size: Sequence[int], stride: Sequence[int],
+             padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool = False, out_dtype: str = "int8",
+             method: str = "divide") -> torch.Tensor:
+    """y = quantize(max_pool2d(dequantize(x))): a max pool of codes with its own requantize (onnxruntime's QDQ
+    MaxPool), computed as the QDQ chain it replaces computes it: x dequantized to float32, torch's max_pool2d,
+    quantized with the QUANTIZE's method and saturated. Scales and zero points are per tensor. For a finite x_scale
+    the result depends on each window's largest code only (its smallest for a negative scale), which is how the
+    backends compute it."""
+    v = qn.dequantize(x, x_scale, x_zero_point, dtype=qn.dtype_name(x))
+    pooled = F.max_pool2d(v, list(kernel_size), list(stride), list(padding), list(dilation), bool(ceil_mode))
+    return qn.quantize(pooled, y_scale, y_zero_point, dtype=out_dtype, method=method)

@@ -1,4 +1,5 @@
-"""WGSL generators of QUANTIZE, DEQUANTIZE and QADD, and the exact f32 arithmetic every int8 kernel shares.
+"""WGSL generators of QUANTIZE, DEQUANTIZE, QADD and QMAXPOOL, and the exact f32 arithmetic every int8 kernel
+shares.
 
 Codes are stored as the backend stores every 8-bit tensor: four to a u32 word, little-endian (``wgsl.binding``);
 ``ld_`` returns a code as i32 (int8 sign-extended, uint8 zero-extended), ``st_`` sets its byte with two atomics.
@@ -200,23 +201,76 @@ def qadd(call: Call) -> Shader:
             f"let q = round({quotient}) + f32(ld_in7(0u));",
             f"st_out0({offset(y, idx)}, i32(clamp(q, {float(lo)!r}, {float(hi)!r})));"]
     shader = per_element(call, numel(y), "\n  ".join(body), helpers=EXACT_F32)
-    return dataclasses.replace(shader, bind_check=_qadd_scales(call.dispatch.node))
+    scales = ((1, "a's scale", True), (4, "b's scale", True), (6, "y's scale", False))
+    return dataclasses.replace(shader, bind_check=_bound_scales("QADD", call.dispatch.node, scales))
 
 
-def _qadd_scales(node: str) -> Callable[[Callable[[int], np.ndarray | None]], None]:
-    """The bind-time check of QADD's scales (:data:`QADD_SCALE_RANGE`); a scale computed at run time is not
-    checked."""
+def _bound_scales(kernel: str, node: str, scales: tuple[tuple[int, str, bool], ...]
+                  ) -> Callable[[Callable[[int], np.ndarray | None]], None]:
+    """The bind-time check of a kernel's scales, ``(input index, what, whether 0 is allowed)`` each, against
+    :data:`QADD_SCALE_RANGE`; a scale computed at run time is not checked."""
     low, high = QADD_SCALE_RANGE
 
     def check(read: Callable[[int], np.ndarray | None]) -> None:
-        for index, what, zero_ok in ((1, "a's scale", True), (4, "b's scale", True), (6, "y's scale", False)):
+        for index, what, zero_ok in scales:
             value = read(index)
             if value is None:
                 continue
             v = abs(float(np.asarray(value, dtype=np.float64).reshape(-1)[0]))
             if not (math.isfinite(v) and (low <= v <= high or (zero_ok and v == 0.0))):
-                raise ValueError(f"QADD (node {node!r}): {what} is {v:.3g}; the WebGPU kernel is exact for scales in "
-                                 f"[2**-100, 2**100] only (the float32 steps could leave the normal range, where "
+                raise ValueError(f"{kernel} (node {node!r}): {what} is {v:.3g}; the WebGPU kernel is exact for scales "
+                                 f"in [2**-100, 2**100] only (the float32 steps could leave the normal range, where "
                                  "WGSL's arithmetic is not the reference's); run the program on the CPU backend")
 
     return check
+
+
+def qmaxpool(call: Call) -> Shader:
+    """QMAXPOOL: per output, the window's largest code (smallest for a negative x_scale: dequantizing is monotone in
+    the code, so that code's value is the float maximum; -inf for a window of padding only), then the reference's
+    float32 steps: ``f32(code - x_zp) · x_s``, ``/ y_s`` exact (or ``· f32(1 / y_s)``), round, + y_zp, clamp. Scales
+    in :data:`QADD_SCALE_RANGE` (bound-checked), so that no value is subnormal."""
+    x, y = call.ins[0], call.outs[0]
+    _layout_free(x)
+    code_range(x.dtype, f"the codes {x.name!r}", "QMAXPOOL")
+    out = call.param("out_dtype", "int8")
+    lo, hi = code_range(out, f"the codes {y.name!r}", "QMAXPOOL")
+    if y.dtype != out:
+        raise UnsupportedCall(f"QMAXPOOL: output {y.name!r} is {y.dtype}, not out_dtype={out}")
+    for index, what in ((1, "x's scale"), (3, "y's scale")):
+        check_scale(call, index, what)
+    for index in range(1, 5):
+        if numel(call.ins[index]) != 1:
+            raise UnsupportedCall(f"QMAXPOOL: {call.ins[index].name!r} holds {numel(call.ins[index])} values; its "
+                                  "scales and zero points are per tensor")
+    in_shape, shape = shape_of(x), shape_of(y)
+    if len(in_shape) != 4 or len(shape) != 4 or in_shape[:2] != shape[:2]:
+        raise UnsupportedCall(f"QMAXPOOL of {in_shape} to {shape}: expected [N, C, H, W]")
+    window = [call.param(k) for k in ("kernel_size", "stride", "padding", "dilation")]
+    if not all(isinstance(v, list) and len(v) == 2 and all(isinstance(d, int) for d in v) for v in window):
+        raise UnsupportedCall(f"QMAXPOOL: kernel_size, stride, padding and dilation must be [h, w] pairs: {window}")
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    idx = [f"d{k}" for k in range(4)]
+    at = offset(x, [idx[0], idx[1], "u32(ih)", "u32(iw)"])
+    quotient = "div_rne(v, ld_in3(0u))" if call.param("method", "divide") == "divide" \
+        else "v * div_rne(1.0, ld_in3(0u))"
+    body = f"""{unravel("i", shape)}
+  let sx = ld_in1(0u);
+  var best = 0;
+  var found = false;
+  for (var i = 0; i < {kh}; i = i + 1) {{
+    let ih = i32(d2) * {sh} - {ph} + i * {dh};
+    if (ih < 0 || ih >= {in_shape[2]}) {{ continue; }}
+    for (var j = 0; j < {kw}; j = j + 1) {{
+      let iw = i32(d3) * {sw} - {pw} + j * {dw};
+      if (iw < 0 || iw >= {in_shape[3]}) {{ continue; }}
+      let c = ld_in0({at});
+      if (!found || (sx >= 0.0 && c > best) || (sx < 0.0 && c < best)) {{ best = c; found = true; }}
+    }}
+  }}
+  let v = select(bitcast<f32>(0xff800000u), f32(best - ld_in2(0u)) * sx, found);
+  let q = round({quotient}) + f32(ld_in4(0u));
+  st_out0({offset(y, idx)}, i32(clamp(q, {float(lo)!r}, {float(hi)!r})));"""
+    shader = per_element(call, numel(y), body, helpers=EXACT_F32)
+    scales = ((1, "x's scale", True), (3, "y's scale", False))
+    return dataclasses.replace(shader, bind_check=_bound_scales("QMAXPOOL", call.dispatch.node, scales))
