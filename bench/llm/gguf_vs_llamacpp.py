@@ -17,7 +17,8 @@ Correctness, per file (``--no-check`` skips it):
 * **greedy tokens against a float reference**: transformers running the file's weights dequantized to float32
   (``npu_tools.lm_gguf.gguf_model_parts``, bit-exact with gguf), greedy, ``--new-tokens`` steps from the same
   prompt; the number of leading tokens the toolkit's greedy tokens share with it (all of them for float32
-  compute; a bf16 file computes in bf16, so its tokens leave the float32 ones once a rounding flips a near tie).
+  compute; a bf16 file computes in bf16, so its tokens leave the float32 ones once a rounding flips a near tie),
+  and, beside it, how many llama.cpp's own greedy tokens share with it (the same test of llama.cpp).
 
 ``--int8-activations`` adds a row per block-quantized file: ours with x rounded to int8 groups of 32 before each
 block contraction (``load_lm(int8_activations=True)``), llama.cpp's own contract, in the same rounds. Its greedy
@@ -125,9 +126,15 @@ def check(path: Path, ours: Ours, args: argparse.Namespace) -> dict:
     per_step = kld(theirs, mine)
     greedy = ours.generator.generate(prompt, args.new_tokens).tokens
     reference = reference_tokens(path, prompt, args.new_tokens)
-    same = next((i for i, (a, b) in enumerate(zip(greedy, reference)) if a != b), len(reference))
-    return {"kld_mean": float(per_step.mean()), "kld_max": float(per_step.max()), "greedy_equal": same,
+    return {"kld_mean": float(per_step.mean()), "kld_max": float(per_step.max()),
+            "greedy_equal": _leading_equal(greedy, reference),
+            "llamacpp_greedy_equal": _leading_equal(tokens[args.prompt:], reference),
             "top1_vs_llamacpp": float(np.mean(theirs.argmax(-1) == mine.argmax(-1)))}
+
+
+def _leading_equal(tokens: list[int], reference: list[int]) -> int:
+    """How many leading tokens of ``tokens`` equal the reference's."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
 
 
 def bench_file(path: Path, args: argparse.Namespace, floor_gbs: float) -> list[dict]:
@@ -181,13 +188,14 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
               f"{ours_ms / floor_ms:.2f} | {llama_ms / floor_ms:.2f} | {med['llama']['prefill']:.2f} | "
               f"{med['ours']['prefill']:.2f} |")
     if any("check" in r for r in rows):
-        print("\n| file | KLD vs llama.cpp, mean | max | top-1 = llama.cpp's | greedy tokens = float reference |")
-        print("|---|---:|---:|---:|---:|")
+        print("\n| file | KLD vs llama.cpp, mean | max | top-1 = llama.cpp's | greedy tokens = float reference: ours "
+              "| llama.cpp's |")
+        print("|---|---:|---:|---:|---:|---:|")
         for r in rows:
             c = r.get("check")
             if c:
                 print(f"| {r['file']} | {c['kld_mean']:.2e} | {c['kld_max']:.2e} | {c['top1_vs_llamacpp']:.0%} | "
-                      f"{c['greedy_equal']}/{args.new_tokens} |")
+                      f"{c['greedy_equal']}/{args.new_tokens} | {c['llamacpp_greedy_equal']}/{args.new_tokens} |")
 
 
 def main() -> int:

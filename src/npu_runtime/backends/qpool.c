@@ -8,7 +8,7 @@
    of one code: its largest (x_scale >= 0) or smallest (x_scale < 0). The caller gives `flip`, the byte each code is
    xor-ed with so that an unsigned maximum picks that code (0x80 for int8 codes, and 0xff more for the smallest), and
    `table`, y's code for each flipped maximum, computed by the op's reference (so y is the reference's, bit for bit).
-   When the table gives back the code itself (one scale and zero point, scale > 0: a QDQ model's pool) it is not
+   When the table gives back the code itself (one scale and zero point: a QDQ model's pool) it is not
    read. Padding is the unsigned minimum 0, which never wins against the element every window holds.
 
    Two loops, by layout: "rows" when x's rows are contiguous (NCHW): per output row the max of the window's rows
@@ -25,7 +25,7 @@
 
 enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
-/* qpool_packed's argument block: 27 int64 (_ARGS in cpu_qpool.py). Strides in elements (bytes). */
+/* qpool_packed's argument block: 29 int64 (_ARGS in cpu_qpool.py). Strides in elements (bytes). */
 typedef struct {
     int64_t x, y, table, flip, identity;
     int64_t batch, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw;
