@@ -172,6 +172,24 @@ def dequantize(call: Call) -> Shader:
 QADD_SCALE_RANGE = (2.0 ** -100, 2.0 ** 100)
 
 
+def _code_kernel(call: Call, kernel: str, scales: tuple[tuple[int, str], ...], params: tuple[int, ...]
+                 ) -> tuple[int, int]:
+    """The checks QADD and QMAXPOOL share: y holds ``out_dtype`` codes (their range returned), each of ``scales``
+    ``(input index, what)`` is a float type the shaders load, and each input of ``params`` (scales and zero points)
+    holds one value."""
+    y, out = call.outs[0], call.param("out_dtype", "int8")
+    lo, hi = code_range(out, f"the codes {y.name!r}", kernel)
+    if y.dtype != out:
+        raise UnsupportedCall(f"{kernel}: output {y.name!r} is {y.dtype}, not out_dtype={out}")
+    for index, what in scales:
+        check_scale(call, index, what)
+    for index in params:
+        if numel(call.ins[index]) != 1:
+            raise UnsupportedCall(f"{kernel}: {call.ins[index].name!r} holds {numel(call.ins[index])} values; its "
+                                  "scales and zero points are per tensor")
+    return lo, hi
+
+
 def qadd(call: Call) -> Shader:
     """QADD: ``y = clamp(round(act(f32(a - a_zp) · a_s + f32(b - b_zp) · b_s) / y_s) + y_zp, lo, hi)`` per element
     (the reference's float32 steps in order; ``/ y_s`` exact, or ``· f32(1 / y_s)`` for multiply_inverse); a and b
@@ -180,16 +198,7 @@ def qadd(call: Call) -> Shader:
     for spec in (a, b):
         _layout_free(spec)
         code_range(spec.dtype, f"the codes {spec.name!r}", "QADD")
-    out = call.param("out_dtype", "int8")
-    lo, hi = code_range(out, f"the codes {y.name!r}", "QADD")
-    if y.dtype != out:
-        raise UnsupportedCall(f"QADD: output {y.name!r} is {y.dtype}, not out_dtype={out}")
-    for index, what in ((1, "a's scale"), (4, "b's scale"), (6, "y's scale")):
-        check_scale(call, index, what)
-    for index in (1, 2, 4, 5, 6, 7):
-        if numel(call.ins[index]) != 1:
-            raise UnsupportedCall(f"QADD: {call.ins[index].name!r} holds {numel(call.ins[index])} values; QADD's "
-                                  "scales and zero points are per tensor")
+    lo, hi = _code_kernel(call, "QADD", ((1, "a's scale"), (4, "b's scale"), (6, "y's scale")), (1, 2, 4, 5, 6, 7))
     shape = shape_of(y)
     idx = [f"d{k}" for k in range(len(shape))]
     s = (f"f32(ld_in0({offset(a, idx, shape)}) - ld_in2(0u)) * ld_in1(0u) + "
@@ -233,16 +242,7 @@ def qmaxpool(call: Call) -> Shader:
     x, y = call.ins[0], call.outs[0]
     _layout_free(x)
     code_range(x.dtype, f"the codes {x.name!r}", "QMAXPOOL")
-    out = call.param("out_dtype", "int8")
-    lo, hi = code_range(out, f"the codes {y.name!r}", "QMAXPOOL")
-    if y.dtype != out:
-        raise UnsupportedCall(f"QMAXPOOL: output {y.name!r} is {y.dtype}, not out_dtype={out}")
-    for index, what in ((1, "x's scale"), (3, "y's scale")):
-        check_scale(call, index, what)
-    for index in range(1, 5):
-        if numel(call.ins[index]) != 1:
-            raise UnsupportedCall(f"QMAXPOOL: {call.ins[index].name!r} holds {numel(call.ins[index])} values; its "
-                                  "scales and zero points are per tensor")
+    lo, hi = _code_kernel(call, "QMAXPOOL", ((1, "x's scale"), (3, "y's scale")), (1, 2, 3, 4))
     in_shape, shape = shape_of(x), shape_of(y)
     if len(in_shape) != 4 or len(shape) != 4 or in_shape[:2] != shape[:2]:
         raise UnsupportedCall(f"QMAXPOOL of {in_shape} to {shape}: expected [N, C, H, W]")
