@@ -42,8 +42,9 @@ def _dq(name: str) -> Op:
     return Op(_DQ, Var(f"{name}_q"), exact_arity=False, name=f"dq_{name}")
 
 
-def _zero_point(m: Match, dq: OpNode, new: list[OpNode]) -> TensorMeta:
-    """The DEQUANTIZE's zero point, or zeros of its codes' type (a node put in ``new``): the ops take one always."""
+def zero_point(m: Match, dq: OpNode, new: list[OpNode]) -> TensorMeta:
+    """The zero point of a DEQUANTIZE or QUANTIZE (the same inputs), or zeros of its codes' type (a node put in
+    ``new``): the integer ops take one always."""
     if len(dq.inputs) > 2:
         return dq.inputs[2]
     dtype = str(storage_dtype(dq.attrs["dtype"])).removeprefix("torch.")
@@ -52,6 +53,17 @@ def _zero_point(m: Match, dq: OpNode, new: list[OpNode]) -> TensorMeta:
     new.append(OpNode(zp.name, "aten.full.default", [], [zp], {"size": [], "fill_value": 0,
                                                               "dtype": {"dtype": dtype}}))
     return zp
+
+
+def per_tensor_problem(n: OpNode, what: str, codes: tuple[str, ...], op: str) -> str | None:
+    """Why the QUANTIZE or DEQUANTIZE ``n`` (``what`` it is to the ``op`` a rule makes) is not one per-tensor scale
+    and zero point over one of ``codes``, or None: what QADD, QMAXPOOL and the moved codes ask of their QDQ nodes."""
+    a = n.attrs
+    if a.get("dtype") not in codes:
+        return f"the {what} holds {a.get('dtype')} codes; {op} reads {', '.join(codes)}"
+    if a.get("axis") is not None or a.get("group_size") is not None or any(t.numel() != 1 for t in n.inputs[1:3]):
+        return f"the {what} is quantized per channel or group ({op} takes per-tensor scales)"
+    return None
 
 
 def _dq_problem(dq: OpNode, what: str, types: tuple[str, ...], axes: tuple[int | None, ...]) -> str | None:
@@ -93,8 +105,8 @@ def _integer_op(m: Match, op_type: str, attrs: dict, bias_at: int) -> list[OpNod
     op, dx, dw, q = m.node("op"), m.node("dq_x"), m.node("dq_w"), m.node()
     bias, _ = _bias(m, op, bias_at)
     new: list[OpNode] = []
-    x_zp, w_zp = _zero_point(m, dx, new), _zero_point(m, dw, new)
-    y_zp = q.inputs[2] if len(q.inputs) > 2 else _zero_point(m, OpNode("", _DQ, q.inputs[:2], [], q.attrs), new)
+    x_zp, w_zp = zero_point(m, dx, new), zero_point(m, dw, new)
+    y_zp = zero_point(m, q, new)
     inputs = [dx.inputs[0], dw.inputs[0], dx.inputs[1], x_zp, dw.inputs[1], w_zp, *bias, q.inputs[1], y_zp]
     attrs = {**attrs, "w_dtype": dw.attrs["dtype"], "has_bias": bool(bias), "out_dtype": q.attrs["dtype"],
              "activation": op.attrs.get("activation")}

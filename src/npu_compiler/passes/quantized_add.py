@@ -18,7 +18,7 @@ from torch_ir.ir import OpNode
 from torch_ir.rewrite import Match, Op, Rule, Var
 
 from .build import node
-from .quantized import _zero_point
+from .quantized import per_tensor_problem, zero_point
 
 _DQ, _Q = "DEQUANTIZE", "QUANTIZE"
 #: the code types QADD reads and writes (its CPU kernel's)
@@ -31,16 +31,6 @@ def _dq(name: str) -> Op:
 
 
 _ADD = Op("aten.add.Tensor", _dq("a"), _dq("b"), name="add")
-
-
-def _per_tensor(n: OpNode, what: str) -> str | None:
-    a = n.attrs
-    if a.get("dtype") not in CODES:
-        return f"the {what} is {a.get('dtype')} codes; QADD takes {', '.join(CODES)}"
-    scales = n.inputs[1:3]
-    if a.get("axis") is not None or a.get("group_size") is not None or any(t.numel() != 1 for t in scales):
-        return f"the {what} is quantized per channel or group (QADD takes per-tensor scales)"
-    return None
 
 
 def _broadcasts(shape: list, to: list) -> bool:
@@ -58,14 +48,14 @@ def _check(m: Match) -> str | None:
         return f"{act.op_type} between the add and the QUANTIZE (QADD fuses relu only)"
     for name, what in (("dq_a", "first input"), ("dq_b", "second input")):
         dq = m.node(name)
-        problem = _per_tensor(dq, what)
+        problem = per_tensor_problem(dq, what, CODES, "QADD")
         if problem:
             return problem
         if dq.attrs.get("out_dtype", "float32") != "float32":
             return f"the {what} dequantizes to {dq.attrs['out_dtype']} (QADD adds in float32)"
         if not _broadcasts(list(dq.outputs[0].shape), list(q.outputs[0].shape)):
             return f"the {what} has shape {dq.outputs[0].shape}, which does not broadcast to {q.outputs[0].shape}"
-    problem = _per_tensor(q, "output")
+    problem = per_tensor_problem(q, "output", CODES, "QADD")
     if problem:
         return problem
     if q.attrs.get("qmin") is not None or q.attrs.get("qmax") is not None:
@@ -78,8 +68,8 @@ def _check(m: Match) -> str | None:
 def _qadd(m: Match) -> list[OpNode]:
     q, da, db = m.node(), m.node("dq_a"), m.node("dq_b")
     new: list[OpNode] = []
-    a_zp, b_zp = _zero_point(m, da, new), _zero_point(m, db, new)
-    y_zp = q.inputs[2] if len(q.inputs) > 2 else _zero_point(m, OpNode("", _DQ, q.inputs[:2], [], q.attrs), new)
+    a_zp, b_zp = zero_point(m, da, new), zero_point(m, db, new)
+    y_zp = zero_point(m, q, new)
     inputs = [da.inputs[0], da.inputs[1], a_zp, db.inputs[0], db.inputs[1], b_zp, q.inputs[1], y_zp]
     activation = "relu" if "act" in m.nodes else None
     return [*new, node(m, "QADD", inputs, {"out_dtype": q.attrs["dtype"], "activation": activation,

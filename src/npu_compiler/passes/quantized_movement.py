@@ -25,6 +25,7 @@ from torch_ir.quant.spec import QTYPES
 from torch_ir.rewrite import Match, Op, Rule, Var
 
 from .build import VIEWS, same_input
+from .quantized import per_tensor_problem
 
 #: ops that only place elements (any dtype): their output is some arrangement of their input's values (the kernel
 #: table's views, and the reorderings and broadcast)
@@ -33,18 +34,10 @@ MOVEMENT_OPS = (*VIEWS, "aten.permute.default", "aten.transpose.int", "aten.t.de
 CODES = ("int8", "uint8", "int16", "uint16")
 
 
-def _per_tensor(n: OpNode, what: str) -> str | None:
-    a = n.attrs
-    if a.get("dtype") not in CODES:
-        return f"the {what} holds {a.get('dtype')} codes (moved as codes: {', '.join(CODES)})"
-    if a.get("axis") is not None or a.get("group_size") is not None or any(t.numel() != 1 for t in n.inputs[1:3]):
-        return f"the {what} is quantized per channel or group"
-    return None
-
-
 def _check(m: Match) -> str | None:
     q, dq = m.node(), m.node("dq")
-    problem = _per_tensor(dq, "DEQUANTIZE") or _per_tensor(q, "QUANTIZE")
+    problem = per_tensor_problem(dq, "DEQUANTIZE", CODES, "a move of codes") \
+        or per_tensor_problem(q, "QUANTIZE", CODES, "a move of codes")
     if problem:
         return problem
     if dq.attrs["dtype"] != q.attrs["dtype"]:

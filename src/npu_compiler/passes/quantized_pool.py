@@ -20,8 +20,8 @@ from torch_ir.ir import OpNode
 from torch_ir.rewrite import Match, Op, Rule, Var
 
 from .build import node
-from .quantized import _zero_point
-from .quantized_add import CODES, _per_tensor
+from .quantized import per_tensor_problem, zero_point
+from .quantized_add import CODES
 
 _POOL = "aten.max_pool2d.default"
 
@@ -51,9 +51,9 @@ def _window(pool: OpNode) -> dict | None:
 
 def _check(m: Match) -> str | None:
     q, pool, dq = m.node(), m.node("pool"), m.node("dq")
-    problem = _per_tensor(dq, "input") or _per_tensor(q, "output")
+    problem = per_tensor_problem(dq, "input", CODES, "QMAXPOOL") or per_tensor_problem(q, "output", CODES, "QMAXPOOL")
     if problem:
-        return problem.replace("QADD", "QMAXPOOL")
+        return problem
     if dq.attrs.get("out_dtype", "float32") != "float32" or q.inputs[0].dtype != "float32":
         return f"the pool runs in {q.inputs[0].dtype}, not float32"
     if q.attrs.get("qmin") is not None or q.attrs.get("qmax") is not None:
@@ -71,9 +71,8 @@ def _check(m: Match) -> str | None:
 def _qmaxpool(m: Match) -> list[OpNode]:
     q, dq = m.node(), m.node("dq")
     new: list[OpNode] = []
-    x_zp = _zero_point(m, dq, new)
-    y_zp = q.inputs[2] if len(q.inputs) > 2 else _zero_point(m, OpNode("", "DEQUANTIZE", q.inputs[:2], [], q.attrs),
-                                                             new)
+    x_zp = zero_point(m, dq, new)
+    y_zp = zero_point(m, q, new)
     attrs = {**_window(m.node("pool")), "out_dtype": q.attrs["dtype"], "method": q.attrs.get("method", "divide")}
     return [*new, node(m, "QMAXPOOL", [dq.inputs[0], dq.inputs[1], x_zp, q.inputs[1], y_zp], attrs)]
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -256,14 +257,24 @@ class NativeKernel:
         threads = "OpenMP" if library.openmp else "one thread (built without OpenMP)"
         return f"native {self._isa_name(library)}, {threads}: {library.path}"
 
-    def for_call(self) -> Library | None:
+    def or_reference(self, native: bool, reference: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+                     ) -> Library | None:
+        """The library a CPU kernel's call runs (``native``: whether its ``prepare`` found the call exact), or None
+        after running ``reference`` on the call's tensors instead: the opening every native kernel's ``run`` shares."""
+        library = self.for_call(stacklevel=5) if native else None
+        if library is None:
+            reference.run(inputs, outputs)
+        return library
+
+    def for_call(self, stacklevel: int = 4) -> Library | None:
         """The library a call runs, or None for the torch path; the first fallback of a wanted kernel warns."""
         if not NativeKernel.enabled:
             return None
         library = self.load()
         if library is None and not self.warned:
             self.warned = True
-            warnings.warn(f"torch_ir CPU {self.what}: {self.status()}; {self._note}", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"torch_ir CPU {self.what}: {self.status()}; {self._note}", RuntimeWarning,
+                          stacklevel=stacklevel)
         return library
 
 

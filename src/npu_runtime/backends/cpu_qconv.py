@@ -225,9 +225,8 @@ class _QContraction:
         return self._x_dtype == "int8"
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        library = _kernel.for_call() if self.native else None
+        library = _kernel.or_reference(self.native, self.reference, inputs, outputs)
         if library is None:
-            self.reference.run(inputs, outputs)
             return
         x, out = inputs[0], outputs[0]
         if not x.is_contiguous():

@@ -175,9 +175,8 @@ class QAdd:
                       float(hi))
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        library = _kernel.for_call() if self.native else None
+        library = _kernel.or_reference(self.native, self.reference, inputs, outputs)
         if library is None:
-            self.reference.run(inputs, outputs)
             return
         a, b, out = (inputs[3], inputs[0], outputs[0]) if self.swap else (inputs[0], inputs[3], outputs[0])
         if self.period:  # y's element order is row-major here: contiguous tensors (or copies)
@@ -298,9 +297,8 @@ class _QuantizeOrDequantize:
                            for t, what in zip(self.params, ("scale", "inverse", "zero point"))]
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        library = _kernel.for_call() if self.native else None
+        library = _kernel.or_reference(self.native, self.reference, inputs, outputs)
         if library is None:
-            self.reference.run(inputs, outputs)
             return
         x, out = inputs[0], outputs[0]
         if out.numel() == 0:

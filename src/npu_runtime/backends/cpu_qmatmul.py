@@ -177,9 +177,8 @@ class QMatMul:
         return batch, m_rows, need
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        library = _kernel.for_call() if self.native else None
+        library = _kernel.or_reference(self.native, self.reference, inputs, outputs)
         if library is None:
-            self.reference.run(inputs, outputs)
             return
         x, w, out = inputs[0].contiguous(), inputs[1].contiguous(), outputs[0]
         threads, isa = torch.get_num_threads(), min(library.isa, _isa_cap())
