@@ -8,7 +8,9 @@ against fp32 and bf16, and the floor.
 For each decode GEMV of Qwen2.5-0.5B (``K x N``: the fused QKV 896 x 1152, o_proj 896 x 896, fused gate+up
 896 x 9728, down 4864 x 896, LM head 896 x 151936) times ``y = x · Wᵀ`` by the runtime's kernels:
 ``cpu_gemv.Gemv`` with fp32 and bf16 weights, ``cpu_qgemv.QGemv`` with Q8_0, Q4_0, Q5_0, Q4_K and Q6_K blocks and
-the same with ``activations="int8"`` (``q8_0/i8`` ...), each with its default thread choice (k-quants only
+the same with ``activations="int8"`` (``q8_0/i8`` ...: on the 16-row interleaved copies where the CPU has AVX-512
+VNNI, as the runtime runs them; ``TORCH_IR_QGEMV_X16=0`` for the GGUF layout's kernels), each with its default
+thread choice (k-quants only
 where K is a multiple of 256: the down projection; a cell of "-" elsewhere: llama.cpp's q4_K_M file of the model
 stores those rows as Q5_0), and reports weight bytes / median time.
 Every call reads the next copy of a ring of
@@ -75,6 +77,9 @@ def plans(method: str, n: int, k: int, pool: int, isa: str | None) -> tuple[int,
     w = packed(qtype, n, k, n + k)
     copies = [w] + [w.clone() for _ in range(max(1, math.ceil(pool / w.nbytes)) - 1)]
     gemvs = [cpu_qgemv.QGemv(c, qtype) for c in copies]
+    if act == "int8":  # as the runtime's linear layers do: the 16-row interleaved copy where the CPU reads it
+        for g in gemvs:
+            g.interleave()
     ref = cpu_qgemv.dequantize(w, qtype).double()
     xq = cpu_qgemv.quantize_x if act == "int8" else (lambda x: x)  # the int8 contract's x, for the check
     return w.nbytes, [lambda x, y, g=g: g(x, out=y, isa=isa, activations=act) for g in gemvs], \

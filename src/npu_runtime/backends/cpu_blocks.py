@@ -76,6 +76,8 @@ class _Part:
         self.bias = bias.float().contiguous() if bias is not None else None
         if block is not None:
             self.gemv = cpu_qgemv.QGemv(weight, block, self.bias)
+            if self.int8:
+                self.gemv.interleave()  # where this CPU's int8 kernel reads a 16-row interleaved copy faster
             self.n = self.gemv.n
         else:
             self.matrix = weight.float().contiguous()

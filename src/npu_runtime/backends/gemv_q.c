@@ -459,19 +459,20 @@ static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nthreads) {
 
 static inline int64_t chunk_end(int64_t c, int64_t rows, int64_t N) { return (c + 1) * rows < N ? (c + 1) * rows : N; }
 
-static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa);  /* gemv_q_i8.c */
+static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16);  /* gemv_q_i8.c */
 
-/* y = x . dequant(w)^T (+ bias), x fp32 (act 0) or quantized to int8 groups (act 1, gemv_q_i8.c). 0, or -2 for a type
-   this kernel does not know. Chunks go to torch's OpenMP threads one by one, as in gemv.c (Python picks how many). */
+/* y = x . dequant(w)^T (+ bias), x fp32 (act 0) or quantized to int8 groups (act 1, gemv_q_i8.c; reading w16, w's
+   16-row interleaved copy (gemv_q_x16.c), where given). 0, or -2 for a type this kernel does not know. Chunks go to
+   torch's OpenMP threads one by one, as in gemv.c (Python picks how many). */
 int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int qt, const float *bias, float *y,
-          int nthreads, int isa, int act) {
+          int nthreads, int isa, int act, const uint8_t *w16) {
     if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && !is_kquant(qt)) return -2;
     if (M <= 0 || N <= 0) return 0;
     const int64_t nb = K / block_elems(qt);
     const QJob job = {M, N, K, nb, nb * block_bytes(qt), x, w, bias, y};
     if (nthreads < 1) nthreads = 1;
-    if (act == 1) return qgemv_i8(&job, qt, nthreads, isa);
-    if (act != 0) return -2;
+    if (act == 1) return qgemv_i8(&job, qt, nthreads, isa, w16);
+    if (act != 0 || w16) return -2;
     const int64_t rows = chunk_rows(N, job.row_bytes, nthreads), chunks = (N + rows - 1) / rows;
     if (nthreads > chunks) nthreads = (int)chunks;
     if (nthreads <= 1) {                                /* no parallel region at all: ~1 us less */
@@ -485,10 +486,11 @@ int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int
     return 0;
 }
 
-/* qgemv() with its arguments in one block of 11 int64 (_ARGS in cpu_qgemv.py): one ctypes argument is cheaper. */
+/* qgemv() with its arguments in one block of 12 int64 (_ARGS in cpu_qgemv.py): one ctypes argument is cheaper. */
 int qgemv_packed(const void *block) {
-    int64_t a[11];
+    int64_t a[12];
     memcpy(a, block, sizeof a);                         /* a Python bytes object: no alignment promised */
     return qgemv(a[0], a[1], a[2], (const float *)(intptr_t)a[3], (const uint8_t *)(intptr_t)a[4], (int)a[5],
-                 (const float *)(intptr_t)a[6], (float *)(intptr_t)a[7], (int)a[8], (int)a[9], (int)a[10]);
+                 (const float *)(intptr_t)a[6], (float *)(intptr_t)a[7], (int)a[8], (int)a[9], (int)a[10],
+                 (const uint8_t *)(intptr_t)a[11]);
 }

@@ -1,5 +1,6 @@
 /* The x-quantized-to-int8 path of the quantized GEMV (activations="int8" in cpu_qgemv.py): Q4_0, Q5_0 and Q4_K
-   here; Q8_0 and Q6_K in gemv_q_i8k.c (appended after this file: the same quantize_x, threads and contract).
+   here; Q8_0 and Q6_K in gemv_q_i8k.c (appended after this file: the same quantize_x, threads and contract); every
+   layout on a 16-row interleaved copy of W in gemv_q_x16.c (AVX-512 VNNI; qgemv_i8 below runs it when given one).
 
    Appended to gemv_q.c and gemv_q5.c by the loader (one translation unit: QJob, SPREAD, chunk_rows, kq_scales,
    q5_unsigned_avx2, q5_codes_c).
@@ -36,28 +37,33 @@ typedef struct {
     const float *dxs;     /* [M, K / 32]: dx * sx */
     const int32_t *corr;  /* [M, K / 4]: -8 * the sum of each 4 q (Q4_0) */
     const float *dx8;     /* [M, K / 32, 8]: dx for each of 8 lanes (a block's d * dx in one vector multiply) */
+    const int32_t *xsum;  /* [M, K / 32]: the sum of each group's q (gemv_q_x16.c's lanes start at a multiple) */
+    const int32_t *xsum16;  /* [M, K / 32]: the sum of its first 16 q (the start of a Q6_K sub-block's lanes) */
 } IJob;
 
 /* One row of x to int8 groups (vectorized by gcc: SSE2 at least). Non-finite x give 0 codes, never an
    out-of-range conversion. */
-static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *dxs, int32_t *corr, float *dx8) {
+static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *dxs, int32_t *corr, float *dx8,
+                       int32_t *xsum, int32_t *xsum16) {
     for (int64_t g = 0; g < K / QK; g++) {
         const float *v = x + g * QK;
         float amax = 0.0f, t[QK];
         for (int i = 0; i < QK; i++) { const float a = v[i] < 0.0f ? -v[i] : v[i]; amax = a > amax ? a : amax; }
         const float d = amax / 127.0f;
-        int s = 0;
+        int s = 0, s16 = 0;
         for (int i = 0; i < QK; i++) {
             t[i] = d > 0.0f ? v[i] / d : 0.0f;
             if (!(t[i] > -127.5f && t[i] < 127.5f)) t[i] = 0.0f;  /* NaN; |x / dx| is <= 127 (1 + 2^-23) */
             t[i] = (t[i] + 12582912.0f) - 12582912.0f;  /* + 1.5 * 2^23: rounds to an integer, ties to even */
         }
-        for (int i = 0; i < QK; i++) { qx[g * QK + i] = (int8_t)t[i]; s += (int)t[i]; }
+        for (int i = 0; i < QK; i++) { qx[g * QK + i] = (int8_t)t[i]; s += (int)t[i]; s16 += i < 16 ? (int)t[i] : 0; }
         for (int l = 0; l < QK / 4; l++) {
             const int8_t *q = qx + g * QK + 4 * l;
             corr[g * 8 + l] = -8 * (q[0] + q[1] + q[2] + q[3]);
         }
         dx[g] = d;
+        xsum[g] = s;
+        xsum16[g] = s16;
         for (int l = 0; l < 8; l++) dx8[g * 8 + l] = d;
         dxs[g] = d * (float)s;
     }
@@ -244,29 +250,49 @@ int qgemv_vnni(void) {
 #endif
 }
 
-/* qgemv() for activations = int8: 0, -2 for a type this path does not take, -3 when out of memory. */
-static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa) {
+/* qgemv() for activations = int8: 0, -2 for a type this path does not take, -3 when out of memory, -4 for an
+   interleaved copy (w16, gemv_q_x16.c) this CPU or type cannot run. */
+#define X16 16  /* rows per group of an interleaved copy: gemv_q_x16.c */
+static inline int x16_record(const int qt);
+static inline int x16_type(const int qt);
+static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt);
+static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16) {
     if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K && qt != QT_Q8_0 && qt != QT_Q6_K) return -2;
+    if (isa == ISA_AVX512 && !qgemv_vnni()) isa = ISA_AVX2;
+    else if (isa == ISA_AVX512) isa = ISA_AVX512_VNNI;
+    if (w16 && (!x16_type(qt) || isa != ISA_AVX512_VNNI)) return -4;
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
     float *dx = malloc((size_t)(10 * M * G) * sizeof(float));  /* dx, dxs, dx8 */
-    int32_t *corr = malloc((size_t)(M * G * 8) * sizeof(int32_t));
+    int32_t *corr = malloc((size_t)(M * G * 10) * sizeof(int32_t));  /* corr, xsum, xsum16 */
     if (!qx || !dx || !corr) { free(qx); free(dx); free(corr); return -3; }
     float *dx8 = dx + 2 * M * G;
+    int32_t *xsum = corr + M * G * 8, *xsum16 = xsum + M * G;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && M > 1)
 #endif
     for (int64_t m = 0; m < M; m++)
-        quantize_x(job->x + m * K, K, qx + m * K, dx + m * G, dx + M * G + m * G, corr + m * G * 8, dx8 + m * G * 8);
-    if (isa == ISA_AVX512 && !qgemv_vnni()) isa = ISA_AVX2;
-    else if (isa == ISA_AVX512) isa = ISA_AVX512_VNNI;
-    const IJob ij = {job, qx, dx, dx + M * G, corr, dx8};
-    const int64_t rows = chunk_rows(job->N, job->row_bytes, nthreads), chunks = (job->N + rows - 1) / rows;
+        quantize_x(job->x + m * K, K, qx + m * K, dx + m * G, dx + M * G + m * G, corr + m * G * 8, dx8 + m * G * 8,
+                   xsum + m * G, xsum16 + m * G);
+    const IJob ij = {job, qx, dx, dx + M * G, corr, dx8, xsum, xsum16};
+    /* chunks of rows, or of 16-row groups for w16 (~256 KiB of weights, at least 4 a thread) */
+    const int64_t units = w16 ? (job->N + X16 - 1) / X16 : job->N;
+    const int64_t unit_bytes = w16 ? job->nb * x16_record(qt) : job->row_bytes;
+    int64_t rows = chunk_rows(job->N, job->row_bytes, nthreads);
+    if (w16) {
+        const int64_t fair = (units + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
+        rows = QG_CHUNK_BYTES / unit_bytes < fair ? QG_CHUNK_BYTES / unit_bytes : fair;
+        if (rows < 1) rows = 1;
+    }
+    const int64_t chunks = (units + rows - 1) / rows;
     if (nthreads > chunks) nthreads = (int)chunks;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
 #endif
-    for (int64_t c = 0; c < chunks; c++) irange(&ij, c * rows, chunk_end(c, rows, job->N), qt, isa);
+    for (int64_t c = 0; c < chunks; c++) {
+        if (w16) x16_range(&ij, w16, c * rows, chunk_end(c, rows, units), qt);
+        else irange(&ij, c * rows, chunk_end(c, rows, units), qt, isa);
+    }
     free(qx); free(dx); free(corr);
     return 0;
 }

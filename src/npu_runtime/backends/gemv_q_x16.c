@@ -1,0 +1,328 @@
+/* The int8 path (activations="int8") on weights interleaved 16 rows at a time: Q4_0 and Q8_0 with AVX-512 VNNI.
+
+   Appended after gemv_q_i8k.c by the loader (one translation unit: QJob, IJob, quantize_x, IM, UNROLL, VNNI,
+   chunk_end; qgemv_i8 calls x16_range below with its chunks when the call gives the interleaved copy).
+   Why a second layout: in GGUF's, one block is one row's 32 weights, so a 32-byte vector holds one row's codes and
+   every block of every row pays its own integer dot, its own scale multiply and its own horizontal sum: ~10
+   instructions per 32 weights, which kept Q4_0 compute-bound at ~20 GB/s a thread (the machine streams 2-3x that).
+   Here a record holds block b of 16 rows side by side: their 16 fp16 scales, then 4-byte groups of codes as
+   [step t][row r][4 bytes], so one 64-byte load is 4 codes of each of the 16 rows, vpdpbusd multiplies them with 4
+   bytes of x broadcast to every lane, and 8 steps leave block b's integer dot of each row in its own int32 lane.
+   The scales then apply 16 rows at a time: one fp16 conversion, one multiply, one FMA per block of 16 rows. Per 32
+   weights that is ~1.8 instructions, and a thread streams faster than memory.
+     Q4_0 record (288 bytes = 16 x 18): step t < 4 holds bytes 4t..4t+3 of each row's 16 code bytes; their low
+       nibbles are elements 4t..4t+3 (they meet q[4t..4t+3]), their high nibbles 16+4t..16+4t+3 (q[16+4t..]).
+       The codes stay unsigned (nibble = code + 8), so each lane starts at -8 * (the block's sum of q).
+     Q8_0 record (544 bytes = 16 x 34): 8 steps of each row's bytes 4t..4t+3, made unsigned when packed (code ^ 0x80
+       = code + 128, 0..255), each lane starting at -128 * (the block's sum of q).
+   Both sums are exact in int32 (|lane| <= 32 * 255 * 127 + 128 * 32 * 127 < 2^21) and equal the GGUF kernels'
+   isum; only the fp32 steps differ: y_n = sum over blocks of (d_n * dx_b) * isum_b in the block order, one FMA
+   chain per row, no lane sum. So a row's result does not depend on how many rows of x a call has (the same
+   steps per (row of x, row of W)), and is within fp32 rounding of the GGUF kernels' (the tests bound it).
+   A weight of N rows packs into ceil(N / 16) groups; the last group's missing rows are zero (scale 0, codes 0),
+   their lanes computed and never stored. */
+
+static inline int x16_type(const int qt) { return qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q8_0 || is_kquant(qt); }
+/* bytes of a record: 16 x the block's bytes, but Q4_K's (16 x 148: its 6-bit scales and mins unpacked to bytes) */
+static inline int x16_record(const int qt) { return qt == QT_Q4_K ? 16 * 148 : 16 * block_bytes(qt); }
+
+/* Where a record's parts lie (bytes from its start), after the 16 fp16 scales d at 0:
+     Q4_0: codes at 32, 4 steps of 64 bytes (the low nibbles meet q[4t..], the high ones q[16+4t..]);
+     Q5_0: the fifth bits at 32, 8 steps of a 64-bit byte mask (step t < 4: the low nibbles' elements, t >= 4: the
+           high ones'); Q4_0's codes at 96;
+     Q8_0: codes + 128 at 32, 8 steps of 64 bytes;
+     Q4_K: dmin at 32, the sub-blocks' scales at 64 and mins at 192 (unsigned bytes, [sub-block s][row r]), codes at
+           320: 4 chunks c of 8 steps (the low nibbles are sub-block 2c's elements 4t..4t+3, the high ones 2c+1's);
+     Q6_K: the 16 int8 scales at 32 ([sub-block][row]), the codes' low 4 bits at 288 laid out as Q4_K's, their high 2
+           bits at 2336: per step t two 64-byte planes (j = 0: the elements of the low nibbles, j = 1: of the high
+           ones), chunk c's 2 bits at bits 2c..2c+1 of each byte. */
+enum { X16_Q5_BITS = 32, X16_Q5_CODES = 96, X16_K_DMIN = 32, X16_K_SC = 64, X16_K_MIN = 192, X16_K_CODES = 320,
+       X16_Q6_SC = 32, X16_Q6_LOW = 288, X16_Q6_HIGH = 2336 };
+
+/* Block b of up to 16 rows (rows[r] its bytes, NULL past the weight's last row) as one record (zeroed first). */
+static void x16_pack_record(const uint8_t *const rows[X16], const int qt, uint8_t *o) {
+    memset(o, 0, (size_t)x16_record(qt));
+    for (int r = 0; r < X16 && rows[r]; r++) {
+        const uint8_t *blk = rows[r];
+        uint8_t *lane = o + 4 * r;  /* this row's 4 bytes of a 64-byte step */
+        if (qt == QT_Q4_0 || qt == QT_Q8_0 || qt == QT_Q5_0) {
+            const int codes = qt == QT_Q5_0 ? 6 : 2, steps = qt == QT_Q8_0 ? 8 : 4;
+            const int at = qt == QT_Q5_0 ? X16_Q5_CODES : 32;
+            const uint8_t flip = qt == QT_Q8_0 ? 0x80 : 0;
+            memcpy(o + 2 * r, blk, 2);
+            for (int t = 0; t < steps; t++)
+                for (int i = 0; i < 4; i++) lane[at + 64 * t + i] = blk[codes + 4 * t + i] ^ flip;
+            if (qt == QT_Q5_0) {
+                const uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 |
+                                    (uint32_t)blk[5] << 24;
+                for (int t = 0; t < 8; t++)
+                    for (int i = 0; i < 4; i++) {
+                        const int e = t < 4 ? 4 * t + i : 16 + 4 * (t - 4) + i, bit = 4 * r + i;
+                        o[X16_Q5_BITS + 8 * t + bit / 8] |= (uint8_t)(((qh >> e) & 1) << (bit % 8));
+                    }
+            }
+            continue;
+        }
+        int8_t q[QKK];
+        kq_codes_c(blk, qt, q);  /* Q4_K: 0..15; Q6_K: code - 32 */
+        if (qt == QT_Q4_K) {
+            memcpy(o + 2 * r, blk, 2);
+            memcpy(o + X16_K_DMIN + 2 * r, blk + 2, 2);
+            const uint8_t *sm = blk + 4;
+            for (int s = 0; s < 8; s++) {
+                o[X16_K_SC + 16 * s + r] = (uint8_t)(s < 4 ? sm[s] & 63 : (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4));
+                o[X16_K_MIN + 16 * s + r] = (uint8_t)(s < 4 ? sm[s + 4] & 63 : (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4));
+            }
+        } else {
+            memcpy(o + 2 * r, blk + 208, 2);
+            for (int s = 0; s < 16; s++) o[X16_Q6_SC + 16 * s + r] = blk[192 + s];
+        }
+        const int low = qt == QT_Q4_K ? X16_K_CODES : X16_Q6_LOW;
+        for (int c = 0; c < 4; c++)
+            for (int t = 0; t < 8; t++)
+                for (int i = 0; i < 4; i++) {
+                    const int e = 64 * c + 4 * t + i;  /* the low nibble's element; e + 32 the high one's */
+                    const int u0 = qt == QT_Q4_K ? q[e] : q[e] + 32, u1 = qt == QT_Q4_K ? q[e + 32] : q[e + 32] + 32;
+                    lane[low + 512 * c + 64 * t + i] = (uint8_t)((u0 & 15) | (u1 & 15) << 4);
+                    if (qt == QT_Q6_K) {
+                        lane[X16_Q6_HIGH + 128 * t + i] |= (uint8_t)((u0 >> 4) << (2 * c));
+                        lane[X16_Q6_HIGH + 128 * t + 64 + i] |= (uint8_t)((u1 >> 4) << (2 * c));
+                    }
+                }
+    }
+}
+
+/* Groups [g0, g1) of w (N rows of nb blocks in GGUF layout qt) into p, their records in (group, block) order. */
+static void x16_pack_groups(const uint8_t *w, int64_t N, int64_t nb, const int qt, int64_t g0, int64_t g1, uint8_t *p) {
+    const int64_t bs = block_bytes(qt), rec = x16_record(qt);
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *rows[X16];
+            for (int r = 0; r < X16; r++) rows[r] = g * X16 + r < N ? w + (g * X16 + r) * nb * bs + b * bs : NULL;
+            x16_pack_record(rows, qt, p + (g * nb + b) * rec);
+        }
+}
+
+/* Pack w [N, K / block elements blocks of qt] into p [ceil(N / 16) * blocks * x16_record(qt) bytes]: 0, or -2 for
+   another type. */
+int qpack16(const uint8_t *w, int64_t N, int64_t K, int qt, uint8_t *p, int nthreads) {
+    if (!x16_type(qt)) return -2;
+    const int64_t groups = (N + X16 - 1) / X16, nb = K / block_elems(qt);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nthreads < 1 ? 1 : nthreads) if (nthreads > 1)
+#endif
+    for (int64_t g = 0; g < groups; g++) x16_pack_groups(w, N, nb, qt, g, g + 1, p);
+    return 0;
+}
+
+/* qpack16() with its arguments in one block of 6 int64 (_PACK_ARGS in cpu_qgemv.py): w N K type p threads. */
+int qpack16_packed(const void *block) {
+    int64_t a[6];
+    memcpy(a, block, sizeof a);
+    return qpack16((const uint8_t *)(intptr_t)a[0], a[1], a[2], (int)a[3], (uint8_t *)(intptr_t)a[4], (int)a[5]);
+}
+
+#ifdef QG_X86
+#ifndef X16_HINT
+#define X16_HINT _MM_HINT_T1
+#endif
+#ifndef X16_AHEAD
+#define X16_AHEAD 8192
+#endif
+/* 4 bytes of q in every lane, read as a 32-bit load (may alias the int8 row): gcc folds it into vpdpbusd's
+   embedded broadcast, where a memcpy into an int went through a general register (2 slower uops a dot). */
+typedef int32_t __attribute__((may_alias, aligned(1))) x16_i32;
+static inline __attribute__((always_inline)) VNNI __m512i x16_bcast(const int8_t *q) {
+    return _mm512_set1_epi32(*(const x16_i32 *)q);
+}
+
+/* A 32-element block (Q4_0, Q5_0, Q8_0) of group g against M rows of x: its 8 steps' codes unpacked once (u, all
+   unsigned), each row's lanes starting at -(the unsigned offset) * (the block's sum of q). */
+static inline __attribute__((always_inline)) VNNI
+void x16_block32(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int M, const int qt, __m512 *acc) {
+    const QJob *j = ij->j;
+    const int64_t G = j->K / QK;
+    const int32_t offset = qt == QT_Q4_0 ? -8 : qt == QT_Q5_0 ? -16 : -128;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512i u[8];
+    if (qt == QT_Q8_0) {
+        for (int t = 0; t < 8; t++) u[t] = _mm512_loadu_si512((const void *)(o + 32 + 64 * t));
+    } else {
+        const uint8_t *codes = o + (qt == QT_Q5_0 ? X16_Q5_CODES : 32);
+        for (int t = 0; t < 4; t++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * t));
+            u[t] = _mm512_and_si512(v, m4);
+            u[4 + t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        if (qt == QT_Q5_0)
+            for (int t = 0; t < 8; t++) {
+                __mmask64 fifth;
+                memcpy(&fifth, o + X16_Q5_BITS + 8 * t, 8);
+                u[t] = _mm512_or_si512(u[t], _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(16)));
+            }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+    UNROLL for (int m = 0; m < M; m++) {
+        const int8_t *q = ij->qx + (m0 + m) * j->K + QK * b;
+        __m512i i0 = _mm512_set1_epi32(offset * ij->xsum[(m0 + m) * G + b]), i1 = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+            i0 = _mm512_dpbusd_epi32(i0, u[t], x16_bcast(q + 4 * t));
+            i1 = _mm512_dpbusd_epi32(i1, u[4 + t], x16_bcast(q + 16 + 4 * t));
+        }
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(ij->dx[(m0 + m) * G + b])),
+                                 _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[m]);
+    }
+}
+
+/* 16 bytes of a record's [sub-block][row] table as fp32 lanes (unsigned: Q4_K's scales and mins). */
+static inline __attribute__((always_inline)) VNNI __m512 x16_u8_ps(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* A Q4_K super-block of group g against M rows of x: per chunk c its 8 steps' two nibbles (sub-blocks 2c and 2c+1),
+   then per row of x and sub-block s: acc += (D_s * dx_s) * isum_s, macc += M_s * (dx_s * sx_s), D_s = d * sc_s and
+   M_s = dmin * m_s exact (11 x 6 bits), 16 rows at a time. */
+static inline __attribute__((always_inline)) VNNI
+void x16_q4k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int M, __m512 *acc, __m512 *macc) {
+    const QJob *j = ij->j;
+    const int64_t G = j->K / QK;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X16_K_DMIN)));
+    for (int c = 0; c < 4; c++) {
+        __m512i u[16];
+        for (int t = 0; t < 8; t++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(o + X16_K_CODES + 512 * c + 64 * t));
+            u[t] = _mm512_and_si512(v, m4);
+            u[8 + t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int s = 2 * c + h;
+            const __m512 D = _mm512_mul_ps(d, x16_u8_ps(o + X16_K_SC + 16 * s));
+            const __m512 Mn = _mm512_mul_ps(dmin, x16_u8_ps(o + X16_K_MIN + 16 * s));
+            UNROLL for (int m = 0; m < M; m++) {
+                const int64_t g = (m0 + m) * G + 8 * b + s;
+                const int8_t *q = ij->qx + (m0 + m) * j->K + QKK * b + QK * s;
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+                for (int t = 0; t < 4; t++) {
+                    i0 = _mm512_dpbusd_epi32(i0, u[8 * h + t], x16_bcast(q + 4 * t));
+                    i1 = _mm512_dpbusd_epi32(i1, u[8 * h + 4 + t], x16_bcast(q + 16 + 4 * t));
+                }
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(D, _mm512_set1_ps(ij->dx[g])),
+                                         _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[m]);
+                macc[m] = _mm512_fmadd_ps(Mn, _mm512_set1_ps(ij->dxs[g]), macc[m]);
+            }
+        }
+    }
+}
+
+/* A Q6_K super-block of group g against M rows of x. Code u = low + 16 * high (u = code + 32, 0..63), so a lane's
+   sum of u * q is its sum of low * q plus 16 times its sum of high * q: the low nibbles as Q4_K's (chunk c, step t),
+   the high 2 bits as they lie in their plane, chunk c's at bits 2c..2c+1 of each byte, masked but not shifted:
+   that lane sum is 4^c times the one wanted, an exact integer, so 16 * it is that sum shifted left by 4 - 2c (or
+   right by 2 for c = 3: a multiple of 64). Group 2c + h of 32 elements is sub-blocks 2(2c + h) (steps 0-3) and +1
+   (steps 4-7), each lane starting at -32 * (its 16 q's sum); their exact sums times the int8 scales in int32, then
+   acc += (d * dx_g) * isum_g (the GGUF kernel's contract, gemv_q_i8k.c). */
+static inline __attribute__((always_inline)) VNNI
+void x16_q6k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int M, __m512 *acc) {
+    const QJob *j = ij->j;
+    const int64_t G = j->K / QK;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+    for (int c = 0; c < 4; c++) {
+        const __m512i mc = _mm512_set1_epi8((char)(3 << (2 * c)));
+        __m512i u[16], hi[16];
+        for (int t = 0; t < 8; t++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(o + X16_Q6_LOW + 512 * c + 64 * t));
+            u[t] = _mm512_and_si512(v, m4);
+            u[8 + t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            hi[t] = _mm512_and_si512(_mm512_loadu_si512((const void *)(o + X16_Q6_HIGH + 128 * t)), mc);
+            hi[8 + t] = _mm512_and_si512(_mm512_loadu_si512((const void *)(o + X16_Q6_HIGH + 128 * t + 64)), mc);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int s = 2 * (2 * c + h);  /* the group's first sub-block of 16 */
+            const __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X16_Q6_SC + 16 * s)));
+            const __m512i sb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X16_Q6_SC + 16 * s + 16)));
+            UNROLL for (int m = 0; m < M; m++) {
+                const int64_t g = (m0 + m) * G + 8 * b + 2 * c + h;
+                const int8_t *q = ij->qx + (m0 + m) * j->K + QKK * b + QK * (2 * c + h);
+                const int32_t lo = ij->xsum16[g];
+                __m512i i0 = _mm512_set1_epi32(-32 * lo), i1 = _mm512_set1_epi32(-32 * (ij->xsum[g] - lo));
+                __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
+                for (int t = 0; t < 4; t++) {
+                    const __m512i qa = x16_bcast(q + 4 * t), qb = x16_bcast(q + 16 + 4 * t);
+                    i0 = _mm512_dpbusd_epi32(i0, u[8 * h + t], qa);
+                    i1 = _mm512_dpbusd_epi32(i1, u[8 * h + 4 + t], qb);
+                    h0 = _mm512_dpbusd_epi32(h0, hi[8 * h + t], qa);
+                    h1 = _mm512_dpbusd_epi32(h1, hi[8 * h + 4 + t], qb);
+                }
+                if (c < 3) {
+                    i0 = _mm512_add_epi32(i0, _mm512_slli_epi32(h0, 4 - 2 * c));
+                    i1 = _mm512_add_epi32(i1, _mm512_slli_epi32(h1, 4 - 2 * c));
+                } else {
+                    i0 = _mm512_add_epi32(i0, _mm512_srai_epi32(h0, 2));
+                    i1 = _mm512_add_epi32(i1, _mm512_srai_epi32(h1, 2));
+                }
+                const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(i0, sa), _mm512_mullo_epi32(i1, sb));
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(ij->dx[g])), _mm512_cvtepi32_ps(isum),
+                                         acc[m]);
+            }
+        }
+    }
+}
+
+/* Group g (rows 16g..16g+15) against M rows of x from m0, block by block; the rows past N computed, not stored. */
+static inline __attribute__((always_inline)) VNNI
+void x16_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m0, const int M, const int qt) {
+    const QJob *j = ij->j;
+    const int rec = x16_record(qt);
+    const uint8_t *o = w16 + g * j->nb * rec;
+    __m512 acc[IM], macc[IM];
+    for (int m = 0; m < M; m++) acc[m] = macc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < j->nb; b++, o += rec) {
+        for (int l = 0; l < rec; l += 64) _mm_prefetch((const char *)o + X16_AHEAD + l, X16_HINT);
+        if (qt == QT_Q4_K) x16_q4k(ij, o, b, m0, M, acc, macc);
+        else if (qt == QT_Q6_K) x16_q6k(ij, o, b, m0, M, acc);
+        else x16_block32(ij, o, b, m0, M, qt, acc);
+    }
+    const int64_t rows = j->N - g * X16 < X16 ? j->N - g * X16 : X16;
+    const __mmask16 keep = (__mmask16)((1u << rows) - 1u);
+    for (int m = 0; m < M; m++) {
+        __m512 v = qt == QT_Q4_K ? _mm512_sub_ps(acc[m], macc[m]) : acc[m];
+        if (j->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, j->bias + g * X16));
+        _mm512_mask_storeu_ps(j->y + (m0 + m) * j->N + g * X16, keep, v);
+    }
+}
+
+/* Groups [g0, g1) against every row of x, IM rows of x per pass (the chunk's records come from memory once, then
+   from L2); M and the type constants in each copy. */
+#define X16_PASS(M_, QT) for (int64_t g = g0; g < g1; g++) x16_group(ij, w16, g, m0, M_, QT)
+#define X16_TYPE(M_) do { \
+    switch (qt) { \
+    case QT_Q4_0: X16_PASS(M_, QT_Q4_0); break; \
+    case QT_Q5_0: X16_PASS(M_, QT_Q5_0); break; \
+    case QT_Q8_0: X16_PASS(M_, QT_Q8_0); break; \
+    case QT_Q4_K: X16_PASS(M_, QT_Q4_K); break; \
+    default: X16_PASS(M_, QT_Q6_K); break; \
+    } \
+} while (0)
+static VNNI void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
+    for (int64_t m0 = 0; m0 < ij->j->M; m0 += IM) {
+        const int M = (int)(ij->j->M - m0 < IM ? ij->j->M - m0 : IM);
+        switch (M) {
+        case 1: X16_TYPE(1); break;
+        case 2: X16_TYPE(2); break;
+        case 3: X16_TYPE(3); break;
+        case 4: X16_TYPE(4); break;
+        case 5: X16_TYPE(5); break;
+        case 6: X16_TYPE(6); break;
+        case 7: X16_TYPE(7); break;
+        default: X16_TYPE(8); break;
+        }
+    }
+}
+#else
+static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
+    (void)ij; (void)w16; (void)g0; (void)g1; (void)qt;  /* never called: qgemv_i8 refuses w16 without VNNI */
+}
+#endif
