@@ -1,26 +1,30 @@
-/* The int8 path (activations="int8") on weights interleaved 16 rows at a time: Q4_0 and Q8_0 with AVX-512 VNNI.
+/* The int8 path (activations="int8") on weights interleaved 16 rows at a time: every GGUF layout, AVX-512 VNNI.
 
    Appended after gemv_q_i8k.c by the loader (one translation unit: QJob, IJob, quantize_x, IM, UNROLL, VNNI,
-   chunk_end; qgemv_i8 calls x16_range below with its chunks when the call gives the interleaved copy).
-   Why a second layout: in GGUF's, one block is one row's 32 weights, so a 32-byte vector holds one row's codes and
-   every block of every row pays its own integer dot, its own scale multiply and its own horizontal sum: ~10
-   instructions per 32 weights, which kept Q4_0 compute-bound at ~20 GB/s a thread (the machine streams 2-3x that).
-   Here a record holds block b of 16 rows side by side: their 16 fp16 scales, then 4-byte groups of codes as
+   chunk_end, kq_codes_c; qgemv_i8 calls x16_range below with its chunks when the call gives the interleaved copy).
+   Why a second layout: in GGUF's, one block is one row's weights, so a vector holds one row's codes and every block
+   of every row pays its own integer dot, its own scale multiply and its own lane sum: ~10 instructions per 32
+   weights, which kept Q4_0 compute-bound at ~20 GB/s a thread and Q4_K at ~11 (the machine streams 2-4x that).
+   Here a record holds block b of 16 rows side by side: their fp16 scales, then 4-byte groups of codes as
    [step t][row r][4 bytes], so one 64-byte load is 4 codes of each of the 16 rows, vpdpbusd multiplies them with 4
-   bytes of x broadcast to every lane, and 8 steps leave block b's integer dot of each row in its own int32 lane.
-   The scales then apply 16 rows at a time: one fp16 conversion, one multiply, one FMA per block of 16 rows. Per 32
-   weights that is ~1.8 instructions, and a thread streams faster than memory.
-     Q4_0 record (288 bytes = 16 x 18): step t < 4 holds bytes 4t..4t+3 of each row's 16 code bytes; their low
-       nibbles are elements 4t..4t+3 (they meet q[4t..4t+3]), their high nibbles 16+4t..16+4t+3 (q[16+4t..]).
-       The codes stay unsigned (nibble = code + 8), so each lane starts at -8 * (the block's sum of q).
-     Q8_0 record (544 bytes = 16 x 34): 8 steps of each row's bytes 4t..4t+3, made unsigned when packed (code ^ 0x80
-       = code + 128, 0..255), each lane starting at -128 * (the block's sum of q).
-   Both sums are exact in int32 (|lane| <= 32 * 255 * 127 + 128 * 32 * 127 < 2^21) and equal the GGUF kernels'
-   isum; only the fp32 steps differ: y_n = sum over blocks of (d_n * dx_b) * isum_b in the block order, one FMA
-   chain per row, no lane sum. So a row's result does not depend on how many rows of x a call has (the same
-   steps per (row of x, row of W)), and is within fp32 rounding of the GGUF kernels' (the tests bound it).
-   A weight of N rows packs into ceil(N / 16) groups; the last group's missing rows are zero (scale 0, codes 0),
-   their lanes computed and never stored. */
+   bytes of x broadcast to every lane, and 8 steps leave a 32-element group's integer dot of each row in its own
+   int32 lane. The scales then apply 16 rows at a time: one conversion, one multiply, one FMA per group of 16 rows.
+   Codes are unsigned in the records (vpdpbusd's first operand); each lane starts at -(the offset) * (the sum of the
+   q it meets), from quantize_x's xsum / xsum16:
+     Q4_0 (288 bytes = 16 x 18): step t < 4 holds bytes 4t..4t+3 of each row's 16 code bytes; their low nibbles are
+       elements 4t..4t+3 (they meet q[4t..]), their high nibbles 16+4t..16+4t+3 (q[16+4t..]); offset 8.
+     Q5_0 (352 = 16 x 22): Q4_0's, plus the fifth bits as a 64-bit byte mask per step (OR-ed in as 16); offset 16.
+     Q8_0 (544 = 16 x 34): 8 steps of each row's bytes 4t..4t+3, flipped when packed (code ^ 0x80 = code + 128).
+     Q4_K (2368 = 16 x 148: 4 bytes more a row than GGUF's, its 6-bit scales and mins unpacked to bytes): codes as
+       they are (0..15), scales and mins per sub-block of 32 applied in fp32 (D = d * sc, M = dmin * m, exact).
+     Q6_K (3360 = 16 x 210): the 6-bit codes + 32 as a plane of low nibbles and one of high 2 bits; a group of 32 is
+       two sub-blocks of 16 (steps 0-3, 4-7), whose exact sums are scaled by their int8 scales in int32.
+   The enum below has each part's place. Every integer sum is exact in int32 and equals the GGUF kernels' isum (so
+   the contract, gemv_q_i8.c's, is the same); only the fp32 steps differ: per row, y_n = sum over groups of
+   (D_n * dx_g) * isum_g (- M_n * dx_g * sx_g for Q4_K) in group order, one FMA chain, no lane sum. So a row's result
+   does not depend on how many rows of x a call has (the same steps per (row of x, row of W)), and is within fp32
+   rounding of the GGUF kernels' (the tests bound it). A weight of N rows packs into ceil(N / 16) groups; the last
+   group's missing rows are zero (scale 0, codes 0), their lanes computed and never stored. */
 
 static inline int x16_type(const int qt) { return qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q8_0 || is_kquant(qt); }
 /* bytes of a record: 16 x the block's bytes, but Q4_K's (16 x 148: its 6-bit scales and mins unpacked to bytes) */
@@ -123,17 +127,19 @@ int qpack16_packed(const void *block) {
 }
 
 #ifdef QG_X86
+/* Prefetch 8 KiB ahead into L2: the k-quants' records are 2.3-3.3 KiB, and 2 KiB ahead into L1 (gemv_q.c's) left
+   Q6_K's cold calls at ~16 GB/s where this reads ~26 (the others alike within noise, memory-bound). */
 #ifndef X16_HINT
 #define X16_HINT _MM_HINT_T1
 #endif
 #ifndef X16_AHEAD
 #define X16_AHEAD 8192
 #endif
-/* 4 bytes of q in every lane, read as a 32-bit load (may alias the int8 row): gcc folds it into vpdpbusd's
-   embedded broadcast, where a memcpy into an int went through a general register (2 slower uops a dot). */
-typedef int32_t __attribute__((may_alias, aligned(1))) x16_i32;
+/* 4 bytes of q (one step's) in every lane. */
 static inline __attribute__((always_inline)) VNNI __m512i x16_bcast(const int8_t *q) {
-    return _mm512_set1_epi32(*(const x16_i32 *)q);
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm512_set1_epi32(v);
 }
 
 /* A 32-element block (Q4_0, Q5_0, Q8_0) of group g against M rows of x: its 8 steps' codes unpacked once (u, all
@@ -180,10 +186,11 @@ static inline __attribute__((always_inline)) VNNI __m512 x16_u8_ps(const uint8_t
 }
 
 /* A Q4_K super-block of group g against M rows of x: per chunk c its 8 steps' two nibbles (sub-blocks 2c and 2c+1),
-   then per row of x and sub-block s: acc += (D_s * dx_s) * isum_s, macc += M_s * (dx_s * sx_s), D_s = d * sc_s and
-   M_s = dmin * m_s exact (11 x 6 bits), 16 rows at a time. */
+   then per row of x and sub-block s: acc += (D_s * dx_s) * isum_s, acc -= M_s * (dx_s * sx_s), D_s = d * sc_s and
+   M_s = dmin * m_s exact (11 x 6 bits), 16 rows at a time (one accumulator a row of x: with 8 rows of x a second
+   one for the mins spilled the unpacked codes). */
 static inline __attribute__((always_inline)) VNNI
-void x16_q4k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int M, __m512 *acc, __m512 *macc) {
+void x16_q4k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int M, __m512 *acc) {
     const QJob *j = ij->j;
     const int64_t G = j->K / QK;
     const __m512i m4 = _mm512_set1_epi8(15);
@@ -210,34 +217,35 @@ void x16_q4k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int 
                 }
                 acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(D, _mm512_set1_ps(ij->dx[g])),
                                          _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[m]);
-                macc[m] = _mm512_fmadd_ps(Mn, _mm512_set1_ps(ij->dxs[g]), macc[m]);
+                acc[m] = _mm512_fnmadd_ps(Mn, _mm512_set1_ps(ij->dxs[g]), acc[m]);
             }
         }
     }
 }
 
-/* A Q6_K super-block of group g against M rows of x. Code u = low + 16 * high (u = code + 32, 0..63), so a lane's
-   sum of u * q is its sum of low * q plus 16 times its sum of high * q: the low nibbles as Q4_K's (chunk c, step t),
-   the high 2 bits as they lie in their plane, chunk c's at bits 2c..2c+1 of each byte, masked but not shifted:
-   that lane sum is 4^c times the one wanted, an exact integer, so 16 * it is that sum shifted left by 4 - 2c (or
-   right by 2 for c = 3: a multiple of 64). Group 2c + h of 32 elements is sub-blocks 2(2c + h) (steps 0-3) and +1
-   (steps 4-7), each lane starting at -32 * (its 16 q's sum); their exact sums times the int8 scales in int32, then
-   acc += (d * dx_g) * isum_g (the GGUF kernel's contract, gemv_q_i8k.c). */
+/* A Q6_K super-block of group g against M rows of x: per chunk c and step t the codes' low nibbles and high 2 bits
+   joined (u = code + 32, 0..63; chunk c's 2 bits, at bits 2c..2c+1 of each byte of their plane, shifted to bits
+   4..5); group 2c + h of 32 elements is sub-blocks 2(2c + h) (steps 0-3) and +1 (steps 4-7), each lane starting at
+   -32 * (its 16 q's sum), their exact sums times the int8 scales in int32, then acc += (d * dx_g) * isum_g (the GGUF
+   kernel's contract, gemv_q_i8k.c). Summing the high bits in dot products of their own (masked in place, scaled
+   by 4^-c afterwards) measured no faster with one row of x and 2x slower with 8. */
 static inline __attribute__((always_inline)) VNNI
 void x16_q6k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int M, __m512 *acc) {
     const QJob *j = ij->j;
     const int64_t G = j->K / QK;
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
     for (int c = 0; c < 4; c++) {
-        const __m512i mc = _mm512_set1_epi8((char)(3 << (2 * c)));
-        __m512i u[16], hi[16];
+        __m512i u[16];
         for (int t = 0; t < 8; t++) {
             const __m512i v = _mm512_loadu_si512((const void *)(o + X16_Q6_LOW + 512 * c + 64 * t));
-            u[t] = _mm512_and_si512(v, m4);
-            u[8 + t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            hi[t] = _mm512_and_si512(_mm512_loadu_si512((const void *)(o + X16_Q6_HIGH + 128 * t)), mc);
-            hi[8 + t] = _mm512_and_si512(_mm512_loadu_si512((const void *)(o + X16_Q6_HIGH + 128 * t + 64)), mc);
+            __m512i h0 = _mm512_loadu_si512((const void *)(o + X16_Q6_HIGH + 128 * t));
+            __m512i h1 = _mm512_loadu_si512((const void *)(o + X16_Q6_HIGH + 128 * t + 64));
+            /* epi16 shifts: the bits that cross from the neighbour byte are masked */
+            h0 = c < 2 ? _mm512_slli_epi16(h0, 4 - 2 * c) : _mm512_srli_epi16(h0, 2 * c - 4);
+            h1 = c < 2 ? _mm512_slli_epi16(h1, 4 - 2 * c) : _mm512_srli_epi16(h1, 2 * c - 4);
+            u[t] = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(h0, m30));
+            u[8 + t] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_and_si512(h1, m30));
         }
         for (int h = 0; h < 2; h++) {
             const int s = 2 * (2 * c + h);  /* the group's first sub-block of 16 */
@@ -248,20 +256,9 @@ void x16_q6k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m0, const int 
                 const int8_t *q = ij->qx + (m0 + m) * j->K + QKK * b + QK * (2 * c + h);
                 const int32_t lo = ij->xsum16[g];
                 __m512i i0 = _mm512_set1_epi32(-32 * lo), i1 = _mm512_set1_epi32(-32 * (ij->xsum[g] - lo));
-                __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
                 for (int t = 0; t < 4; t++) {
-                    const __m512i qa = x16_bcast(q + 4 * t), qb = x16_bcast(q + 16 + 4 * t);
-                    i0 = _mm512_dpbusd_epi32(i0, u[8 * h + t], qa);
-                    i1 = _mm512_dpbusd_epi32(i1, u[8 * h + 4 + t], qb);
-                    h0 = _mm512_dpbusd_epi32(h0, hi[8 * h + t], qa);
-                    h1 = _mm512_dpbusd_epi32(h1, hi[8 * h + 4 + t], qb);
-                }
-                if (c < 3) {
-                    i0 = _mm512_add_epi32(i0, _mm512_slli_epi32(h0, 4 - 2 * c));
-                    i1 = _mm512_add_epi32(i1, _mm512_slli_epi32(h1, 4 - 2 * c));
-                } else {
-                    i0 = _mm512_add_epi32(i0, _mm512_srai_epi32(h0, 2));
-                    i1 = _mm512_add_epi32(i1, _mm512_srai_epi32(h1, 2));
+                    i0 = _mm512_dpbusd_epi32(i0, u[8 * h + t], x16_bcast(q + 4 * t));
+                    i1 = _mm512_dpbusd_epi32(i1, u[8 * h + 4 + t], x16_bcast(q + 16 + 4 * t));
                 }
                 const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(i0, sa), _mm512_mullo_epi32(i1, sb));
                 acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(ij->dx[g])), _mm512_cvtepi32_ps(isum),
@@ -277,18 +274,18 @@ void x16_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m0, const 
     const QJob *j = ij->j;
     const int rec = x16_record(qt);
     const uint8_t *o = w16 + g * j->nb * rec;
-    __m512 acc[IM], macc[IM];
-    for (int m = 0; m < M; m++) acc[m] = macc[m] = _mm512_setzero_ps();
+    __m512 acc[IM];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < j->nb; b++, o += rec) {
         for (int l = 0; l < rec; l += 64) _mm_prefetch((const char *)o + X16_AHEAD + l, X16_HINT);
-        if (qt == QT_Q4_K) x16_q4k(ij, o, b, m0, M, acc, macc);
+        if (qt == QT_Q4_K) x16_q4k(ij, o, b, m0, M, acc);
         else if (qt == QT_Q6_K) x16_q6k(ij, o, b, m0, M, acc);
         else x16_block32(ij, o, b, m0, M, qt, acc);
     }
     const int64_t rows = j->N - g * X16 < X16 ? j->N - g * X16 : X16;
     const __mmask16 keep = (__mmask16)((1u << rows) - 1u);
     for (int m = 0; m < M; m++) {
-        __m512 v = qt == QT_Q4_K ? _mm512_sub_ps(acc[m], macc[m]) : acc[m];
+        __m512 v = acc[m];
         if (j->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, j->bias + g * X16));
         _mm512_mask_storeu_ps(j->y + (m0 + m) * j->N + g * X16, keep, v);
     }
