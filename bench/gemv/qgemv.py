@@ -9,8 +9,8 @@ For each decode GEMV of Qwen2.5-0.5B (``K x N``: the fused QKV 896 x 1152, o_pro
 896 x 9728, down 4864 x 896, LM head 896 x 151936) times ``y = x · Wᵀ`` by the runtime's kernels:
 ``cpu_gemv.Gemv`` with fp32 and bf16 weights, ``cpu_qgemv.QGemv`` with Q8_0, Q4_0, Q5_0, Q4_K and Q6_K blocks and
 the same with ``activations="int8"`` (``q8_0/i8`` ...: on the 16-row interleaved copies where the CPU has AVX-512
-VNNI, as the runtime runs them; ``TORCH_IR_QGEMV_X16=0`` for the GGUF layout's kernels), each with its default
-thread choice (k-quants only
+VNNI, as the runtime runs them; ``q8_0/i8g`` ...: on the GGUF layout, the kernels of every other CPU), each with its
+default thread choice (k-quants only
 where K is a multiple of 256: the down projection; a cell of "-" elsewhere: llama.cpp's q4_K_M file of the model
 stores those rows as Q5_0), and reports weight bytes / median time.
 Every call reads the next copy of a ring of
@@ -45,8 +45,8 @@ from npu_runtime.backends import cpu_gemv, cpu_qgemv  # noqa: E402
 #: (name, K, N, per token) of Qwen2.5-0.5B (hidden 896, intermediate 4864, K/V 2 x 64, vocab 151936, 24 layers)
 SHAPES = [("qkv", 896, 1152, 24), ("o_proj", 896, 896, 24), ("gate+up", 896, 9728, 24), ("down", 4864, 896, 24),
           ("lm_head", 896, 151936, 1)]
-METHODS = ("fp32", "bf16", "q8_0", "q8_0/i8", "q4_0", "q4_0/i8", "q5_0", "q5_0/i8", "q4_K", "q4_K/i8", "q6_K",
-           "q6_K/i8")
+METHODS = ("fp32", "bf16", "q8_0", "q8_0/i8", "q8_0/i8g", "q4_0", "q4_0/i8", "q4_0/i8g", "q5_0", "q5_0/i8",
+           "q5_0/i8g", "q4_K", "q4_K/i8", "q4_K/i8g", "q6_K", "q6_K/i8", "q6_K/i8g")
 
 
 def log(message: str) -> None:
@@ -73,11 +73,11 @@ def plans(method: str, n: int, k: int, pool: int, isa: str | None) -> tuple[int,
         gemvs = [cpu_gemv.Gemv(c) for c in copies]
         return w.nbytes, [lambda x, y, g=g: g(x, out=y) for g in gemvs], lambda x: x.double() @ w.double().t()
     qtype, _, act = method.partition("/")
-    act = "int8" if act else "float32"
+    layout, act = act, "int8" if act else "float32"
     w = packed(qtype, n, k, n + k)
     copies = [w] + [w.clone() for _ in range(max(1, math.ceil(pool / w.nbytes)) - 1)]
     gemvs = [cpu_qgemv.QGemv(c, qtype) for c in copies]
-    if act == "int8":  # as the runtime's linear layers do: the 16-row interleaved copy where the CPU reads it
+    if layout == "i8":  # as the runtime's linear layers do: the 16-row interleaved copy where the CPU reads it
         for g in gemvs:
             g.interleave()
     ref = cpu_qgemv.dequantize(w, qtype).double()
