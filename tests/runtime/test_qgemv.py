@@ -350,16 +350,21 @@ def test_int8_activations_keep_their_contract(isa, qtype, m, n, k):
     print(f"{qtype} int8 vs exact weights, random data: {np.abs(want - exact).max() / np.abs(exact).max():.2e}")
 
 
-@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_0", "q4_K", "q6_K"])
-def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
-    """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
-    power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
-    m, n, k = 2, 19, 512
+def exact_int8_case(qtype: str, m: int = 2, n: int = 19, k: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """Power-of-two weight scales and x already on int8 groups (an integer per element, ±127 once per group, times
+    2^-1: dx = 2^-1 exactly): every int8-path sum is exact."""
     raw = random_blocks(qtype, n, k, seed=5, exp=(-2, 0))
     rng = np.random.default_rng(6)
     q = rng.integers(-4, 5, size=(m, k // 32, 32))
     q[..., 0] = rng.choice([-127, 127], size=(m, k // 32))
-    x = (q * 0.5).reshape(m, k).astype(np.float32)
+    return raw, (q * 0.5).reshape(m, k).astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_0", "q4_K", "q6_K"])
+def test_int8_activations_are_exact_where_x_is_int8(isa, qtype):
+    """x already on int8 groups (an integer per element, ±127 once per group, times 2^-1: dx = 2^-1 exactly) and
+    power-of-two weight scales: the int8 path is exact, so it equals the float path and the float64 product."""
+    raw, x = exact_int8_case(qtype)
     want, scale = reference(raw, qtype, x)
     assert scale.max() < 2.0**21  # every product a multiple of 2^-2 · 2^-1: each partial sum exact in fp32
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)

@@ -15,7 +15,17 @@ from gguf.quants import dequantize as gguf_dequantize
 from npu_runtime.backends import cpu_blocks, cpu_qgemv
 from torch_ir.quant.numerics import int8_groups
 
-from .test_qgemv import BYTES, GGML, U, int8_codes, int8_contract, random_blocks, reference, with_extremes
+from .test_qgemv import (
+    BYTES,
+    GGML,
+    U,
+    exact_int8_case,
+    int8_codes,
+    int8_contract,
+    random_blocks,
+    reference,
+    with_extremes,
+)
 from .test_qgemv_prefill import bits
 
 LAYOUTS = list(cpu_qgemv.X16_QTYPES)
@@ -133,12 +143,7 @@ def test_the_contract_holds_on_the_copy(vnni, qtype, m, n, k):
 def test_the_copy_is_exact_where_x_is_int8(vnni, qtype):
     """x on int8 groups and power-of-two scales (``test_int8_activations_are_exact_where_x_is_int8``): the float64
     product, bit for bit."""
-    m, n, k = 2, 19, 512
-    raw = random_blocks(qtype, n, k, seed=5, exp=(-2, 0))
-    rng = np.random.default_rng(6)
-    q = rng.integers(-4, 5, size=(m, k // 32, 32))
-    q[..., 0] = rng.choice([-127, 127], size=(m, k // 32))
-    x = (q * 0.5).reshape(m, k).astype(np.float32)
+    raw, x = exact_int8_case(qtype)
     want, _ = reference(raw, qtype, x)
     np.testing.assert_array_equal(planned(raw, qtype)(torch.from_numpy(x), activations="int8").numpy(), want)
 
