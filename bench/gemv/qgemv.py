@@ -8,8 +8,8 @@ against fp32 and bf16, and the floor.
 For each decode GEMV of Qwen2.5-0.5B (``K x N``: the fused QKV 896 x 1152, o_proj 896 x 896, fused gate+up
 896 x 9728, down 4864 x 896, LM head 896 x 151936) times ``y = x · Wᵀ`` by the runtime's kernels:
 ``cpu_gemv.Gemv`` with fp32 and bf16 weights, ``cpu_qgemv.QGemv`` with Q8_0, Q4_0, Q5_0, Q4_K and Q6_K blocks and
-the same with ``activations="int8"`` (``q8_0/i8`` ...: on the 16-row interleaved copies where the CPU has AVX-512
-VNNI, as the runtime runs them; ``q8_0/i8g`` ...: on the GGUF layout, the kernels of every other CPU), each with its
+the same with ``activations="int8"`` (``q8_0/i8`` ...: as the runtime runs them, on the 16-row interleaved copies
+where the CPU reads them faster (``QGemv.interleave``); ``q8_0/i8g`` ...: on the GGUF layout), each with its
 default thread choice (k-quants only
 where K is a multiple of 256: the down projection; a cell of "-" elsewhere: llama.cpp's q4_K_M file of the model
 stores those rows as Q5_0), and reports weight bytes / median time.

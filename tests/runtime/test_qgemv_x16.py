@@ -32,17 +32,25 @@ LAYOUTS = list(cpu_qgemv.X16_QTYPES)
 
 
 @pytest.fixture(scope="module")
-def vnni():
-    """The kernel that reads the copies: AVX-512 VNNI (elsewhere ``interleaved`` gives None: tested below)."""
+def native():
+    """A kernel that reads the copies: AVX2 or better (elsewhere ``interleaved`` gives None: tested below)."""
     library = cpu_qgemv._load()
-    if library is None or not library.lib.qgemv_vnni():
-        pytest.skip("no AVX-512 VNNI kernel here")
+    if library is None or library.isa < cpu_qgemv.ISAS["avx2"]:
+        pytest.skip("no AVX2 kernel here")
     return library
+
+
+@pytest.fixture(params=["avx2", "avx512"])
+def isa(request, native):
+    """Each kernel that reads the copies (``isa=`` caps the call): AVX2's, and AVX-512 VNNI's where the CPU has it."""
+    if request.param == "avx512" and not native.lib.qgemv_vnni():
+        pytest.skip("no AVX-512 VNNI here")
+    return request.param
 
 
 def planned(raw: np.ndarray, qtype: str, bias: np.ndarray | None = None) -> cpu_qgemv.QGemv:
     plan = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype, None if bias is None else torch.from_numpy(bias))
-    assert plan.interleave()
+    assert plan.interleave(always=True)
     return plan
 
 
@@ -115,7 +123,7 @@ def chunked(low: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", LAYOUTS)
 @pytest.mark.parametrize("n", [1, 16, 37])
-def test_the_copy_is_the_described_layout(vnni, qtype, n):
+def test_the_copy_is_the_described_layout(native, qtype, n):
     k = 512
     raw = random_blocks(qtype, n, k, seed=n, wide=True)
     copy = cpu_qgemv.interleaved(torch.from_numpy(raw), qtype)
@@ -125,7 +133,7 @@ def test_the_copy_is_the_described_layout(vnni, qtype, n):
 
 @pytest.mark.parametrize("qtype", LAYOUTS)
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 1536), (3, 21, 4864), (5, 9, 512), (2, 16, 256), (1, 2, 256)])
-def test_the_contract_holds_on_the_copy(vnni, qtype, m, n, k):
+def test_the_contract_holds_on_the_copy(isa, qtype, m, n, k):
     """The bound of ``test_int8_activations_keep_their_contract`` (every term's roundings, any order), with extreme
     codes against q = ±127 in rows 0 and 1 and a bias; N = 2, 9, 21, 37 leave a group's rows unused."""
     raw = random_blocks(qtype, n, k, seed=k + m, wide=True)
@@ -133,30 +141,30 @@ def test_the_contract_holds_on_the_copy(vnni, qtype, m, n, k):
     raw, x = with_extremes(raw, qtype, x)
     bias = np.random.default_rng(3).standard_normal(n).astype(np.float32)
     want, bound = int8_contract(raw, qtype, x)
-    y = planned(raw, qtype, bias)(torch.from_numpy(x), activations="int8")
+    y = planned(raw, qtype, bias)(torch.from_numpy(x), activations="int8", isa=isa)
     nsteps = 2 * (k // 32) + 16
     err = np.abs(y.numpy().astype(np.float64) - (want + bias))
     assert (err <= nsteps * U / (1 - nsteps * U) * (bound + np.abs(bias))).all(), f"max error {err.max():.3g}"
 
 
 @pytest.mark.parametrize("qtype", LAYOUTS)
-def test_the_copy_is_exact_where_x_is_int8(vnni, qtype):
+def test_the_copy_is_exact_where_x_is_int8(isa, qtype):
     """x on int8 groups and power-of-two scales (``test_int8_activations_are_exact_where_x_is_int8``): the float64
     product, bit for bit."""
     raw, x = exact_int8_case(qtype)
     want, _ = reference(raw, qtype, x)
-    np.testing.assert_array_equal(planned(raw, qtype)(torch.from_numpy(x), activations="int8").numpy(), want)
+    np.testing.assert_array_equal(planned(raw, qtype)(torch.from_numpy(x), activations="int8", isa=isa).numpy(), want)
 
 
 @pytest.mark.parametrize("qtype", LAYOUTS)
-def test_each_row_of_x_gets_its_own_result(vnni, qtype):
+def test_each_row_of_x_gets_its_own_result(isa, qtype):
     """Up to 8 rows of x per pass over a group's records: every row's result is, bit for bit, the one-row call's, for
     M = 1..9 and 128 (two threads), and within the contract's bound of gguf's weights times ``int8_groups(x)``."""
     n, k = 37, 512
     raw, x = with_extremes(random_blocks(qtype, n, k, seed=31, wide=True),
                            qtype, np.random.default_rng(32).standard_normal((128, k)).astype(np.float32))
     plan = planned(raw, qtype)
-    alone = np.concatenate([plan(torch.from_numpy(x[i:i + 1]), activations="int8", threads=1).numpy()
+    alone = np.concatenate([plan(torch.from_numpy(x[i:i + 1]), activations="int8", threads=1, isa=isa).numpy()
                             for i in range(128)])
     want = int8_groups(torch.from_numpy(x), 32).double().numpy() @ gguf_dequantize(raw, GGML[qtype]).astype(
         np.float64).T
@@ -164,24 +172,40 @@ def test_each_row_of_x_gets_its_own_result(vnni, qtype):
     nsteps = 2 * (k // 32) + 18
     assert (np.abs(alone - want) <= nsteps * U / (1 - nsteps * U) * bound).all()
     for m in (*range(1, 10), 128):
-        y = plan(torch.from_numpy(x[:m]), activations="int8", threads=2 if m == 128 else 1)
+        y = plan(torch.from_numpy(x[:m]), activations="int8", threads=2 if m == 128 else 1, isa=isa)
         np.testing.assert_array_equal(bits(y), bits(alone[:m]), err_msg=f"M = {m}")
 
 
-def test_when_the_copy_is_made_and_read(vnni, monkeypatch):
+@pytest.mark.parametrize("qtype", LAYOUTS)
+def test_the_avx2_kernel_gives_the_vnni_kernels_bits(native, qtype):
+    """Both kernels sum the same integers exactly and take the same fp32 steps per row (gemv_q_x16.c), so a
+    VNNI machine's two results are equal, bit for bit, for every layout and 1, 3 and 9 rows of x."""
+    if not native.lib.qgemv_vnni():
+        pytest.skip("no AVX-512 VNNI here")
+    n, k = 37, 1024
+    raw, x = with_extremes(random_blocks(qtype, n, k, seed=41, wide=True),
+                           qtype, np.random.default_rng(42).standard_normal((9, k)).astype(np.float32))
+    plan = planned(raw, qtype, np.random.default_rng(43).standard_normal(n).astype(np.float32))
+    for m in (1, 3, 9):
+        xm = torch.from_numpy(x[:m])
+        np.testing.assert_array_equal(bits(plan(xm, activations="int8", isa="avx2")),
+                                      bits(plan(xm, activations="int8", isa="avx512")), err_msg=f"M = {m}")
+
+
+def test_when_the_copy_is_made_and_read(native, monkeypatch):
     raw = torch.from_numpy(random_blocks("q4_0", 40, 256, seed=1))
     first = cpu_qgemv.interleaved(raw, "q4_0")
     assert cpu_qgemv.interleaved(raw, "q4_0") is first  # one copy per weight while it lives
     assert cpu_qgemv.interleaved(raw.clone(), "q4_0") is not first
     plan, x = planned(raw.numpy(), "q4_0"), torch.randn(3, 256)
     gguf = cpu_qgemv.QGemv(raw, "q4_0")
-    # a call capped below AVX-512, and the float path, read the GGUF layout: the GGUF kernels' bits
-    np.testing.assert_array_equal(bits(plan(x, activations="int8", isa="avx2")),
-                                  bits(gguf(x, activations="int8", isa="avx2")))
+    # a call capped below AVX2, and the float path, read the GGUF layout: the GGUF kernels' bits
+    np.testing.assert_array_equal(bits(plan(x, activations="int8", isa="c")),
+                                  bits(gguf(x, activations="int8", isa="c")))
     np.testing.assert_array_equal(bits(plan(x)), bits(gguf(x)))
-    monkeypatch.setenv("TORCH_IR_QGEMV_ISA", "avx2")
+    monkeypatch.setenv("TORCH_IR_QGEMV_ISA", "c")
     assert cpu_qgemv.interleaved(raw, "q4_0") is None
-    monkeypatch.setenv("TORCH_IR_QGEMV_ISA", "avx512")
+    monkeypatch.delenv("TORCH_IR_QGEMV_ISA")
     monkeypatch.setenv("TORCH_IR_QGEMV_X16", "0")
     assert not cpu_qgemv.QGemv(raw, "q4_0").interleave()
     monkeypatch.delenv("TORCH_IR_QGEMV_X16")
@@ -190,18 +214,30 @@ def test_when_the_copy_is_made_and_read(vnni, monkeypatch):
     assert not any(key[0] == raw.data_ptr() for key in cpu_qgemv._INTERLEAVED.keys())
 
 
-def test_block_linear_reads_the_copy_with_int8_activations(vnni):
-    q, k = torch.from_numpy(random_blocks("q4_0", 32, 256, 1)), torch.from_numpy(random_blocks("q8_0", 16, 256, 2))
-    layer = cpu_blocks.BlockLinear([(q, "q4_0"), (k, "q8_0")], None, int8=True)
+def test_which_layouts_get_a_copy(native, monkeypatch):
+    """The runtime's choice (``interleave()``): every layout where the CPU has AVX-512 VNNI; with AVX2 alone (or an
+    ``avx2`` cap) those whose GGUF kernels are compute-bound, not Q8_0 and Q6_K (measured no faster from memory)."""
+    weights = {t: torch.from_numpy(random_blocks(t, 16, 256, seed=5)) for t in LAYOUTS}
+    vnni = bool(native.lib.qgemv_vnni())
+    for t in LAYOUTS:
+        assert cpu_qgemv.QGemv(weights[t], t).interleave() == (vnni or t in ("q4_0", "q5_0", "q4_K")), t
+    monkeypatch.setenv("TORCH_IR_QGEMV_ISA", "avx2")
+    assert [t for t in LAYOUTS if cpu_qgemv.QGemv(weights[t], t).interleave()] == ["q4_0", "q5_0", "q4_K"]
+    assert all(cpu_qgemv.QGemv(weights[t], t).interleave(always=True) for t in LAYOUTS)
+
+
+def test_block_linear_reads_the_copy_with_int8_activations(native):
+    q, k = torch.from_numpy(random_blocks("q4_0", 32, 256, 1)), torch.from_numpy(random_blocks("q4_K", 16, 256, 2))
+    layer = cpu_blocks.BlockLinear([(q, "q4_0"), (k, "q4_K")], None, int8=True)
     assert all(part.gemv._w16 is not None for part in layer.parts)
     assert all(part.gemv._w16 is None for part in cpu_blocks.BlockLinear([(q, "q4_0")], None).parts)
     x, out = torch.randn(1, 256), torch.empty(1, 48)
     layer(x, out)
-    want = torch.cat([cpu_qgemv.QGemv(w, t)(x, activations="int8") for w, t in ((q, "q4_0"), (k, "q8_0"))], dim=1)
+    want = torch.cat([cpu_qgemv.QGemv(w, t)(x, activations="int8") for w, t in ((q, "q4_0"), (k, "q4_K"))], dim=1)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_refusals(vnni):
+def test_refusals(native):
     with pytest.raises(ValueError, match="whole q4_0 blocks"):
         cpu_qgemv.interleaved(torch.zeros(4, 17, dtype=torch.uint8), "q4_0")
     with pytest.raises(TypeError, match="weight must be a CPU uint8 tensor"):

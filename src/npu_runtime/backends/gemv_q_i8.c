@@ -255,12 +255,12 @@ int qgemv_vnni(void) {
 #define X16 16  /* rows per group of an interleaved copy: gemv_q_x16.c */
 static inline int x16_record(const int qt);
 static inline int x16_type(const int qt);
-static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt);
+static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt, const int isa);
 static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16) {
     if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K && qt != QT_Q8_0 && qt != QT_Q6_K) return -2;
     if (isa == ISA_AVX512 && !qgemv_vnni()) isa = ISA_AVX2;
     else if (isa == ISA_AVX512) isa = ISA_AVX512_VNNI;
-    if (w16 && (!x16_type(qt) || isa != ISA_AVX512_VNNI)) return -4;
+    if (w16 && (!x16_type(qt) || isa < ISA_AVX2)) return -4;
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
     float *dx = malloc((size_t)(10 * M * G) * sizeof(float));  /* dx, dxs, dx8 */
@@ -290,7 +290,7 @@ static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
 #endif
     for (int64_t c = 0; c < chunks; c++) {
-        if (w16) x16_range(&ij, w16, c * rows, chunk_end(c, rows, units), qt);
+        if (w16) x16_range(&ij, w16, c * rows, chunk_end(c, rows, units), qt, isa);
         else irange(&ij, c * rows, chunk_end(c, rows, units), qt, isa);
     }
     free(qx); free(dx); free(corr);

@@ -1,4 +1,5 @@
-/* The int8 path (activations="int8") on weights interleaved 16 rows at a time: every GGUF layout, AVX-512 VNNI.
+/* The int8 path (activations="int8") on weights interleaved 16 rows at a time: every GGUF layout, AVX-512 VNNI
+   or AVX2 (the second kernel at the end: the same records and integer sums, bit-identical results).
 
    Appended after gemv_q_i8k.c by the loader (one translation unit: QJob, IJob, quantize_x, IM, UNROLL, VNNI,
    chunk_end, kq_codes_c; qgemv_i8 calls x16_range below with its chunks when the call gives the interleaved copy).
@@ -303,7 +304,7 @@ void x16_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m0, const 
     default: X16_PASS(M_, QT_Q6_K); break; \
     } \
 } while (0)
-static VNNI void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
+static VNNI void x16_range_vnni(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
     for (int64_t m0 = 0; m0 < ij->j->M; m0 += IM) {
         const int M = (int)(ij->j->M - m0 < IM ? ij->j->M - m0 : IM);
         switch (M) {
@@ -318,8 +319,195 @@ static VNNI void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64
         }
     }
 }
+
+/* The same records on AVX2 without VNNI: a 64-byte step is two 256-bit halves (rows 0-7, 8-15), and vpdpbusd becomes
+   vpmaddubsw (pairs of u * q summed in int16) then vpmaddwd by ones (pairs of those in int32). The int16 sums are
+   exact where they may hold several steps: |u * q| <= umax * 127 per product, 2 a pair, so 8 steps of Q4_0's and
+   Q4_K's nibbles (8 * 2 * 15 * 127 = 30480), 4 of Q5_0's (31496), 2 of Q6_K's (32004) and 1 of Q8_0's fit int16;
+   Q8_0's codes go back to signed (u ^ 0x80) and meet q through the sign trick (|code| * (q with code's sign):
+   2 * 128 * 127 = 32512), so its lanes start at 0 instead of -128 * xsum. Every lane's integer sum is the VNNI
+   kernel's, and its fp32 steps are the same operations: the results are the AVX-512 kernel's, bit for bit. One row
+   of x at a time (two accumulators: AVX2's 16 registers), the group's records re-read from L1/L2 for the next. */
+static inline __attribute__((always_inline)) AVX2 __m256i x16a_bcast(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* int16 pairs to int32 lanes (the exact sums of 4 products each) */
+static inline __attribute__((always_inline)) AVX2 __m256i x16a_widen(const __m256i s16) {
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+/* 32 bits of a Q5_0 fifth-bit mask as bytes of 16 (bit i of the mask: byte i) */
+static inline __attribute__((always_inline)) AVX2 __m256i x16a_fifth(const uint8_t *bits) {
+    uint32_t mask;
+    memcpy(&mask, bits, 4);
+    const __m256i which = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  /* byte i: mask byte i/8 */
+                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)mask), which);
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201LL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+/* Half hf (rows 8hf..8hf+7) of a 32-element block (Q4_0, Q5_0, Q8_0) against one row of x (q its 32 codes): the
+   integer sums, each lane starting at -(the offset) * xsum (0 for Q8_0: signed codes). */
+static inline __attribute__((always_inline)) AVX2
+__m256i x16a_block32(const uint8_t *o, const int hf, const int8_t *q, const int32_t xsum, const int qt) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (qt == QT_Q8_0) {
+        __m256i i32 = _mm256_setzero_si256();
+        for (int t = 0; t < 8; t++) {
+            const __m256i c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(o + 32 + 64 * t + 32 * hf)),
+                                               _mm256_set1_epi8((char)0x80));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(c), _mm256_sign_epi8(x16a_bcast(q + 4 * t), c));
+            i32 = _mm256_add_epi32(i32, x16a_widen(p));
+        }
+        return i32;
+    }
+    const uint8_t *codes = o + (qt == QT_Q5_0 ? X16_Q5_CODES : 32) + 32 * hf;
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  /* Q5_0: low nibbles', high ones' */
+    for (int t = 0; t < 4; t++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + 64 * t));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (qt == QT_Q5_0) {
+            lo = _mm256_or_si256(lo, x16a_fifth(o + X16_Q5_BITS + 8 * t + 4 * hf));
+            hi = _mm256_or_si256(hi, x16a_fifth(o + X16_Q5_BITS + 8 * (4 + t) + 4 * hf));
+        }
+        s[0] = _mm256_add_epi16(s[0], _mm256_maddubs_epi16(lo, x16a_bcast(q + 4 * t)));
+        s[qt == QT_Q5_0] = _mm256_add_epi16(s[qt == QT_Q5_0], _mm256_maddubs_epi16(hi, x16a_bcast(q + 16 + 4 * t)));
+    }
+    __m256i i32 = _mm256_add_epi32(_mm256_set1_epi32((qt == QT_Q4_0 ? -8 : -16) * xsum), x16a_widen(s[0]));
+    return qt == QT_Q5_0 ? _mm256_add_epi32(i32, x16a_widen(s[1])) : i32;
+}
+
+/* 8 bytes of a record's [sub-block][row] table as fp32 lanes (unsigned: Q4_K's scales and mins). */
+static inline __attribute__((always_inline)) AVX2 __m256 x16a_u8_ps(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Half hf of a Q4_K super-block against row m of x, into acc: x16_q4k's steps, sub-block by sub-block. */
+static inline __attribute__((always_inline)) AVX2
+__m256 x16a_q4k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m, const int hf, __m256 acc) {
+    const QJob *j = ij->j;
+    const int64_t G = j->K / QK;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * hf)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + X16_K_DMIN + 16 * hf)));
+    UNROLL for (int c = 0; c < 4; c++) {
+        const int8_t *q = ij->qx + m * j->K + QKK * b + QK * 2 * c;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int t = 0; t < 8; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(o + X16_K_CODES + 512 * c + 64 * t + 32 * hf));
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), x16a_bcast(q + 4 * t)));
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                           x16a_bcast(q + QK + 4 * t)));
+        }
+        for (int h = 0; h < 2; h++) {
+            const int s = 2 * c + h;
+            const int64_t g = m * G + 8 * b + s;
+            const __m256 D = _mm256_mul_ps(d, x16a_u8_ps(o + X16_K_SC + 16 * s + 8 * hf));
+            const __m256 Mn = _mm256_mul_ps(dmin, x16a_u8_ps(o + X16_K_MIN + 16 * s + 8 * hf));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(D, _mm256_set1_ps(ij->dx[g])),
+                                  _mm256_cvtepi32_ps(x16a_widen(h ? s1 : s0)), acc);
+            acc = _mm256_fnmadd_ps(Mn, _mm256_set1_ps(ij->dxs[g]), acc);
+        }
+    }
+    return acc;
+}
+
+/* Half hf of a Q6_K super-block against row m of x, into acc: x16_q6k's steps (codes + 32, the sub-blocks of 16 each
+   starting at -32 * their q's sum, times their int8 scales in int32). */
+static inline __attribute__((always_inline)) AVX2
+__m256 x16a_q6k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m, const int hf, __m256 acc) {
+    const QJob *j = ij->j;
+    const int64_t G = j->K / QK;
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * hf)));
+    UNROLL for (int c = 0; c < 4; c++) {
+        UNROLL for (int h = 0; h < 2; h++) {
+            const int64_t g = m * G + 8 * b + 2 * c + h;
+            const int8_t *q = ij->qx + m * j->K + QKK * b + QK * (2 * c + h);
+            __m256i s16[4];
+            UNROLL for (int t = 0; t < 8; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(o + X16_Q6_LOW + 512 * c + 64 * t + 32 * hf));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(o + X16_Q6_HIGH + 128 * t + 64 * h + 32 * hf));
+                hb = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 4);
+                const __m256i lo = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo, _mm256_and_si256(hb, m30)),
+                                                       x16a_bcast(q + 4 * t));
+                s16[t / 2] = t % 2 ? _mm256_add_epi16(s16[t / 2], p) : p;
+            }
+            const int s = 2 * (2 * c + h);
+            const int32_t lo = ij->xsum16[g];
+            const __m256i i0 = _mm256_add_epi32(_mm256_set1_epi32(-32 * lo),
+                                                _mm256_add_epi32(x16a_widen(s16[0]), x16a_widen(s16[1])));
+            const __m256i i1 = _mm256_add_epi32(_mm256_set1_epi32(-32 * (ij->xsum[g] - lo)),
+                                                _mm256_add_epi32(x16a_widen(s16[2]), x16a_widen(s16[3])));
+            const uint8_t *sc = o + X16_Q6_SC + 16 * s + 8 * hf;
+            const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+            const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16)));
+            const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(i0, sa), _mm256_mullo_epi32(i1, sb));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(ij->dx[g])), _mm256_cvtepi32_ps(isum), acc);
+        }
+    }
+    return acc;
+}
+
+/* Group g against row m of x: both halves block by block, stored as x16_group stores. */
+static inline __attribute__((always_inline)) AVX2
+void x16a_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m, const int qt) {
+    const QJob *j = ij->j;
+    const int64_t G = j->K / QK;
+    const int rec = x16_record(qt);
+    const uint8_t *o = w16 + g * j->nb * rec;
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < j->nb; b++, o += rec) {
+        for (int l = 0; l < rec; l += 64) _mm_prefetch((const char *)o + X16_AHEAD + l, X16_HINT);
+        for (int hf = 0; hf < 2; hf++) {
+            if (qt == QT_Q4_K) { acc[hf] = x16a_q4k(ij, o, b, m, hf, acc[hf]); continue; }
+            if (qt == QT_Q6_K) { acc[hf] = x16a_q6k(ij, o, b, m, hf, acc[hf]); continue; }
+            const int8_t *q = ij->qx + m * j->K + QK * b;
+            const __m256i i32 = x16a_block32(o, hf, q, ij->xsum[m * G + b], qt);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * hf)));
+            acc[hf] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(ij->dx[m * G + b])), _mm256_cvtepi32_ps(i32),
+                                      acc[hf]);
+        }
+    }
+    for (int hf = 0; hf < 2; hf++) {
+        const int64_t row = g * X16 + 8 * hf, rows = j->N - row < 8 ? j->N - row : 8;
+        if (rows <= 0) break;
+        __m256 v = acc[hf];
+        float lanes[8] = {0};
+        if (j->bias) {
+            memcpy(lanes, j->bias + row, (size_t)rows * sizeof(float));
+            v = _mm256_add_ps(v, _mm256_loadu_ps(lanes));  /* lanes past N: 0, never stored */
+        }
+        _mm256_storeu_ps(lanes, v);
+        memcpy(j->y + m * j->N + row, lanes, (size_t)rows * sizeof(float));
+    }
+}
+
+#define X16A_PASS(QT) \
+    for (int64_t g = g0; g < g1; g++) \
+        for (int64_t m = 0; m < ij->j->M; m++) x16a_group(ij, w16, g, m, QT)
+static AVX2 void x16_range_avx2(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
+    switch (qt) {
+    case QT_Q4_0: X16A_PASS(QT_Q4_0); break;
+    case QT_Q5_0: X16A_PASS(QT_Q5_0); break;
+    case QT_Q8_0: X16A_PASS(QT_Q8_0); break;
+    case QT_Q4_K: X16A_PASS(QT_Q4_K); break;
+    default: X16A_PASS(QT_Q6_K); break;
+    }
+}
+
+/* Groups [g0, g1) on the int8 kernel isa has: AVX-512 VNNI or AVX2 (qgemv_i8 refuses w16 below AVX2). */
+static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt, const int isa) {
+    if (isa == ISA_AVX512_VNNI) x16_range_vnni(ij, w16, g0, g1, qt);
+    else x16_range_avx2(ij, w16, g0, g1, qt);
+}
 #else
-static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
-    (void)ij; (void)w16; (void)g0; (void)g1; (void)qt;  /* never called: qgemv_i8 refuses w16 without VNNI */
+static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt, const int isa) {
+    (void)ij; (void)w16; (void)g0; (void)g1; (void)qt; (void)isa;  /* never called: qgemv_i8 refuses w16 below AVX2 */
 }
 #endif
