@@ -281,11 +281,11 @@ def dequantize_rows(weight: Tensor, qtype: str | int | QType, n0: int = 0, n1: i
 
 
 def interleaved(weight: Tensor, qtype: str | int | QType) -> Tensor | None:
-    """``weight`` (``uint8 [N, K / 32 · block bytes]``, Q4_0 or Q8_0) as the int8 path's 16-row interleaved copy
-    (``gemv_q_x16.c``: block ``b`` of 16 rows side by side, codes in 4-byte steps, so that one AVX-512 VNNI
-    instruction (two AVX2 ``maddubs``/``madd`` pairs) multiplies 4 codes of each of 16 rows with 4 bytes of x, and
-    one FMA (two) scales 16 rows' block sums),
-    ``uint8 [ceil(N / 16) · K / 32 · record bytes]``. Made once per weight while any holder keeps it (the prefill and
+    """``weight`` (``uint8 [N, K / block · block bytes]``, a layout of :data:`X16_QTYPES`) as the int8 path's 16-row
+    interleaved copy (``gemv_q_x16.c``: block ``b`` of 16 rows side by side, codes in 4-byte steps, so that one
+    AVX-512 VNNI instruction (two AVX2 ``maddubs``/``madd`` pairs) multiplies 4 codes of each of 16 rows with 4
+    bytes of x, and one FMA (two) scales 16 rows' block sums), ``uint8 [ceil(N / 16) · blocks per row · record
+    bytes]``. Made once per weight while any holder keeps it (the prefill and
     the decode programs bind the same weights), on all of torch's threads. None where no kernel here reads it:
     another layout, a CPU without AVX2, ``TORCH_IR_QGEMV_ISA=c``, ``TORCH_IR_QGEMV_X16=0`` (the
     GGUF layout's kernels instead: a comparison), no native kernel."""
