@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.ort_oracle import U8S8_SATURATES
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
@@ -41,17 +42,6 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[tuple[str
     return proc.stdout, {(r["who"], r["precision"]): r for r in result["runners"]}
 
 
-def ort_int8_saturates() -> bool:
-    """An x86 CPU with AVX2 and no VNNI (nor AMX): onnxruntime's fused QDQ kernels then sum u8·s8 pairs in int16 with
-    saturation (``vpmaddubsw``), and its int8 output is not the QDQ file's arithmetic."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text(encoding="utf-8").split())
-    except OSError:
-        return False
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return x86 and "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
-
-
 def test_the_table_has_a_row_per_precision(quick):
     stdout, _ = quick
     rows = [line.split("|") for line in stdout.splitlines() if line.startswith("| bert")]
@@ -65,8 +55,8 @@ def test_ours_is_timed_and_right_in_fp32_and_int8(quick):
     assert len(fp32["samples_ms"]) == RUNS and len(int8["samples_ms"]) == RUNS, (fp32["status"], int8["status"])
     assert fp32["detail"]["agreement"]["fp32_ok"], fp32["detail"]["agreement"]
     vs = int8["detail"]["vs_ort_int8"]
-    assert vs["ort_saturates"] == ort_int8_saturates(), vs  # the report says so where it is so
-    if not ort_int8_saturates():
+    assert vs["ort_saturates"] == U8S8_SATURATES, vs  # the report says so where it is so
+    if not U8S8_SATURATES:
         # the same QDQ file as onnxruntime: the same integer arithmetic, within an output quantization step or two
         assert vs["cosine"] > 0.9999 and vs["max_abs_diff"] < 0.05, vs
         return
@@ -89,7 +79,7 @@ def test_onnxruntime_runs_fp32_and_the_qdq_model(quick):
     for precision in ("fp32", "int8"):
         ort = runners["ort", precision]
         assert len(ort["samples_ms"]) == RUNS, ort["status"]
-        floor = 0.9999 if precision == "fp32" else 0.97 if ort_int8_saturates() else 0.99  # see above
+        floor = 0.9999 if precision == "fp32" else 0.97 if U8S8_SATURATES else 0.99  # see above
         assert ort["detail"]["agreement"]["cosine"] > floor, ort["detail"]
 
 

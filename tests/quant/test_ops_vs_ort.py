@@ -16,6 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from tests.ort_oracle import skip_if_u8s8_saturates  # noqa: E402
 from torch_ir.ops import npu_quant as nq  # noqa: E402
 
 T = torch.from_numpy
@@ -73,6 +74,7 @@ def _qlinearconv_case(x_dt: str, per_channel: bool, bias: bool, *, groups: int =
                       dilation: int = 1, rank: int = 2, channels: int = 8, kernel: int = 3, seed: int = 0,
                       scales: tuple | None = None, codes: tuple[int, int, int] | None = None) -> None:
     """``codes``: (smallest x code, smallest w code, x zero point) for accumulators of one sign and size."""
+    skip_if_u8s8_saturates(x_dt)
     rng = np.random.default_rng(seed)
     out_ch = 16
     x_lo, w_lo, zp = codes or (None, -127, None)
@@ -119,6 +121,7 @@ def test_qlinearconv_ties_round_half_even() -> None:
 def test_qlinearconv_large_accumulators() -> None:
     """2048 channels × 3×3 of codes ≥ 200 (x, zero point 0) and ≥ 100 (w): every accumulator is past 2**24
     (≥ 200·100·18432), where float32 rounds it before the multiply."""
+    skip_if_u8s8_saturates()
     _qlinearconv_case("uint8", True, False, channels=2048, pad=0, scales=(1e-3, [1e-3] * 16, 2.6),
                       codes=(200, 100, 0))
 
@@ -144,6 +147,7 @@ def test_qlinearconv_multiplier_product_order() -> None:
 def test_qconv_float_bias_is_quantized_half_even(per_channel: bool) -> None:
     """A float bias (PT2E's) against QLinearConv with the int32 bias round_half_even(bias / (x_scale·w_scale)),
     computed here in float32; some biases sit exactly on a .5 step."""
+    skip_if_u8s8_saturates()
     rng = np.random.default_rng(7)
     x, w = _codes(rng, "uint8", [1, 4, 5, 5]), _codes(rng, "int8", [6, 4, 3, 3], lo=-127)
     x_scale = np.asarray(0.03125, np.float32)  # powers of two: bias / (x_scale·w_scale) is exact, ties are ties
@@ -166,6 +170,7 @@ def test_qconv_float_bias_is_quantized_half_even(per_channel: bool) -> None:
 @pytest.mark.parametrize("per_column", [False, True], ids=["b_per_tensor", "b_per_column"])
 @pytest.mark.parametrize("a_dt", ["uint8", "int8"])
 def test_qlinearmatmul(a_shape: list[int], per_column: bool, a_dt: str) -> None:
+    skip_if_u8s8_saturates(a_dt)
     rng = np.random.default_rng(len(a_shape) + 2 * per_column)
     n = 24
     a, b = _codes(rng, a_dt, a_shape), _codes(rng, "int8", [64, n], lo=-127)
@@ -187,6 +192,7 @@ _ONE = T(np.array(1.0, np.float32))
 @pytest.mark.parametrize("a_shape", [[7, 40], [2, 7, 40]], ids=["2d", "batched"])
 def test_matmulinteger(b_dt: str, a_shape: list[int]) -> None:
     """int32 accumulators with an activation zero point and per-column weight zero points."""
+    skip_if_u8s8_saturates("uint8", b_dt)
     rng = np.random.default_rng(3)
     a, b = _codes(rng, "uint8", a_shape), _codes(rng, b_dt, [40, 12])
     a_zp = np.asarray(131, np.uint8)
