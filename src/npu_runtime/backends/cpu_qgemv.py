@@ -50,11 +50,10 @@ On a CPU with AVX2 the int8 path reads a 16-row interleaved copy of the weight i
 :meth:`QGemv.interleave`, ``gemv_q_x16.c``; every layout): in GGUF's layouts a vector holds one row's codes, so every
 block of every row pays its own dot product, scale and lane sum, which kept the 4-bit layouts compute-bound at ~10-20
 GB/s a thread; in the copy one 64-byte load is 4 codes of 16 rows, ``vpdpbusd`` multiplies them with 4 bytes of x
-broadcast, and one FMA scales 16 rows' block sums (AVX-512 VNNI: 2.4-4.5x the GGUF kernels' rate per thread out of
-L2; AVX2, the 64 bytes as two halves of 8 rows and ``maddubs``/``madd``: 1.3-2.6x at one row of x). The same
-contract and integer sums; each row's fp32 steps are one FMA per block in block order, the same on both kernels, so
-their results are equal bit for bit. The copy costs the weight's bytes again (the GGUF tensor stays for the float
-path, the prefill's tiles, an ``isa`` cap of ``c``); ``TORCH_IR_QGEMV_X16=0`` leaves it out.
+broadcast, and one FMA scales 16 rows' block sums (VNNI: 2.4-4.5x the GGUF kernels' rate a thread out of L2; AVX2,
+two halves of 8 rows and ``maddubs``/``madd``: 1.3-2.6x). The same contract and integer sums, and per row one FMA
+per block in block order on both kernels: equal results, bit for bit. The copy costs the weight's bytes again (the
+GGUF tensor stays for the float path, the tiles, an ``isa`` cap of ``c``); ``TORCH_IR_QGEMV_X16=0`` leaves it out.
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
 other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
@@ -115,11 +114,8 @@ INT8_QTYPES = ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K")
 #: each record's bytes (16 rows' blocks: the GGUF layout's bytes per weight; Q4_K's 2.8 % more: scales unpacked)
 X16_QTYPES: dict[str, int] = {"q4_0": 288, "q5_0": 352, "q8_0": 544, "q4_K": 2368, "q6_K": 3360}
 X16_ROWS = 16
-#: the layouts whose copy the runtime makes (:meth:`QGemv.interleave`) where the CPU has AVX2 but not AVX-512 VNNI:
-#: those whose AVX2 GGUF-layout kernels are compute-bound. Measured on a Zen 3 (2 threads, 28 layers of
-#: 1.5B-shaped weights read cold, the copy's time over the GGUF layout's): Q4_K 0.65, Q5_0 0.69, Q4_0 0.90; Q6_K
-#: 1.02 and Q8_0 1.18, whose GGUF kernels already stream near what the copy's do (there the copy would only double
-#: the bytes held). With VNNI every layout's copy is faster.
+#: the layouts the runtime copies (:meth:`QGemv.interleave`) on AVX2 without VNNI (which copies all). A Zen 3, 28
+#: 1.5B-shaped layers cold on 2 threads, copy / GGUF layout: Q4_K 0.65, Q5_0 0.69, Q4_0 0.90; Q6_K 1.02, Q8_0 1.18
 X16_AVX2_QTYPES = ("q4_0", "q5_0", "q4_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations w16
@@ -285,10 +281,10 @@ def interleaved(weight: Tensor, qtype: str | int | QType) -> Tensor | None:
     interleaved copy (``gemv_q_x16.c``: block ``b`` of 16 rows side by side, codes in 4-byte steps, so that one
     AVX-512 VNNI instruction (two AVX2 ``maddubs``/``madd`` pairs) multiplies 4 codes of each of 16 rows with 4
     bytes of x, and one FMA (two) scales 16 rows' block sums), ``uint8 [ceil(N / 16) · blocks per row · record
-    bytes]``. Made once per weight while any holder keeps it (the prefill and
-    the decode programs bind the same weights), on all of torch's threads. None where no kernel here reads it:
-    another layout, a CPU without AVX2, ``TORCH_IR_QGEMV_ISA=c``, ``TORCH_IR_QGEMV_X16=0`` (the
-    GGUF layout's kernels instead: a comparison), no native kernel."""
+    bytes]``. Made once per weight while any holder keeps it (the prefill and the decode programs bind the same
+    weights), on all of torch's threads. None where no kernel here reads it: another layout, a CPU without AVX2,
+    ``TORCH_IR_QGEMV_ISA=c``, ``TORCH_IR_QGEMV_X16=0`` (the GGUF layout's kernels instead: a comparison), no native
+    kernel."""
     q = qtype_of(qtype)
     record = X16_QTYPES.get(q.name)
     if record is None or _isa_cap() < ISAS["avx2"] or os.environ.get("TORCH_IR_QGEMV_X16", "1") == "0":
@@ -312,13 +308,6 @@ def interleaved(weight: Tensor, qtype: str | int | QType) -> Tensor | None:
         found._source = weight  # its address cannot be reused by another weight while this copy lives
         _INTERLEAVED[key] = found
     return found
-
-
-def _x16_pays(q: QType) -> bool:
-    """Whether the int8 path reads ``q``'s copy faster here than its GGUF layout (:data:`X16_AVX2_QTYPES`)."""
-    library = _load()
-    vnni = library is not None and _isa_cap() >= ISAS["avx512"] and bool(library.lib.qgemv_vnni())
-    return vnni or q.name in X16_AVX2_QTYPES
 
 
 # ------------------------------------------------------------------------------------------- qgemv
@@ -386,7 +375,10 @@ class QGemv:
         is compute-bound there; AVX2: :data:`X16_AVX2_QTYPES`), or with ``always`` wherever a kernel here reads it
         (tests, benchmarks): True when they will. The copy costs the weight's bytes again: the original stays, for
         the float path, the prefill's tiles and a call capped at ``c``."""
-        self._w16 = interleaved(self.weight, self.qtype) if always or _x16_pays(self.qtype) else None
+        lib = _load()
+        pays = always or self.qtype.name in X16_AVX2_QTYPES or (
+            lib is not None and _isa_cap() >= ISAS["avx512"] and bool(lib.lib.qgemv_vnni()))
+        self._w16 = interleaved(self.weight, self.qtype) if pays else None
         return self._w16 is not None
 
     def __call__(self, x: Tensor, out: Tensor | None = None, threads: int | None = None,
