@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from blocks import BlockTimer, time_blocks, timed_calls
 from peers.client import Peer, PeerError, peer_python
 from precision_models import MODELS, Model, agreement, build, onnx_files
-from qdq import output_step
+from qdq import ort_int8_saturates, output_step
 from run import cpu_pressure, log, machine, ours_runner
 
 import npu_compiler
@@ -239,20 +238,6 @@ def compare(name: str, model: Model, runners: list[Runner], files: dict[str, Pat
                            "int16 with saturation, so its int8 result is the approximate one; compare each with fp32)")
         next(r for r in runners if r.key == "ours int8").detail["vs_ort_int8"] = vs
         log(f"{name}: ours int8 vs onnxruntime int8 (the same QDQ file): {vs['text']}")
-
-
-def ort_int8_saturates() -> bool:
-    """Whether onnxruntime's fused QDQ kernels here are its x86 u8s8 ones without VNNI, which sum pairs of u8·s8
-    products in int16 with saturation (``vpmaddubsw``): then its int8 result drifts from the QDQ file's arithmetic
-    (the quick BERT on a Zen 3: cos 0.985 against fp32 where ours, and onnxruntime with its graph optimizations off,
-    give 0.99967, equal to each other within 5e-8). From ``/proc/cpuinfo``; False where it cannot tell."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text(encoding="utf-8").split())
-    except OSError:
-        return False
-    return "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 def _row(runner: Runner, samples: list[float] | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import platform
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,3 +87,17 @@ def output_step(path: Path) -> float | None:
     """``output_scale`` of the first output of the ONNX file at ``path``."""
     model = onnx.load(str(path), load_external_data=False)
     return output_scale(model, model.graph.output[0].name)
+
+
+def ort_int8_saturates() -> bool:
+    """Whether onnxruntime's fused QDQ kernels here are its x86 u8s8 ones without VNNI, which sum pairs of u8·s8
+    products in int16 with saturation (``vpmaddubsw``): then its int8 result drifts from the QDQ file's arithmetic
+    (the quick BERT on a Zen 3: cos 0.985 against fp32 where ours, and onnxruntime with its graph optimizations off,
+    give 0.99967, equal to each other within 5e-8). From ``/proc/cpuinfo``; False where it cannot tell."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text(encoding="utf-8").split())
+    except OSError:
+        return False
+    return "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}

@@ -17,7 +17,6 @@ quantization) must agree to float32 rounding of a few dozen ops (``FLOAT_ATOL``)
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import warnings
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from safetensors.torch import load_file  # noqa: E402
 from npu_compiler import compile as npu_compile  # noqa: E402
 from npu_compiler.passes import normalize  # noqa: E402
 from npu_runtime import Device, Executor, NPUBuffer, load_weights  # noqa: E402
-from tests.ort_oracle import skip_if_u8s8_saturates  # noqa: E402
+from tests.ort_oracle import bench_qdq, skip_if_u8s8_saturates  # noqa: E402
 from torch_ir import IRExecutor  # noqa: E402
 from torch_ir.frontends.onnx import import_onnx  # noqa: E402
 from torch_ir.ir import load_ir, save_ir  # noqa: E402
@@ -51,17 +50,7 @@ LEVELS = {"disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 QOPS = ("QuantizeLinear", "DynamicQuantizeLinear")
 
 
-def _bench_qdq():
-    """``bench/runtime/qdq.py``, loaded by path (bench is no package): the benchmark of issue 30 makes its int8
-    models the same way, so the two check and time the same kind of file."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "runtime" / "qdq.py"
-    spec = importlib.util.spec_from_file_location("bench_runtime_qdq", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_qdq = _bench_qdq()
+_qdq = bench_qdq()  # the benchmark of issue 30 makes its int8 models the same way
 export_for_quantization, quantize_qdq, _output_scale = _qdq.export_for_quantization, _qdq.quantize_qdq, \
     _qdq.output_scale
 
