@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from blocks import BlockTimer, time_blocks, timed_calls
+from int8_peak import contraction_macs, measure_int8_peak
 from peers.client import Peer, PeerError, peer_python
 from precision_models import MODELS, Model, agreement, build, onnx_files
 from qdq import ort_int8_saturates, output_step
@@ -212,6 +213,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
     for precision, text in profiles.items():
         print(f"\n### {name}, ours {precision}: per-kernel profile ({args.profile} runs)\n\n```\n{text}\n```")
     return {"model": name, "shape": model.shape, "pressure": pressure.get("timed", "n/a"),
+            "macs": contraction_macs(model.real, tuple(torch.from_numpy(v) for v in model.feeds.values())),
             "costs": costs(runners, args.hw), "runners": [_row(r, samples.get(r.key)) for r in runners]}
 
 
@@ -336,6 +338,19 @@ def notes(results: list[dict[str, Any]], info: dict[str, Any]) -> None:
                 text += (f"; DRAM weights {cost['weight_bytes']:,} B, activations {cost['activation_bytes']:,} B; "
                          f"compute widths: {cost['widths']}; {cost['host_dispatches']} host dispatches")
             print(f"- cost model, {what}: {text}")
+        int8_rates(result, info)
+
+
+def int8_rates(result: dict[str, Any], info: dict[str, Any]) -> None:
+    """Each int8 runner's multiply-adds per second (the model's convolutions and linear layers over its median)
+    beside this CPU's int8 peak (``int8_peak.py``): how far each is from the instructions it computes with."""
+    macs = result.get("macs", 0)
+    timed = [r for r in result["runners"] if r["precision"] == "int8" and "median_ms" in r]
+    if not macs or not timed:
+        return
+    rates = ", ".join(f"{LABELS[r['who']]} {macs / r['median_ms'] / 1e6:.0f}" for r in timed)
+    print(f"- int8 GMAC/s ({macs / 1e9:.2f} G multiply-adds in its convolutions and linear layers): {rates}; "
+          f"{info['int8_peak']}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -377,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir()
             results.append(bench_model(name, args, folder))
     info = machine()
+    if "int8" in args.precisions:
+        log("the int8 dot-product peak of this CPU (int8_peak.c)...")
+        peak = measure_int8_peak(args.threads)
+        info["int8_peak"], info["int8_peak_gmacs"] = peak.line(), peak.rates
     table(results, args)
     notes(results, info)
     if args.json:

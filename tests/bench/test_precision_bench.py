@@ -49,6 +49,13 @@ def test_the_table_has_a_row_per_precision(quick):
     assert all(len(cells) == 11 for cells in rows), stdout  # 9 columns between the bars
 
 
+def test_the_notes_put_each_int8_rate_beside_the_cpus_peak(quick):
+    stdout, _ = quick
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("- int8 GMAC/s")), None)
+    assert line and "ours " in line and "onnxruntime " in line, stdout
+    assert "int8 dot-product peak" in line, line
+
+
 def test_ours_is_timed_and_right_in_fp32_and_int8(quick):
     _, runners = quick
     fp32, int8 = runners["ours", "fp32"], runners["ours", "int8"]

@@ -125,14 +125,43 @@ static VNNI void interleave_vnni(u32_unaligned *d, const uint8_t *r0, const uint
         _mm512_mask_storeu_epi32((void *)(d + 16 * q), mq, _mm512_xor_si512(out[q], f));
     }
 }
+
+/* 16 bytes of a row from position e at stride sw (1 or 2). Stride 2 reads 32 bytes and keeps the even ones, so the
+   caller asks only when a position of the row follows (the 32nd byte is then one it reads anyway). */
+static inline __attribute__((always_inline)) AVX2 __m128i row16_avx2(const uint8_t *r, int64_t sw) {
+    if (sw == 1) return _mm_loadu_si128((const __m128i *)r);
+    const __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)r), _mm256_set1_epi16(0x00ff));
+    return _mm_packus_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+/* interleave_vnni for AVX2: 16 positions at a time (bytes unpacked to 4-byte groups, the 128-bit lanes in position
+   order); the rest of the run, fewer than 16 positions or a stride-2 run's last 16, goes through the scalar loop
+   of panel_body (the return value: how many positions were written). */
+static AVX2 int interleave_avx2(u32_unaligned *d, const uint8_t *r0, const uint8_t *r1, const uint8_t *r2,
+                                const uint8_t *r3, int n, int64_t sw, uint32_t flip) {
+    const __m256i f = _mm256_set1_epi32((int)flip);
+    int e = 0;
+    for (; e + 16 < n + (sw == 1); e += 16) {
+        const __m128i a = row16_avx2(r0 + e * sw, sw), b = row16_avx2(r1 + e * sw, sw);
+        const __m128i c = row16_avx2(r2 + e * sw, sw), g = row16_avx2(r3 + e * sw, sw);
+        const __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+        const __m128i cg0 = _mm_unpacklo_epi8(c, g), cg1 = _mm_unpackhi_epi8(c, g);
+        const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cg0), _mm_unpacklo_epi16(ab0, cg0));
+        const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cg1), _mm_unpacklo_epi16(ab1, cg1));
+        _mm256_storeu_si256((__m256i *)(d + e), _mm256_xor_si256(lo, f));
+        _mm256_storeu_si256((__m256i *)(d + e + 8), _mm256_xor_si256(hi, f));
+    }
+    return e;
+}
 #endif
 
 /* The im2col panel of positions p0 .. p0 + np - 1 (np <= BLOCK): every group of 4 k, [K4][BLOCK][4] into b (k4's
    group of position p0 + q at (k4 * BLOCK + q) * 4), built by the thread that then runs every channel tile over
    it, so it is read from L1/L2. xp: the bordered copy (flip 0), or x itself when it needs no border (flip: int8 x's
    sign bits). A padding row k >= K meets zero weights: it reads `fill` (Wp bytes), whatever they become. (c, i, j)
-   of k are stepped, not divided. The tail q >= np is zeroed (its sums are never stored). vec: the rows of a stride
-   1 or 2 convolution go through interleave_vnni (the caller is compiled for it). */
+   of k are stepped, not divided. The tail q >= np is zeroed (its sums are never stored). vec: the ISA whose
+   interleave takes the rows of a stride 1 or 2 convolution (interleave_vnni or _avx2; the caller is compiled for
+   it), 0 for none. */
 static inline __attribute__((always_inline))
 void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b, int64_t p0,
                 int np, const int vec) {
@@ -155,16 +184,17 @@ void panel_body(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t
             const uint8_t *r0 = base[0] + oh * step[0] + ow * sw, *r1 = base[1] + oh * step[1] + ow * sw;
             const uint8_t *r2 = base[2] + oh * step[2] + ow * sw, *r3 = base[3] + oh * step[3] + ow * sw;
             u32_unaligned *dq = d + q;
+            int e0 = 0;                                 /* positions written by a vector path */
 #ifdef QC_X86
-            if (vec && sw <= 2) interleave_vnni(dq, r0, r1, r2, r3, n, sw, flip);
-            else
+            if (vec == ISA_VNNI && sw <= 2) interleave_vnni(dq, r0, r1, r2, r3, n, sw, flip), e0 = n;
+            else if (vec == ISA_AVX2 && sw <= 2) e0 = interleave_avx2(dq, r0, r1, r2, r3, n, sw, flip);
 #endif
             if (sw == 1)
-                for (int e = 0; e < n; e++)
+                for (int e = e0; e < n; e++)
                     dq[e] = ((uint32_t)r0[e] | (uint32_t)r1[e] << 8 | (uint32_t)r2[e] << 16 | (uint32_t)r3[e] << 24)
                             ^ flip;
             else
-                for (int e = 0; e < n; e++)
+                for (int e = e0; e < n; e++)
                     dq[e] = ((uint32_t)r0[e * sw] | (uint32_t)r1[e * sw] << 8 | (uint32_t)r2[e * sw] << 16
                              | (uint32_t)r3[e * sw] << 24) ^ flip;
             q += n, ow = 0, oh++;
@@ -271,9 +301,10 @@ static inline AVX2 void store8_avx2(const Job *j, int64_t n, int64_t p, __m256i 
     _mm_storel_epi64((__m128i *)((int8_t *)j->y + at), b8);
 }
 
-/* 4 rows x 16 positions (two vectors of 8): x's bytes split into int16 (k0, k2) and (k1, k3), each pair times the
-   weights' int16 pair by madd (at most 2 * 255 * 128: no saturation). */
-static inline AVX2 void rows4_avx2(const Job *j, int64_t nb, int64_t panel, int r0, int half, int np) {
+/* 4 rows x 8 nv positions (nv vectors of 8: 2, or 1 for a tile's last 8 or fewer): x's bytes split into int16
+   (k0, k2) and (k1, k3), each pair times the weights' int16 pair by madd (at most 2 * 255 * 128: no saturation). */
+static inline __attribute__((always_inline)) AVX2 void rows4_avx2(const Job *j, int64_t nb, int64_t panel, int r0,
+                                                                  int half, int np, const int nv) {
     const QArgs *a = j->a;
     const int64_t K4 = a->K4;
     const int32_t *w = (const int32_t *)(intptr_t)a->w2 + nb * K4 * QR * 2;
@@ -282,31 +313,33 @@ static inline AVX2 void rows4_avx2(const Job *j, int64_t nb, int64_t panel, int 
     __m256i acc[4][2];
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t k = 0; k < K4; k++) {
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + k * ROW));
-        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + k * ROW + 32));
-        const __m256i e0 = _mm256_and_si256(v0, lo8), o0 = _mm256_srli_epi16(v0, 8);
-        const __m256i e1 = _mm256_and_si256(v1, lo8), o1 = _mm256_srli_epi16(v1, 8);
+        __m256i e[2], o[2];
+        for (int v = 0; v < nv; v++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(b + k * ROW + 32 * v));
+            e[v] = _mm256_and_si256(x, lo8), o[v] = _mm256_srli_epi16(x, 8);
+        }
         const int32_t *wk = w + (k * QR + r0) * 2;
         for (int r = 0; r < 4; r++) {
             const __m256i we = _mm256_set1_epi32(wk[2 * r]), wo = _mm256_set1_epi32(wk[2 * r + 1]);
-            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_add_epi32(_mm256_madd_epi16(e0, we),
-                                                                     _mm256_madd_epi16(o0, wo)));
-            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_add_epi32(_mm256_madd_epi16(e1, we),
-                                                                     _mm256_madd_epi16(o1, wo)));
+            for (int v = 0; v < nv; v++)
+                acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_add_epi32(_mm256_madd_epi16(e[v], we),
+                                                                         _mm256_madd_epi16(o[v], wo)));
         }
     }
     const int64_t n0 = nb * QR + r0, p0 = panel * PANEL + half * 16;
     for (int r = 0; r < 4 && n0 + r < a->N; r++) {
         store8_avx2(j, n0 + r, p0, acc[r][0], np);
-        if (np > 8) store8_avx2(j, n0 + r, p0 + 8, acc[r][1], np - 8);
+        if (nv > 1 && np > 8) store8_avx2(j, n0 + r, p0 + 8, acc[r][1], np - 8);
     }
 }
 
 static AVX2 void tile_avx2(const Job *j, int64_t nb, int64_t panel, int np) {
+    const int rows = nb * QR + 4 < j->a->N ? 2 : 1;     /* groups of 4 rows in this tile */
     for (int half = 0; half * 16 < np; half++) {
         const int left = np - half * 16 < 16 ? np - half * 16 : 16;
-        rows4_avx2(j, nb, panel, 0, half, left);
-        if (nb * QR + 4 < j->a->N) rows4_avx2(j, nb, panel, 4, half, left);
+        for (int g = 0; g < rows; g++)
+            if (left > 8) rows4_avx2(j, nb, panel, 4 * g, half, left, 2);
+            else rows4_avx2(j, nb, panel, 4 * g, half, left, 1);
     }
 }
 

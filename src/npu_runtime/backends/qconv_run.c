@@ -34,9 +34,9 @@ static void panel_c(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint
                     int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
 #ifdef QC_X86
 static AVX2 void panel_avx2(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
-                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
+                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, ISA_AVX2); }
 static VNNI void panel_vnni(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
-                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, 1); }
+                            int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, ISA_VNNI); }
 #endif
 
 /* Work item `it` of `groups` per panel: the panel built into this thread's buffer (job->b) unless it holds it
