@@ -15,8 +15,8 @@ file), compiled on first use:
   raises) or whose multiplier is not finite runs the reference instead, so no result differs;
 * the requantize is the reference's float32 steps in order: ``float32(acc) · m`` with ``m`` computed by
   ``requant_multiplier`` itself, rint (ties to even), ``+ y_zp``, clamp (relu raises the floor to ``y_zp``);
-* AVX-512 VNNI (``vpdpbusd``: unsigned x times signed w, 4 products a lane, no saturation), AVX2 (x widened to
-  int16 pairs and ``madd``: ``maddubs`` would saturate) or portable C, chosen at run time; ``TORCH_IR_QCONV_ISA``
+* AVX-512 VNNI (``vpdpbusd``: unsigned x times signed w, 4 products a lane, no saturation), AVX2 (x and w widened
+  to int16 and ``madd``: ``maddubs`` would saturate) or portable C, chosen at run time; ``TORCH_IR_QCONV_ISA``
   (``c``, ``avx2``, ``vnni``) caps it, for tests and comparisons;
 * per image, x is copied once with a border of its zero point (a 1x1 convolution reads x itself, and so does a
   QGEMM, whose rows of K contiguous codes make each group of 4 k one 32-bit word: ``panel_rows``); torch's OpenMP
@@ -203,8 +203,8 @@ class _QContraction:
         return True
 
     def _pack(self, w: Tensor) -> None:
-        """``w [N, K]`` as ``[N/QR][K/4][QR]`` lanes of 4 int8 (VNNI, C) and of int16 pairs (k0, k2), (k1, k3)
-        (AVX2), zero-padded to whole tiles and groups."""
+        """``w [N, K]`` as ``[N/QR][K/4][QR]`` lanes of 4 int8 (VNNI, C) and the same lanes as 4 int16 (AVX2: one
+        64-bit broadcast a row), zero-padded to whole tiles and groups."""
         n, k = w.shape
         self.n, self.k4 = n, -(-k // 4)
         nb = -(-n // QR)
@@ -212,7 +212,7 @@ class _QContraction:
         padded[:n, :k] = w
         lanes = padded.reshape(nb, QR, self.k4, 4).permute(0, 2, 1, 3).contiguous()
         self.w = lanes
-        self.w2 = lanes[..., [0, 2, 1, 3]].to(torch.int16).contiguous()
+        self.w2 = lanes.to(torch.int16).contiguous()
         self._w_arg = cpu_gemv_build.tensor_arg(self.w, self.kind, "packed weight", {torch.int8: 0})
         self._w2_arg = cpu_gemv_build.tensor_arg(self.w2, self.kind, "packed weight", {torch.int16: 0})
         self._off_arg = cpu_gemv_build.tensor_arg(self.off, self.kind, "offsets", {torch.int32: 0}, (n,))

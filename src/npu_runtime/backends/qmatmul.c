@@ -74,7 +74,7 @@ static inline __attribute__((always_inline)) void pack_a(const uint8_t *A, int64
     }
 }
 
-/* Batch bt's a packed (and as int16 pairs (k0, k2), (k1, k3) for AVX2) with off[m]; b's column sums as offp[n].
+/* Batch bt's a packed (and as int16 for AVX2: each lane's 4 codes widened) with off[m]; b's column sums as offp[n].
    Compiled once per ISA (prep_*) so the sums vectorize as wide as the CPU allows. */
 static inline __attribute__((always_inline))
 void prep_body(const MArgs *g, const MLayout *l, uint8_t *s, int64_t bt, int isa) {
@@ -89,8 +89,7 @@ void prep_body(const MArgs *g, const MLayout *l, uint8_t *s, int64_t bt, int isa
         int16_t *w2 = (int16_t *)(s + l->apack16) + bt * MB * K4 * QR * 4;
         for (int64_t i = 0; i < MB * K4 * QR; i++) {
             const uint32_t v = w[i];
-            w2[4 * i] = (int8_t)v, w2[4 * i + 1] = (int8_t)(v >> 16), w2[4 * i + 2] = (int8_t)(v >> 8);
-            w2[4 * i + 3] = (int8_t)(v >> 24);
+            for (int e = 0; e < 4; e++) w2[4 * i + e] = (int8_t)(v >> 8 * e);
         }
     }
     const uint32_t kzz = (uint32_t)(K * g->az_s * g->bz_u);
