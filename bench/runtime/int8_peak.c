@@ -1,7 +1,7 @@
 /* The int8 dot-product peak of this CPU: how many multiply-adds per second one core's vector units do with each way
    of summing int8 products, in register-resident loops (no memory traffic, many independent accumulators), so
    the only limit is the instructions' throughput. bench/runtime/int8_peak.py compiles it (cpu_gemv_build, the
-   kernels' compiler and cache) and prints the rates beside our QCONV's: the floor an int8 convolution can reach.
+   kernels' compiler and cache) and prints the rates beside our QCONV's: no convolution summing that way runs faster.
 
    kind 0, exact on AVX2: vpmaddwd on int16 pairs then vpaddd, 16 products an instruction pair. This is what
           qconv.c's AVX2 tile does (x widened to int16): no sum can saturate.

@@ -21,7 +21,7 @@ typedef struct {
     double m, zp, lo, hi;
 } MArgs;
 
-/* Scratch regions, each from a multiple of 64 bytes: packed a (int8 lanes, and int16 pairs for AVX2) per batch,
+/* Scratch regions, each from a multiple of 64 bytes: packed a (int8 lanes, and as int16 for AVX2) per batch,
    off per batch (MB * QR int32), offp per batch (N int32), the multiplier per row, a fill row of N bytes for the
    panel's padding rows k >= K, then one panel per thread. */
 typedef struct { int64_t apack, apack16, off, offp, mvec, fill, panels, total; } MLayout;
