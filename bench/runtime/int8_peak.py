@@ -54,7 +54,9 @@ class Int8Peak:
 
 
 def _library() -> ctypes.CDLL | None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    if src not in sys.path:  # run as a script: the kernels' build helper from this checkout
+        sys.path.insert(0, src)
     from npu_runtime.backends import cpu_gemv_build
 
     try:

@@ -20,7 +20,7 @@
    does exactly the reference's float steps: float32(acc) * m[n], rint (ties to even, the default rounding mode),
    + zp, max(lo), min(hi) (lo raised to zp for a fused relu by the caller), or float32(acc) * m[n] for a float
    output, or acc itself for int32. A QGEMM's y [M, N] has its channels contiguous: the VNNI tile then transposes
-   its codes and writes 8 channels of a position at once. The driver (one call's loops) is qconv_run.c. */
+   its codes and writes 8 channels of a position at once (AVX2: 4). The driver (one call's loops) is qconv_run.c. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -306,11 +306,13 @@ static inline AVX2 void store8_avx2(const Job *j, int64_t n, int64_t p, __m256i 
    4 channels are one 32-bit store (one by one, store_one did ~25 % of a 768-deep QGEMM's time). */
 static inline AVX2 void store4x8_t_avx2(const Job *j, int64_t n0, int64_t p, const __m256i h[4]) {
     const QArgs *a = j->a;
-    const __m256 zp = _mm256_set1_ps((float)a->zp), lo = _mm256_set1_ps((float)a->lo), hi = _mm256_set1_ps((float)a->hi);
+    const __m256 zp = _mm256_set1_ps((float)a->zp), lo = _mm256_set1_ps((float)a->lo);
+    const __m256 hi = _mm256_set1_ps((float)a->hi);
     __m256i c[4];
     for (int r = 0; r < 4; r++) {
         __m256i v = _mm256_add_epi32(h[r], _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n0 + r]));
-        if (a->offp) v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
+        if (a->offp)
+            v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
         __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(((const float *)(intptr_t)a->m)[n0 + r]));
         f = _mm256_add_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
         c[r] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(f, lo), hi));   /* in [lo, hi]: exact through packs */
