@@ -10,19 +10,29 @@ executor and numpy everywhere.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+BENCH_RUNTIME = Path(__file__).resolve().parents[1] / "bench" / "runtime"
 
-def bench_qdq():
-    """``bench/runtime/qdq.py`` by path (bench is no package): its ``ort_int8_saturates`` is what the benchmark says."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "runtime" / "qdq.py"
-    spec = importlib.util.spec_from_file_location("bench_runtime_qdq", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def bench_runtime(name: str) -> ModuleType:
+    """``bench/runtime/<name>.py``, imported as its scripts import each other (bench is no package: the folder on the
+    path while it loads, so its own imports of sibling modules resolve)."""
+    sys.path.insert(0, str(BENCH_RUNTIME))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH_RUNTIME))
+
+
+def bench_qdq() -> ModuleType:
+    """``bench/runtime/qdq.py``: its ``ort_int8_saturates`` is what the benchmark says."""
+    return bench_runtime("qdq")
 
 
 #: onnxruntime's u8·s8 integer kernels saturate on this CPU

@@ -5,23 +5,17 @@ convolutions' and linear layers' fan-in times their outputs (issue 30: the compu
 from __future__ import annotations
 
 import platform
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "runtime"
+from tests.ort_oracle import bench_runtime
 
 
 @pytest.fixture(scope="module")
 def peak():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import int8_peak
-    finally:
-        sys.path.pop(0)
-    return int8_peak
+    return bench_runtime("int8_peak")
 
 
 def _cpu_flags() -> set[str]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.ort_oracle import U8S8_SATURATES
+from tests.ort_oracle import U8S8_SATURATES, bench_runtime
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
@@ -105,13 +105,8 @@ def test_openvino_runs_and_says_what_it_executed(quick):
 
 @pytest.fixture(scope="module")
 def models():
-    """``bench/runtime/precision_models.py`` (imported as its script does: bench is no package)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import precision_models
-    finally:
-        sys.path.pop(0)
-    return precision_models
+    """``bench/runtime/precision_models.py``."""
+    return bench_runtime("precision_models")
 
 
 def test_resnet_agreement_counts_the_top5_classes_both_have(models):

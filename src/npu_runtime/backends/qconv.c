@@ -279,7 +279,23 @@ static void tile_c(const Job *j, int64_t nb, int64_t panel, int np) {
 
 /* ------------------------------------------------------------------------------------------- AVX2 */
 
-/* 16 values of row n from position p: the vector form of store_one (8 lanes twice). */
+/* Row n's int32 sums at positions p .. p + 7 with its offsets added: acc + off[n] (+ offp[p ..]), wrapping. */
+static inline AVX2 __m256i sums8_avx2(const QArgs *a, __m256i acc, int64_t n, int64_t p) {
+    __m256i v = _mm256_add_epi32(acc, _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
+    if (a->offp)
+        v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
+    return v;
+}
+
+/* Those sums as codes, store_one's float steps on 8 lanes: float32(v) * m[n], rint, + zp, clamp to [lo, hi]; int32
+   lanes in [lo, hi], so packs carry them exactly. zp, lo, hi: the caller's broadcasts of the block's. */
+static inline AVX2 __m256i codes8_avx2(const QArgs *a, __m256i v, int64_t n, __m256 zp, __m256 lo, __m256 hi) {
+    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(((const float *)(intptr_t)a->m)[n]));
+    f = _mm256_add_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(f, lo), hi));
+}
+
+/* 8 values of row n from position p: the vector form of store_one. */
 static inline AVX2 void store8_avx2(const Job *j, int64_t n, int64_t p, __m256i acc, int np) {
     const QArgs *a = j->a;
     if (a->ys_p != 1 || np < 8 || a->out == OUT_F32) {   /* strided (QGEMM) or a tail: one by one */
@@ -288,21 +304,18 @@ static inline AVX2 void store8_avx2(const Job *j, int64_t n, int64_t p, __m256i 
         for (int q = 0; q < np && q < 8; q++) store_one(j, n, p + q, t[q]);
         return;
     }
-    __m256i v = _mm256_add_epi32(acc, _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n]));
-    if (a->offp) v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
+    const __m256i v = sums8_avx2(a, acc, n, p);
     const int64_t at = n * a->ys_n + p;
     if (a->out == OUT_I32) { _mm256_storeu_si256((__m256i *)((int32_t *)j->y + at), v); return; }
-    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(((const float *)(intptr_t)a->m)[n]));
-    f = _mm256_add_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm256_set1_ps((float)a->zp));
-    f = _mm256_min_ps(_mm256_max_ps(f, _mm256_set1_ps((float)a->lo)), _mm256_set1_ps((float)a->hi));
-    const __m256i i = _mm256_cvtps_epi32(f);            /* in [lo, hi]: its low byte is the code */
+    const __m256i i = codes8_avx2(a, v, n, _mm256_set1_ps((float)a->zp), _mm256_set1_ps((float)a->lo),
+                                  _mm256_set1_ps((float)a->hi));
     const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
     const __m128i b8 = a->out == OUT_U8 ? _mm_packus_epi16(w16, w16) : _mm_packs_epi16(w16, w16);
     _mm_storel_epi64((__m128i *)((int8_t *)j->y + at), b8);
 }
 
-/* 4 rows x 8 positions of uint8/int8 output: each row through store8_avx2's steps (the constants converted once
-   for the 32 codes), packed together; per 128-bit lane (positions 0-3, then 4-7) byte r * 4 + q is row r's code of
+/* 4 rows x 8 positions of uint8/int8 output: each row through codes8_avx2 (the constants broadcast once for the 32
+   codes), packed together; per 128-bit lane (positions 0-3, then 4-7) byte r * 4 + q is row r's code of
    position q. Stored as 4 runs of 8 bytes (y's positions contiguous: a convolution's NCHW), or transposed by one
    byte shuffle into 8 runs of 4 (its channels contiguous: a QGEMM's y). One row at a time, the epilogue of a 1x1
    convolution over 64 channels took ~40 % of its time, and storing a QGEMM's codes one by one ~25 %. */
@@ -311,14 +324,7 @@ static inline AVX2 void store4x8_avx2(const Job *j, int64_t n0, int64_t p, const
     const __m256 zp = _mm256_set1_ps((float)a->zp), lo = _mm256_set1_ps((float)a->lo);
     const __m256 hi = _mm256_set1_ps((float)a->hi);
     __m256i c[4];
-    for (int r = 0; r < 4; r++) {
-        __m256i v = _mm256_add_epi32(h[r], _mm256_set1_epi32(((const int32_t *)(intptr_t)a->off)[n0 + r]));
-        if (a->offp)
-            v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)((const int32_t *)(intptr_t)a->offp + p)));
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(((const float *)(intptr_t)a->m)[n0 + r]));
-        f = _mm256_add_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
-        c[r] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(f, lo), hi));   /* in [lo, hi]: exact through packs */
-    }
+    for (int r = 0; r < 4; r++) c[r] = codes8_avx2(a, sums8_avx2(a, h[r], n0 + r, p), n0 + r, zp, lo, hi);
     const __m256i w0 = _mm256_packs_epi32(c[0], c[1]), w1 = _mm256_packs_epi32(c[2], c[3]);
     const __m256i b = a->out == OUT_U8 ? _mm256_packus_epi16(w0, w1) : _mm256_packs_epi16(w0, w1);
     if (a->ys_p == 1) {                                 /* row r's 8 codes: its two 4-byte groups side by side */

@@ -31,7 +31,7 @@ int64_t qconv_scratch_bytes(int64_t K4, int64_t C, int64_t Hp, int64_t Wp, int64
 }
 
 static void panel_c(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b, int64_t p0,
-                    int np) { panel_body(a, xp, fill, flip, b, p0, np, 0); }
+                    int np) { panel_body(a, xp, fill, flip, b, p0, np, ISA_C); }
 #ifdef QC_X86
 static AVX2 void panel_avx2(const QArgs *a, const uint8_t *xp, const uint8_t *fill, uint32_t flip, uint8_t *b,
                             int64_t p0, int np) { panel_body(a, xp, fill, flip, b, p0, np, ISA_AVX2); }
