@@ -97,6 +97,7 @@ class Executor:
         self._ids_checks = ids_checks(program, self.specs)
         self.kernels = [self._kernel(i, d) for i, d in enumerate(program.dispatches)]
         self.steps: list[Step] = []
+        self.chains: Any = None  # the CPU backend's chains of native dispatches (backends.cpu_chain), made at bind
         self.bound: Weights | Mapping[str, NPUBuffer] | None = None
         # The persistent buffers the steps read and write (outside the arena, like weights); None until bound.
         self.state: State | None = None
@@ -162,6 +163,9 @@ class Executor:
                 self._run_at_bind(index, step)
                 step = (_already_computed, *step[1:])
             self.steps.append(step)
+        chains = getattr(self.device.backend, "chains", None)
+        self.chains = chains(self.kernels, self.steps, [not d.at_bind for d in self.program.dispatches]) \
+            if chains is not None else None
         self.bound, self.state = weights, state
 
     def _run_at_bind(self, index: int, step: Step) -> None:
@@ -271,9 +275,12 @@ class Executor:
         step itself, or not): profiling times each dispatch with it, ``validate`` checks each one.
         """
         backend, index = self.device.backend, 0
+        chains = self.chains if hook is None else None  # a hook sees every dispatch: no chains then
         backend.begin_run()
         try:
-            if hook is None:
+            if chains is not None:
+                chains.run()
+            elif hook is None:
                 for index, (run, ins, outs) in enumerate(self.steps):  # noqa: B007 - the except reads index
                     run(ins, outs)
             else:
@@ -282,7 +289,7 @@ class Executor:
         except TorchIRError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the dispatch that failed
-            raise self._failed(index, e) from e
+            raise self._failed(chains.at if chains is not None else index, e) from e
         finally:
             backend.end_run()
 

@@ -124,7 +124,8 @@ def test_int8_activations_compute_the_ops_reference(monkeypatch, layouts: tuple[
     part; the other prefill calls) give the GEMM reference's value on the dequantized weights. Unforced, a
     prefill's calls try both (a fresh policy: two calls each first)."""
     from npu_runtime.backends import cpu_blocks
-    from npu_runtime.backends.cpu_qgemv import PREFILL_ROWS, _PathPolicy
+    from npu_runtime.backends.cpu_gemv import _PathPolicy
+    from npu_runtime.backends.cpu_qgemv import PREFILL_ROWS
     from torch_ir.ops.npu import gemm
 
     monkeypatch.setattr(cpu_blocks, "INT8_PREFILL", prefill)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf.quants import dequantize as gguf_dequantize
 
-from npu_runtime.backends import cpu_qgemv
+from npu_runtime.backends import cpu_gemv, cpu_qgemv
 from torch_ir.quant.numerics import int8_groups
 
 from . import test_qgemv as base
@@ -171,7 +171,7 @@ def test_int8_rows_per_pass_give_each_rows_own_result(isa, qtype):
 def test_the_path_policy_runs_the_faster_and_probes_the_other():
     """Synthetic times (ns per row), not measured ones: two of each first, then the lower mean, the other again
     once its probe interval has passed."""
-    policy, key = cpu_qgemv._PathPolicy(), ("q8_0", 896, 4864, 6, 2)
+    policy, key = cpu_gemv._PathPolicy(), ("q8_0", 896, 4864, 6, 2)
     firsts = []
     for _ in range(4):
         firsts.append(policy.pick(key))

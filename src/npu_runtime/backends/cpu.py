@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -95,6 +98,13 @@ class CPUBackend:
         """The op's reference on the arena's tensors themselves: on this backend they are host memory already
         (an NHWC tensor is a logical strided view), so nothing is downloaded or uploaded."""
         return Reference(dispatch, specs)
+
+    def chains(self, kernels: Sequence[Kernel], steps: Sequence[tuple], plannable: Sequence[bool]) -> Any:
+        """An executor's steps, each run of dispatches with native calls made by one C call (:mod:`.cpu_chain`:
+        a decode step's kernels); the executor runs them unless a hook must see every dispatch."""
+        from .cpu_chain import Chains  # here: it imports every kernel module, which the backend need not
+
+        return Chains(kernels, steps, plannable)
 
     def begin_run(self) -> None:  # kernels run as they are dispatched: nothing to record or submit
         pass

@@ -30,7 +30,7 @@ from torch_ir.ops.npu import embedding_id_problem
 from torch_ir.quant import blocks
 from torch_ir.quant.numerics import int8_groups
 
-from . import cpu_qgemv
+from . import cpu_gemv, cpu_qgemv
 from .base import Kernel
 
 Tensor = torch.Tensor
@@ -43,7 +43,7 @@ _STACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 #: The two are one contract: the same products, summed in another order
 INT8_PREFILL: str | None = None
 #: the measured choice: ``_PathPolicy``'s "tiled" side is the float path on the rounded x here
-_INT8_PATHS = cpu_qgemv._PathPolicy()
+_INT8_PATHS = cpu_gemv._PathPolicy()
 
 
 def stacked(tensors: Sequence[Tensor]) -> Tensor:

@@ -31,13 +31,14 @@ Each function returns False, having done nothing, when the kernel is not to be u
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import struct
 
 import torch
 
 from . import cpu_gemv_build
-from .cpu_gemv_build import BuildError, Library, kernel_source, open_library
+from .cpu_gemv_build import BuildError, Library, NativeCall, kernel_source, open_library
 
 Tensor = torch.Tensor
 
@@ -54,6 +55,10 @@ ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX-512"}
 _RMS = struct.Struct("<6qdq")  # rows n x w y dt eps isa
 _ROPE = struct.Struct("<11q")  # q_rows k_rows D q k cos sin q_out k_out dt isa
 _ATTN = struct.Struct("<15qdq")  # B H Hkv S D q k v mask mask_kind mask_sb mask_sh out scratch dt scale isa
+_SILU = struct.Struct("<6q")  # n g u y dt isa
+_ADD = struct.Struct("<3q")  # n a y
+_COPY = struct.Struct("<3q")  # bytes src dst
+_KV = struct.Struct("<6q")  # rows S bytes index src cache
 
 
 def _build() -> Library:
@@ -62,9 +67,12 @@ def _build() -> Library:
     except OSError as exc:  # an install without its package data: the torch path still runs
         raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
     lib, path = open_library(source, "decode_ops")
-    for name in ("dops_rms_norm", "dops_rope", "dops_attention"):
+    for name in ("dops_rms_norm", "dops_rope", "dops_attention", "dops_silu_mul", "dops_add", "dops_copy",
+                 "dops_kv_update"):
         getattr(lib, name).argtypes = [ctypes.c_char_p]
         getattr(lib, name).restype = ctypes.c_int
+    lib.dops_chain.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.dops_chain.restype = ctypes.c_int64
     lib.dops_isa.restype = ctypes.c_int
     return Library(lib, path, int(lib.dops_isa()), False)
 
@@ -164,13 +172,28 @@ def _disjoint(op: str, out: tuple[int, int, int], out_name: str, others: dict[st
 # ---------------------------------------------------------------------------------------------- ops
 
 
+def _made(call: NativeCall | None) -> bool:
+    """Make ``call`` now; False when there is none (the caller runs its torch code)."""
+    if call is None:
+        return False
+    call()
+    return True
+
+
 def rms_norm(x: Tensor, weight: Tensor | None, out: Tensor, eps: float, held: Held | None = None) -> bool:
     """``out = rnd(x · 1/sqrt(mean(x², -1) + eps)) · weight`` (``rnd``: rounded to x's dtype; without weight, not
     rounded twice); x, weight ``[n]`` and out of one dtype, out x's shape or x itself; ``held`` keeps the weight's
     check (:class:`Held`). False: not run (see the module's docstring)."""
+    return _made(rms_norm_call(x, weight, out, eps, held))
+
+
+def rms_norm_call(x: Tensor, weight: Tensor | None, out: Tensor, eps: float,
+                  held: Held | None = None) -> NativeCall | None:
+    """:func:`rms_norm` checked and packed, not made (each ``*_call`` here is its op's call for a chain,
+    ``cpu_chain``); None: the kernel is not to be used."""
     found = _library()
     if found is None:
-        return False
+        return None
     op = "rms_norm"
     xp, dt, xn = _arg(x, op, "x", DTYPE_CODES)
     n = int(x.shape[-1]) if x.dim() else 1
@@ -184,18 +207,22 @@ def rms_norm(x: Tensor, weight: Tensor | None, out: Tensor, eps: float, held: He
     if any(code != dt for _, code, _ in (yp, *args.values())):
         raise TypeError(f"{op}: x, weight and out must have one dtype")
     _disjoint(op, yp, "out", args, same_ok="x")
-    if xn:
-        found[0].lib.dops_rms_norm(_RMS.pack(x.numel() // n, n, xp, wp, yp[0], dt, float(eps), found[1]))
-    return True
+    return NativeCall(found[0].lib.dops_rms_norm, _RMS.pack(x.numel() // n if xn else 0, n, xp, wp, yp[0], dt,
+                                                            float(eps), found[1]))
 
 
 def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_out: Tensor, k_out: Tensor) -> bool:
     """``x·cos + rotate_half(x)·sin`` of q into q_out and of k into k_out (each its input's shape, or the input
     itself), the rows of D (the last dim, even) of both sharing one cos and one sin row: cos and sin hold D
     values (one token). One dtype for all. False: not run."""
+    return _made(rope_qk_call(q, k, cos, sin, q_out, k_out))
+
+
+def rope_qk_call(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_out: Tensor, k_out: Tensor) -> NativeCall | None:
+    """:func:`rope_qk`, not made."""
     found = _library()
     if found is None:
-        return False
+        return None
     op = "rope_qk"
     d = int(q.shape[-1]) if q.dim() else 0
     if d % 2 or d == 0 or k.dim() == 0 or int(k.shape[-1]) != d:
@@ -212,9 +239,8 @@ def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_out: Tensor, k_out
         raise TypeError(f"{op}: q, k, cos, sin and the outputs must have one dtype")
     _disjoint(op, qo, "q_out", {**ins, "k_out": ko}, same_ok="q")
     _disjoint(op, ko, "k_out", ins, same_ok="k")
-    found[0].lib.dops_rope(_ROPE.pack(q.numel() // d, k.numel() // d, d, ins["q"][0], ins["k"][0], ins["cos"][0],
-                                      ins["sin"][0], qo[0], ko[0], dt, found[1]))
-    return True
+    return NativeCall(found[0].lib.dops_rope, _ROPE.pack(q.numel() // d, k.numel() // d, d, ins["q"][0], ins["k"][0],
+                                                        ins["cos"][0], ins["sin"][0], qo[0], ko[0], dt, found[1]))
 
 
 def attention_scratch(heads: int, kv_heads: int, positions: int, head_dim: int) -> Tensor:
@@ -245,9 +271,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor,
     additive fp32/bf16, broadcasting to ``[B, H, 1, S]``; out ``[B, 1, H·D]`` (heads merged) or ``[B, H, 1, D]``
     (the same memory for one token). q, k, v and out of one dtype; ``scratch`` from :func:`attention_scratch`
     (allocated here when None); ``held`` keeps the checks of k, v and scratch (:class:`Held`). False: not run."""
+    return _made(attention_call(q, k, v, mask, out, scale, scratch, held))
+
+
+def attention_call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
+                   scratch: Tensor | None = None,
+                   held: tuple[Held, Held, Held] | None = None) -> NativeCall | None:
+    """:func:`attention`, not made (a scratch it allocates is the call's ``keep``)."""
     found = _library()
     if found is None:
-        return False
+        return None
     op = "attention"
     if q.dim() != 4 or k.dim() != 4 or int(q.shape[2]) != 1:
         raise ValueError(f"{op}: q must be [B, H, 1, D] and k [B, Hkv, S, D], got {tuple(q.shape)}, {tuple(k.shape)}")
@@ -278,11 +311,86 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor,
     ins["mask"] = (mp, kind, mn)
     _disjoint(op, yp, "out", {**ins, "scratch": sp})
     _disjoint(op, sp, "scratch", ins)
-    if b * h * d:
-        found[0].lib.dops_attention(_ATTN.pack(b, h, hkv, s, d, ins["q"][0], ins["k"][0], ins["v"][0], mp, kind, msb,
-                                               msh, yp[0], sp[0], dt, float(scale), found[1]))
-    return True
+    return NativeCall(found[0].lib.dops_attention, _ATTN.pack(b if h * d else 0, h, hkv, s, d, ins["q"][0],
+                                                              ins["k"][0], ins["v"][0], mp, kind, msb, msh, yp[0],
+                                                              sp[0], dt, float(scale), found[1]), keep=scratch)
 
 
-__all__ = ["DTYPE_CODES", "MASK_CODES", "MAX_GROUP", "SOURCE_NAME", "Held", "attention", "attention_scratch",
-           "native_status", "rms_norm", "rope_qk", "set_isa", "set_native_enabled"]
+def silu_mul(both: Tensor, out: Tensor) -> bool:
+    """GATE_UP's epilogue of one row: ``out = silu(gate) · up`` with ``both`` fp32 ``[1, 2n]`` (gate, then up) and out
+    fp32 ``[1, n]`` (any shape of n elements), each result rounded once as PyTorch's silu then mul round it (the
+    exponential a polynomial within ~2 ulp of expf: ``decode_ops.c``). False: not run."""
+    return _made(silu_mul_call(both, out))
+
+
+def silu_mul_call(both: Tensor, out: Tensor) -> NativeCall | None:
+    """:func:`silu_mul`, not made; None also for a shape or dtype it does not take (the caller's torch code runs)."""
+    found = _library()
+    if found is None or both.dim() != 2 or int(both.shape[0]) != 1 or both.dtype != torch.float32 or \
+            out.dtype != torch.float32 or 2 * out.numel() != both.numel() or not out.is_contiguous():
+        return None
+    op, n = "silu_mul", out.numel()
+    bp = _arg(both, op, "gate and up", {torch.float32: 0})
+    yp = _arg(out, op, "out", {torch.float32: 0})
+    _disjoint(op, yp, "out", {"gate and up": bp})
+    return NativeCall(found[0].lib.dops_silu_mul, _SILU.pack(n, bp[0], bp[0] + 4 * n, yp[0], 0, found[1]))
+
+
+def add_call(y: Tensor, a: Tensor) -> NativeCall | None:
+    """``y += a`` (fp32, one shape, apart), not made: a residual added after a GEMV, as ``Tensor.add_`` adds it."""
+    found = _library()
+    if found is None or y.dtype != torch.float32 or a.dtype != torch.float32 or y.shape != a.shape or \
+            not (y.is_contiguous() and a.is_contiguous()):
+        return None
+    yp, ap = _arg(y, "add", "y", {torch.float32: 0}), _arg(a, "add", "a", {torch.float32: 0})
+    _disjoint("add", yp, "y", {"a": ap})
+    return NativeCall(found[0].lib.dops_add, _ADD.pack(y.numel(), ap[0], yp[0]))
+
+
+def copy_call(src: Tensor, dst: Tensor) -> NativeCall | None:
+    """``dst`` gets ``src``'s bytes (one dtype and element count, both contiguous, apart), not made."""
+    found = _library()
+    if found is None or src.dtype != dst.dtype or src.numel() != dst.numel() or \
+            not (src.is_contiguous() and dst.is_contiguous()):
+        return None
+    codes = {src.dtype: 0}
+    sp, dp = _arg(src, "copy", "src", codes), _arg(dst, "copy", "dst", codes)
+    _disjoint("copy", dp, "dst", {"src": sp})
+    return NativeCall(found[0].lib.dops_copy, _COPY.pack(sp[2], sp[0], dp[0]))
+
+
+def kv_update_call(cache: Tensor, new: Tensor, index: Tensor, dim: int) -> NativeCall | None:
+    """KV_UPDATE of one position, in place, not made: ``cache.index_copy_(dim, index, new)`` with one index (an int64
+    read when the call runs: an index outside the cache makes the call fail, having written nothing) and ``new`` of
+    cache's shape but 1 along ``dim``; None for any other case."""
+    found = _library()
+    if found is None or cache.dim() == 0 or new.dtype != cache.dtype or index.dtype != torch.int64 or \
+            index.numel() != 1 or not (cache.is_contiguous() and new.is_contiguous()):
+        return None
+    d = dim % cache.dim()
+    if tuple(new.shape) != (*cache.shape[:d], 1, *cache.shape[d + 1:]):
+        return None
+    codes, op = {cache.dtype: 0}, "kv_update"
+    cp, np_ = _arg(cache, op, "cache", codes), _arg(new, op, "new", codes)
+    ip = _arg(index, op, "index", {torch.int64: 0})
+    _disjoint(op, cp, "cache", {"new": np_, "index": ip})
+    rows, row_bytes = math.prod(cache.shape[:d]), math.prod(cache.shape[d + 1:]) * cache.element_size()
+    return NativeCall(found[0].lib.dops_kv_update, _KV.pack(rows, int(cache.shape[d]), row_bytes, ip[0], np_[0],
+                                                           cp[0]))
+
+
+def chain(calls: Tensor, n: int) -> int:
+    """Make the ``n`` calls listed in ``calls`` (int64 ``[2n]``: each call's C function, then its argument block's
+    address) in one C call: -1 when every one returned 0, else the index of the first that did not (the later
+    ones not made). The caller keeps every block and everything its pointers reach alive."""
+    found = _library()
+    if found is None:
+        raise RuntimeError("chain: the native decode ops are off or cannot be built here")
+    if calls.dtype != torch.int64 or not calls.is_contiguous() or calls.numel() < 2 * n:
+        raise ValueError(f"chain: calls must be a contiguous int64 tensor of 2 entries for each of the {n} calls")
+    return int(found[0].lib.dops_chain(calls.data_ptr(), n))
+
+
+__all__ = ["DTYPE_CODES", "MASK_CODES", "MAX_GROUP", "SOURCE_NAME", "Held", "add_call", "attention", "attention_call",
+           "attention_scratch", "chain", "copy_call", "kv_update_call", "native_status", "rms_norm", "rms_norm_call",
+           "rope_qk", "rope_qk_call", "set_isa", "set_native_enabled", "silu_mul", "silu_mul_call"]

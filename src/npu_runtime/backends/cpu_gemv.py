@@ -56,6 +56,7 @@ by ``bench/gemv`` (``bandwidth.py``).
 
 from __future__ import annotations
 
+import statistics
 import struct
 import time
 from collections import deque
@@ -63,7 +64,7 @@ from collections import deque
 import torch
 
 from . import cpu_gemv_build
-from .cpu_gemv_build import Library, cache_dir
+from .cpu_gemv_build import Library, NativeCall, cache_dir
 
 Tensor = torch.Tensor
 
@@ -193,6 +194,26 @@ class Gemv:
         ``SINGLE_THREAD_BYTES``, else one or ``torch.get_num_threads()``, whichever ran faster lately
         (:class:`_ThreadPolicy`); a number forces it. ``isa``: at most this kernel version (a key of
         :data:`ISAS`; by default ``TORCH_IR_GEMV_ISA``, else the best the CPU runs)."""
+        out, fields, cap = self._checked(x, out, residual, isa)
+        library = _kernel.for_call()
+        if library is None:
+            return torch_gemv(x, self.weight, self.bias, residual, out)
+        policy = None
+        if threads is None:
+            policy = _policy if self._w[2] >= SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
+            threads = policy.pick(self._w[2], torch.get_num_threads()) if policy is not None else 1
+        args = self._pack(library, fields, threads, min(library.isa, cap))
+        start = time.perf_counter_ns()
+        status = library.lib.gemv_packed(args)
+        if policy is not None:
+            policy.record(self._w[2], threads, time.perf_counter_ns() - start)
+        if status != 0:  # no memory for the fp32 copy of x: torch needs less of it
+            return torch_gemv(x, self.weight, self.bias, residual, out)
+        return out
+
+    def _checked(self, x: Tensor, out: Tensor | None, residual: Tensor | None,
+                 isa: str | None) -> tuple[Tensor, tuple[int, ...], int]:
+        """``out`` (made when None), the call's pointer and dtype fields and its ISA cap, after the checks."""
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError("gemv: x must be a 2-D tensor [M, K]")
         m = int(x.shape[0])
@@ -209,29 +230,25 @@ class Gemv:
         for (p, _, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xc, xn), "x")):
             if _overlap(yp, yn, p, size):
                 raise ValueError(f"gemv: out overlaps {what}")
-        cap = _isa_cap(isa)
-        library = _kernel.for_call()
-        if library is None:
-            return torch_gemv(x, self.weight, self.bias, residual, out)
+        return out, (m, xp, xc, rp, rc, yp, yc), _isa_cap(isa)
+
+    def _pack(self, library: Library, fields: tuple[int, ...], threads: int, isa_code: int) -> bytes:
+        """``gemv_packed``'s argument block: one pointer converts much faster than fifteen arguments."""
+        m, xp, xc, rp, rc, yp, yc = fields
         w, b = self._w, self._b
-        policy = None
-        if threads is None:
-            policy = _policy if w[2] >= SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
-            threads = policy.pick(w[2], torch.get_num_threads()) if policy is not None else 1
-        # one packed argument block: ctypes converts one pointer much faster than fifteen arguments
-        isa_code = min(library.isa, cap)
         if isa_code == 3 and w[1] == _BF16 and self._wmin < 0:  # one pass over the weight, once
             min_abs = library.lib.gemv_min_abs_bf16(w[0], self.n * self.k)
             self._wmin = int.from_bytes(_FLOAT_BITS.pack(min_abs), "little")
-        args = _ARGS.pack(m, self.n, self.k, xp, xc, w[0], w[1], b[0], b[1], rp, rc, yp, yc, max(1, threads),
+        return _ARGS.pack(m, self.n, self.k, xp, xc, w[0], w[1], b[0], b[1], rp, rc, yp, yc, max(1, threads),
                           isa_code, max(self._wmin, 0))
-        start = time.perf_counter_ns()
-        status = library.lib.gemv_packed(args)
-        if policy is not None:
-            policy.record(w[2], threads, time.perf_counter_ns() - start)
-        if status != 0:  # no memory for the fp32 copy of x: torch needs less of it
-            return torch_gemv(x, self.weight, self.bias, residual, out)
-        return out
+
+    def native_call(self, x: Tensor, out: Tensor, residual: Tensor | None, threads: int) -> NativeCall | None:
+        """The call of ``x`` into ``out`` on ``threads`` threads, checked and packed but not made (a link of a chain
+        of native calls, ``cpu_chain``); None where the kernel cannot be had."""
+        out, fields, cap = self._checked(x, out, residual, None)
+        library = _kernel.for_call()
+        return None if library is None else \
+            NativeCall(library.lib.gemv_packed, self._pack(library, fields, threads, min(library.isa, cap)), keep=out)
 
 
 class _ThreadPolicy:
@@ -298,6 +315,40 @@ class _ThreadPolicy:
 
 
 _policy = _ThreadPolicy()
+
+
+class _PathPolicy:
+    """GEMV or tiles (``True``), per shape class (layout, N, K, rows of x as a power of two, threads), by recent times
+    per row of x (:mod:`.cpu_qgemv` keeps one; ``cpu_blocks`` one too, for a prefill's int8 rows: the float path on
+    the rounded x (``True``) or the integer kernel): two calls of each first, then the one with the lower mean, the
+    other tried again after ``PROBE_NS``, then twice as long after each try (up to ``MAX_PROBE_NS``), so that a
+    neighbour's load changing sides is noticed at a cost of a fraction of a percent (the same scheme as
+    :class:`_ThreadPolicy`)."""
+
+    SAMPLES = 4
+    PROBE_NS = 500_000_000
+    MAX_PROBE_NS = 8_000_000_000
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple, deque[float]] = {}  # (key, tiled) -> ns per row of x, latest
+        self.probed: dict[tuple, int] = {}
+        self.interval: dict[tuple, int] = {}
+
+    def pick(self, key: tuple) -> bool:
+        times = {c: self.samples.get((key, c), ()) for c in (True, False)}
+        for choice, seen in times.items():
+            if len(seen) < 2:
+                return choice
+        best = statistics.fmean(times[True]) <= statistics.fmean(times[False])
+        now = time.perf_counter_ns()
+        if now - self.probed.setdefault(key, now) >= self.interval.get(key, self.PROBE_NS):
+            self.probed[key] = now
+            self.interval[key] = min(2 * self.interval.get(key, self.PROBE_NS), self.MAX_PROBE_NS)
+            return not best
+        return best
+
+    def record(self, key: tuple, tiled: bool, ns_per_row: float) -> None:
+        self.samples.setdefault((key, tiled), deque(maxlen=self.SAMPLES)).append(ns_per_row)
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,

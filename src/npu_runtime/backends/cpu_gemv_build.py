@@ -307,6 +307,27 @@ def overlaps(a: int, a_size: int, b: int, b_size: int) -> bool:
     return a < b + b_size and b < a + a_size
 
 
+@dataclass(frozen=True)
+class NativeCall:
+    """One call of a native kernel, checked and packed but not made: ``fn`` a ctypes function of one of these
+    libraries that takes one argument block and returns 0 (done) or a failure code, ``block`` that block (its
+    pointers into the caller's tensors, which the caller keeps alive, and into ``keep``, memory the call made for
+    itself). Called now (``call()``), or later, in a chain of such calls made by one C call
+    (``npu_runtime.backends.cpu_chain``): whoever holds it must hold it until then."""
+
+    fn: Any
+    block: bytes
+    keep: Any = None
+
+    def __call__(self) -> int:
+        return int(self.fn(self.block))
+
+    @property
+    def address(self) -> int:
+        """The C function's address (what a chain calls)."""
+        return int(ctypes.cast(self.fn, ctypes.c_void_p).value)
+
+
 def set_enabled(enabled: bool) -> bool:
     """``NativeKernel.enabled``, the one switch; returns the previous setting."""
     previous, NativeKernel.enabled = NativeKernel.enabled, bool(enabled)
@@ -314,5 +335,5 @@ def set_enabled(enabled: bool) -> bool:
 
 
 __all__ = ["FLAGS", "ISAS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME", "BuildError", "Library",
-           "NativeKernel", "build", "cache_dir", "find_compiler", "kernel_source", "load", "load_q", "open_library",
-           "overlaps", "private", "set_enabled", "tensor_arg"]
+           "NativeCall", "NativeKernel", "build", "cache_dir", "find_compiler", "kernel_source", "load", "load_q",
+           "open_library", "overlaps", "private", "set_enabled", "tensor_arg"]

@@ -7,13 +7,12 @@ Each kernel is a ``prepare``/``run`` pair made by :func:`make_kernel`::
     kernel.run(inputs, outputs)      # per inference: write the results INTO ``outputs``
 
 ``inputs`` are all the dispatch's inputs (activations, weights and constants) in order; ``outputs`` are
-views of the arena. The hot kernels of CNNs and transformers have their own classes: ``CONV``
-(oneDNN with a prepacked weight, batch norm folded and the activation fused; with ``has_residual`` the
-residual add as a oneDNN post-op, accumulated in place when the compiler marked ``inplace_residual``: the
-output *is* the residual's buffer), ``GEMM`` (``addmm`` into the arena),
-max pooling, add and relu; the transformer kernels' (RMS norm, RoPE, attention over a KV cache, the cache
-update) are in :mod:`.cpu_transformer`. Every other kernel runs the op's reference implementation from the
-``torch_ir`` op registry and copies the result into the arena, so each op is declared once.
+views of the arena. The hot kernels of CNNs and transformers have their own classes: ``CONV`` (oneDNN with a
+prepacked weight, batch norm folded and the activation fused; with ``has_residual`` the residual add as a oneDNN
+post-op, accumulated in place when the compiler marked ``inplace_residual``: the output *is* the residual's buffer),
+``GEMM`` (``addmm`` into the arena), max pooling, add and relu; the transformer kernels' (RMS norm, RoPE, attention
+over a KV cache, the cache update) are in :mod:`.cpu_transformer`. Every other kernel runs the op's reference
+implementation from the ``torch_ir`` op registry and copies the result into the arena, so each op is declared once.
 
 Layout: 4-D activations of convolutions are NHWC (``channels_last``) in the arena; oneDNN then reads and
 writes them without conversion.
@@ -34,6 +33,7 @@ from npu_program.kernels import REFERENCE, get_kernel
 from npu_program.program import Dispatch, TensorSpec, block_of
 from torch_ir.activations import ACTIVATIONS, get_activation
 
+from . import cpu_decode_ops
 from .base import Kernel
 from .cpu_blocks import BlockLinear, Dequantized, stacked
 
@@ -342,8 +342,8 @@ class GateUp:
         x2 = x.reshape(-1, x.shape[-1])
         both = torch.empty(x2.shape[0], 2 * self.n, dtype=out.dtype)
         self.linear(x2, both)
-        gate = F.silu(both[:, :self.n], inplace=True)
-        torch.mul(gate, both[:, self.n:], out=out.view(-1, self.n))
+        if not cpu_decode_ops.silu_mul(both, out):  # one row: in C, as a chained decode step has it (cpu_chain)
+            torch.mul(F.silu(both[:, :self.n], inplace=True), both[:, self.n:], out=out.view(-1, self.n))
 
 
 class QkvProj:

@@ -33,8 +33,8 @@ bound by that arithmetic. From :data:`PREFILL_ROWS` rows ``QGemv`` may instead g
 rows of W dequantized by C (:func:`dequantize_rows`, ``gemv_q_deq.c``, bit-exact with ggml's values) into a scratch
 buffer reused by every call of the thread, then ``torch.mm`` into those columns of ``out``: still an fp32 product of
 the exactly dequantized weights, summed in torch.mm's order. Which path runs is measured per shape
-(:class:`_PathPolicy`: one thread favours the tiles, two threads on a loaded machine often the GEMV); ``path=``
-forces one (``bench/gemv/qprefill.py`` times them).
+(:class:`cpu_gemv._PathPolicy <npu_runtime.backends.cpu_gemv._PathPolicy>`: one thread favours the tiles, two
+threads on a loaded machine often the GEMV); ``path=`` forces one (``bench/gemv/qprefill.py`` times them).
 
 ``activations="int8"`` (``QGemv.__call__``, :func:`qgemv`; every layout: Q4_0, Q5_0 and Q4_K in ``gemv_q_i8.c``, Q8_0
 and Q6_K in ``gemv_q_i8k.c``) is llama.cpp's dot product, faster than unpacking codes to fp32 but different numerics (up
@@ -68,12 +68,10 @@ must hold exactly ``N · K / block · block bytes`` bytes, and ``out`` may not o
 from __future__ import annotations
 
 import os
-import statistics
 import struct
 import threading
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +80,7 @@ from torch_ir.quant import blocks
 from torch_ir.quant.numerics import int8_groups
 
 from . import cpu_gemv, cpu_gemv_build
-from .cpu_gemv_build import Library
+from .cpu_gemv_build import Library, NativeCall
 
 Tensor = torch.Tensor
 
@@ -130,7 +128,7 @@ _DEQ_ARGS = struct.Struct("<8q")
 #: its weights whatever M, then torch.mm's blocked GEMM. One thread, bench/gemv/qprefill.py: the tiles are faster
 #: from 12-16 rows where K >= 1536, from ~32 where K = 896 (the GEMV's 8 rows of x then fit in L1); with two
 #: threads on a shared machine the GEMV often stays faster (it balances its chunks dynamically, torch.mm does not),
-#: so from here on :class:`_PathPolicy` times both per shape and runs the faster
+#: so from here on :class:`cpu_gemv._PathPolicy` times both per shape and runs the faster
 PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
 #: rows of W per tile of the prefill path (None: 256 while the fp32 tile is at most TILE_BYTES, else 128). torch.mm's
 #: GEMM is efficient from ~64 columns of output, and per tile there are fixed costs (a ctypes call, the GEMM packing
@@ -313,40 +311,7 @@ def interleaved(weight: Tensor, qtype: str | int | QType) -> Tensor | None:
 # ------------------------------------------------------------------------------------------- qgemv
 
 
-class _PathPolicy:
-    """GEMV or tiles (``True``), per shape class (layout, N, K, rows of x as a power of two, threads), by recent times
-    per row of x (``cpu_blocks`` keeps one too, for a prefill's int8 rows: the float path on the rounded x (``True``) or
-    the integer kernel): two calls of each first, then the one with the lower mean, the other tried again after
-    ``PROBE_NS``, then twice as long after each try (up to ``MAX_PROBE_NS``), so that a neighbour's load changing sides
-    is noticed at a cost of a fraction of a percent (the same scheme as :class:`cpu_gemv._ThreadPolicy`)."""
-
-    SAMPLES = 4
-    PROBE_NS = 500_000_000
-    MAX_PROBE_NS = 8_000_000_000
-
-    def __init__(self) -> None:
-        self.samples: dict[tuple, deque[float]] = {}  # (key, tiled) -> ns per row of x, latest
-        self.probed: dict[tuple, int] = {}
-        self.interval: dict[tuple, int] = {}
-
-    def pick(self, key: tuple) -> bool:
-        times = {c: self.samples.get((key, c), ()) for c in (True, False)}
-        for choice, seen in times.items():
-            if len(seen) < 2:
-                return choice
-        best = statistics.fmean(times[True]) <= statistics.fmean(times[False])
-        now = time.perf_counter_ns()
-        if now - self.probed.setdefault(key, now) >= self.interval.get(key, self.PROBE_NS):
-            self.probed[key] = now
-            self.interval[key] = min(2 * self.interval.get(key, self.PROBE_NS), self.MAX_PROBE_NS)
-            return not best
-        return best
-
-    def record(self, key: tuple, tiled: bool, ns_per_row: float) -> None:
-        self.samples.setdefault((key, tiled), deque(maxlen=self.SAMPLES)).append(ns_per_row)
-
-
-_paths = _PathPolicy()
+_paths = cpu_gemv._PathPolicy()
 
 
 class QGemv:
@@ -388,27 +353,11 @@ class QGemv:
         ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
         weights) or ``"int8"`` (x quantized per group of 32, integer dot products; see the module's docstring).
         ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced; None: the GEMV below
-        :data:`PREFILL_ROWS` rows, from there whichever :class:`_PathPolicy` measured faster for this shape."""
+        :data:`PREFILL_ROWS` rows, from there whichever :class:`cpu_gemv._PathPolicy` measured faster for this
+        shape."""
         act = self._activations(activations)
-        if not isinstance(x, Tensor) or x.dim() != 2:
-            raise ValueError("qgemv: x must be a 2-D float32 tensor [M, K]")
+        out, cap = self._checked(x, out, isa)
         m = int(x.shape[0])
-        if x.shape[1] % self.qtype.block:
-            raise ValueError(f"qgemv: K = {x.shape[1]} is not a multiple of {self.qtype.name}'s block of "
-                             f"{self.qtype.block} (GGUF files store such rows in another type)")
-        if x.shape[1] != self.k:
-            raise ValueError(f"qgemv: x has K = {x.shape[1]}, the {self.qtype.name} weight holds K = {self.k} "
-                             f"({self.k // self.qtype.block} blocks of {self.qtype.block} per row)")
-        xp, xn = _arg(x, "x", torch.float32, (m, self.k))
-        if out is None:
-            out = torch.empty(m, self.n, dtype=torch.float32)
-        yp, yn = _arg(out, "out", torch.float32, (m, self.n))
-        for (p, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xn), "x")):
-            if _overlap(yp, yn, p, size):
-                raise ValueError(f"qgemv: out overlaps {what}")
-        cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
-        if cap < 0:
-            raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
         library = _kernel.for_call()
         if library is None:
             if act:
@@ -430,14 +379,52 @@ class QGemv:
             return self._tiled(library, x, out, threads, min(library.isa, cap))
         return self._gemv(library, x, out, threads, min(library.isa, cap), act)
 
+    def _checked(self, x: Tensor, out: Tensor | None, isa: str | None) -> tuple[Tensor, int]:
+        """``out`` (made when None) and the ISA cap of a call, after checking x, out and ``isa``."""
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError("qgemv: x must be a 2-D float32 tensor [M, K]")
+        m = int(x.shape[0])
+        if x.shape[1] % self.qtype.block:
+            raise ValueError(f"qgemv: K = {x.shape[1]} is not a multiple of {self.qtype.name}'s block of "
+                             f"{self.qtype.block} (GGUF files store such rows in another type)")
+        if x.shape[1] != self.k:
+            raise ValueError(f"qgemv: x has K = {x.shape[1]}, the {self.qtype.name} weight holds K = {self.k} "
+                             f"({self.k // self.qtype.block} blocks of {self.qtype.block} per row)")
+        xp, xn = _arg(x, "x", torch.float32, (m, self.k))
+        if out is None:
+            out = torch.empty(m, self.n, dtype=torch.float32)
+        yp, yn = _arg(out, "out", torch.float32, (m, self.n))
+        for (p, size), what in ((self._w, "weight"), (self._b, "bias"), ((xp, xn), "x")):
+            if _overlap(yp, yn, p, size):
+                raise ValueError(f"qgemv: out overlaps {what}")
+        cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
+        if cap < 0:
+            raise ValueError(f"qgemv: isa {isa!r} is not one of {', '.join(ISAS)}")
+        return out, cap
+
+    def native_call(self, x: Tensor, out: Tensor, threads: int, activations: str = "float32") -> NativeCall | None:
+        """The GEMV of ``x`` into ``out`` on ``threads`` threads, checked and packed but not made (a link of a chain
+        of native calls, ``cpu_chain``); None where it would not run the GEMV kernel (the kernel not to be had, or a
+        prefill's rows, which may take the tiles). ``x`` and ``out`` must stay where they are while it is kept."""
+        act = self._activations(activations)
+        out, cap = self._checked(x, out, None)
+        library = _kernel.for_call()
+        if library is None or self.tiled(int(x.shape[0]), activations):
+            return None
+        return NativeCall(library.lib.qgemv_packed, self._pack(x, out, threads, min(library.isa, cap), act), keep=out)
+
+    def _pack(self, x: Tensor, out: Tensor, threads: int, isa: int, act: int) -> bytes:
+        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it)."""
+        w16 = self._w16.data_ptr() if act and self._w16 is not None and isa >= ISAS["avx2"] else 0
+        return _ARGS.pack(int(x.shape[0]), self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0],
+                          out.data_ptr(), max(1, threads), isa, act, w16)
+
     def _gemv(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int, act: int) -> Tensor:
-        m, policy = int(x.shape[0]), None
+        policy = None
         if threads is None:
             policy = _policy if self._w[1] >= cpu_gemv.SINGLE_THREAD_BYTES and torch.get_num_threads() > 1 else None
             threads = policy.pick(self._w[1], torch.get_num_threads()) if policy is not None else 1
-        w16 = self._w16.data_ptr() if act and self._w16 is not None and isa >= ISAS["avx2"] else 0
-        args = _ARGS.pack(m, self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0], out.data_ptr(),
-                          max(1, threads), isa, act, w16)
+        args = self._pack(x, out, threads, isa, act)
         start = time.perf_counter_ns()
         status = library.lib.qgemv_packed(args)
         if policy is not None:

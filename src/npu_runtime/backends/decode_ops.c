@@ -208,6 +208,38 @@ ALWAYS void attn_body(const AttnArgs *a, const int dt) {
         }
 }
 
+/* ------------------------------------------------------------------------------------------- SILU_MUL */
+/* y[i] = silu(g[i]) · u[i] = g[i] / (1 + exp(-g[i])) · u[i] (GATE_UP's epilogue, fp32): as PyTorch's silu then mul,
+   each rounded once; exp by a polynomial in plain C (no libm call: every variant vectorizes it alike, the same
+   bits), within ~2 ulp of expf. Overflow as expf: exp(-g) = inf below g = -88.72 (so silu(-inf) is NaN, as
+   PyTorch's), 0 above 87.33; a NaN stays NaN. */
+typedef struct { int64_t n; const float *g, *u; float *y; int64_t dt, isa; } SiluArgs;
+
+ALWAYS float exp_poly(float x) {
+    const float c = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);  /* NaN passes through */
+    const float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round(c / ln 2), ties to even */
+    const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;   /* ln 2 in two parts: r exact enough */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * r) * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;                   /* 2^n, n in [-126, 127] */
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    const float e = p * two_n;
+    return x > 88.72283f ? INFINITY : (x < -87.33654f ? 0.0f : e);
+}
+ALWAYS void silu_body(const SiluArgs *a, const int dt) {
+    (void)dt;
+    for (int64_t i = 0; i < a->n; i++) {
+        const float g = a->g[i];
+        a->y[i] = g / (1.0f + exp_poly(-g)) * a->u[i];
+    }
+}
+
 /* -------------------------------------------------------------------------------- ISA variants, entry points */
 /* Each op's body, specialized for its dtype, compiled three times: portable (SSE2 on x86-64, what the target
    gives elsewhere), AVX2 and AVX-512; the same operations in the same order, so the same results. */
@@ -235,6 +267,7 @@ ALWAYS void attn_body(const AttnArgs *a, const int dt) {
 VARIANTS(rms, RmsArgs)
 VARIANTS(rope, RopeArgs)
 VARIANTS(attn, AttnArgs)
+VARIANTS(silu, SiluArgs)
 
 /* The best ISA this CPU runs (asked at run time: one .so serves any x86-64); Python may pass a lower one. */
 int dops_isa(void) {
@@ -255,3 +288,41 @@ int dops_openmp(void) { return 0; }  /* one thread by design: a decode op is mic
 int dops_rms_norm(const char *block) { RmsArgs a; memcpy(&a, block, sizeof a); DISPATCH(rms, &a); return 0; }
 int dops_rope(const char *block) { RopeArgs a; memcpy(&a, block, sizeof a); DISPATCH(rope, &a); return 0; }
 int dops_attention(const char *block) { AttnArgs a; memcpy(&a, block, sizeof a); DISPATCH(attn, &a); return 0; }
+int dops_silu_mul(const char *block) { SiluArgs a; memcpy(&a, block, sizeof a); DISPATCH(silu, &a); return 0; }
+
+/* The glue of a chained decode step (cpu_chain.py): plain copies and fp32 adds between the kernels' buffers. */
+typedef struct { int64_t n; const float *a; float *y; } AddArgs;  /* y += a, n floats */
+int dops_add(const char *block) {
+    AddArgs a; memcpy(&a, block, sizeof a);
+    for (int64_t i = 0; i < a.n; i++) a.y[i] += a.a[i];
+    return 0;
+}
+typedef struct { int64_t bytes; const void *src; void *dst; } CopyArgs;
+int dops_copy(const char *block) { CopyArgs a; memcpy(&a, block, sizeof a); memmove(a.dst, a.src, (size_t)a.bytes); return 0; }
+
+/* KV_UPDATE of one token: row src[r] (r < rows, `bytes` each) to cache + (r·S + position)·bytes, the position read
+   now from *index (an int64 the step computed). 1, nothing written, when it is outside [0, S): the caller runs
+   the step's PyTorch code, which raises its own error. */
+typedef struct { int64_t rows, S, bytes; const int64_t *index; const char *src; char *cache; } KvArgs;
+int dops_kv_update(const char *block) {
+    KvArgs a; memcpy(&a, block, sizeof a);
+    const int64_t p = *a.index;
+    if (p < 0 || p >= a.S) return 1;
+    for (int64_t r = 0; r < a.rows; r++)
+        memmove(a.cache + (size_t)((r * a.S + p) * a.bytes), a.src + (size_t)(r * a.bytes), (size_t)a.bytes);
+    return 0;
+}
+
+/* A chain of calls, one ctypes call for a whole decode step: calls[2i] the address of an `int f(const char *)`
+   of these libraries, calls[2i + 1] its argument block. Returns -1, or the index of the first call that did not
+   return 0 (the rest not run). */
+typedef int (*ChainFn)(const char *);
+int64_t dops_chain(const int64_t *calls, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        ChainFn f;
+        const int64_t fn = calls[2 * i];
+        memcpy(&f, &fn, sizeof f);
+        if (f((const char *)(intptr_t)calls[2 * i + 1]) != 0) return i;
+    }
+    return -1;
+}
