@@ -20,6 +20,10 @@ Correctness, per file (``--no-check`` skips it):
   compute; a bf16 file computes in bf16, so its tokens leave the float32 ones once a rounding flips a near tie),
   and, beside it, how many llama.cpp's own greedy tokens share with it (the same test of llama.cpp).
 
+``--unchained`` adds a row per runner of ours with its decode steps made dispatch by dispatch from Python (the CPU
+backend's chains of native calls off, ``npu_runtime.backends.cpu_chain``), in the same rounds: what one C call per
+run of native dispatches gains.
+
 ``--int8-activations`` adds a row per block-quantized file: ours with x rounded to int8 groups of 32 before each
 block contraction (``load_lm(int8_activations=True)``), llama.cpp's own contract, in the same rounds. Its greedy
 tokens are compared with the same float reference, which they leave as llama.cpp's do (its top-1 agreement with
@@ -86,8 +90,16 @@ class Ours:
         self.new = args.new_tokens
         self.run()  # warm-up
 
-    def run(self) -> dict:
-        r = self.generator.generate(self.prompt, self.new + 1)
+    def run(self, chained: bool = True) -> dict:
+        """One timed generation, the decode steps' native dispatches made by one C call each run of them
+        (``cpu_chain``) or, ``chained=False``, one by one from Python."""
+        from npu_runtime.backends import cpu_chain
+
+        previous = cpu_chain.set_enabled(chained)
+        try:
+            r = self.generator.generate(self.prompt, self.new + 1)
+        finally:
+            cpu_chain.set_enabled(previous)
         return {"decode": statistics.median(r.decode_s) * 1000, "prefill": r.prefill_s * 1000 / len(self.prompt)}
 
 
@@ -153,16 +165,22 @@ def bench_file(path: Path, args: argparse.Namespace, floor_gbs: float) -> list[d
         print(f"  note: {note}", file=sys.stderr)
     rows = {v: {"file": path.name + v, "dtype": o.dtype, "blocks": o.blocks, "ours": [], "llama": []}
             for v, o in variants.items()}
+    runs = [(v, o, True) for v, o in variants.items()]
+    if args.unchained:  # the same runners, their decode steps made dispatch by dispatch
+        runs += [(v, o, False) for v, o in variants.items()]
+        rows.update({v + " unchained": {**rows[v], "file": rows[v]["file"] + ", unchained", "ours": [], "llama": []}
+                     for v in variants})
     if args.check:
         for v, o in variants.items():
             rows[v]["check"] = check(path, o, args)
             print(f"  check{v}: {rows[v]['check']}", file=sys.stderr)
     for _ in range(args.rounds):
         theirs = llamacpp(args.llamacpp_python, path, args)
-        for v, o in variants.items():
-            rows[v]["weight_bytes"] = theirs["weight_bytes"]
-            rows[v]["llama"].append(theirs)
-            rows[v]["ours"].append(o.run())
+        for v, o, chained in runs:
+            row = rows[v if chained else v + " unchained"]
+            row["weight_bytes"] = theirs["weight_bytes"]
+            row["llama"].append(theirs)
+            row["ours"].append(o.run(chained))
     floor_gbs = max(floor_gbs, measure_stream_bandwidth(threads=args.threads, reps=10).gbs)
     for row in rows.values():
         row["floor_gbs"] = floor_gbs
@@ -208,6 +226,8 @@ def main() -> int:
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the KLD and greedy-token checks")
     p.add_argument("--int8-activations", action="store_true",
                    help="also time (and check) ours with int8 activations on files with blocks, as llama.cpp runs")
+    p.add_argument("--unchained", action="store_true",
+                   help="also time ours with each decode dispatch made from Python (no cpu_chain), same rounds")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--llamacpp-python", default=str(ROOT / "bench/llm/llamacpp/.venv/bin/python"))
     args = p.parse_args()

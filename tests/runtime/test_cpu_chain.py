@@ -183,8 +183,10 @@ def test_a_failed_call_stops_its_chain_there() -> None:
     blocks = [c.block for c in calls]
     table = torch.tensor([v for c, b in zip(calls, blocks)
                           for v in (c.address, ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value)])
-    assert cpu_decode_ops.chain(table, 3) == 1
+    ns = torch.full((3,), -1, dtype=torch.int64)
+    assert cpu_decode_ops.chain(table, 3, ns) == 1
     assert torch.equal(y, torch.ones(3))  # the first call made, the third not
+    assert ns[0] >= 0 and ns[1] >= 0 and ns[2] == -1  # each call made timed, the one not made untouched
     index[0] = 3
     assert cpu_decode_ops.chain(table, 3) == -1
     assert torch.equal(y, torch.full((3,), 3.0)) and torch.equal(cache[0, 0, 3], torch.ones(2))

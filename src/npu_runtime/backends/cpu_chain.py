@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -169,9 +170,14 @@ class _Chain:
         self.keep = keep
         self.stop = self.owners[-1] + 1
 
-    def run(self) -> int | None:
-        """Make the calls; None when all were made, else the dispatch whose call failed (nothing of it written)."""
-        failed = cpu_decode_ops.chain(self.table, len(self.owners))
+    def run(self, seconds: list[float] | None = None) -> int | None:
+        """Make the calls; None when all were made, else the dispatch whose call failed (nothing of it written).
+        ``seconds``: each dispatch's time is added to its entry."""
+        ns = torch.zeros(len(self.owners), dtype=torch.int64) if seconds is not None else None
+        failed = cpu_decode_ops.chain(self.table, len(self.owners), ns)
+        if ns is not None:
+            for index, t in zip(self.owners, ns.tolist()):
+                seconds[index] += t * 1e-9
         return None if failed < 0 else self.owners[failed]
 
 
@@ -188,7 +194,7 @@ class Chains:
     def plan(self) -> list[int | _Chain]:
         """The plan for now's settings: dispatch indices to run from Python, and chains (made once per setting)."""
         key = (_enabled, NativeKernel.enabled, torch.get_num_threads(), cpu_decode_ops._library() is not None,
-               cpu_decode_ops._isa, cpu_qgemv._isa_cap())
+               cpu_decode_ops._isa, cpu_qgemv._isa_cap(), cpu_gemv._isa_cap())
         found = self.plans.get(key)
         if found is None:
             found = self.plans[key] = self._plan(key[2]) if key[0] and key[3] else list(range(len(self.steps)))
@@ -216,21 +222,27 @@ class Chains:
         else:  # one dispatch gains nothing from a chain: its kernel makes its calls itself
             plan.extend(sorted({index for index, _ in run}))
 
-    def run(self) -> None:
-        """One run of the steps, in order."""
-        steps = self.steps
+    def run(self, seconds: list[float] | None = None) -> None:
+        """One run of the steps, in order. ``seconds`` (one entry a dispatch): each dispatch's wall time is added to
+        its entry, a chained one's timed in C (a profile of what chains run; ``bench/llm/chain_profile.py``)."""
         for item in self.plan():
             if type(item) is int:
-                self.at = item
-                fn, ins, outs = steps[item]
-                fn(ins, outs)
+                self._step(item, seconds)
                 continue
             self.at = item.owners[0]
-            failed = item.run()
+            failed = item.run(seconds)
             for index in range(failed if failed is not None else item.stop, item.stop):
-                self.at = index
-                fn, ins, outs = steps[index]
-                fn(ins, outs)
+                self._step(index, seconds)
+
+    def _step(self, index: int, seconds: list[float] | None) -> None:
+        self.at = index
+        fn, ins, outs = self.steps[index]
+        if seconds is None:
+            fn(ins, outs)
+            return
+        start = time.perf_counter()
+        fn(ins, outs)
+        seconds[index] += time.perf_counter() - start
 
     def chained(self) -> int:
         """How many dispatches the plan for now's settings makes in chains."""

@@ -26,6 +26,12 @@ output overlaps an input (except an output that *is* its input, which the kernel
 Each function returns False, having done nothing, when the kernel is not to be used: switched off
 (``TORCH_IR_NATIVE_DECODE=0``, :func:`set_native_enabled`, or every native kernel with
 ``TORCH_IR_NATIVE_GEMV=0``) or not buildable here (one warning); the caller then runs its torch code.
+
+Each op also has a ``*_call`` form: the same checks and argument block, returned as a
+:class:`~npu_runtime.backends.cpu_gemv_build.NativeCall` instead of made (None where the function would return
+False). With the glue a whole decode step needs (:func:`silu_mul_call`, GATE_UP's epilogue, which GATE_UP's kernel
+runs unchained too; :func:`add_call`, :func:`copy_call`, :func:`kv_update_call`), they are what
+:mod:`.cpu_chain` plans a step into, and :func:`chain` makes a list of such calls in one C call.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ def _build() -> Library:
                  "dops_kv_update"):
         getattr(lib, name).argtypes = [ctypes.c_char_p]
         getattr(lib, name).restype = ctypes.c_int
-    lib.dops_chain.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.dops_chain.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.dops_chain.restype = ctypes.c_int64
     lib.dops_isa.restype = ctypes.c_int
     return Library(lib, path, int(lib.dops_isa()), False)
@@ -379,16 +385,19 @@ def kv_update_call(cache: Tensor, new: Tensor, index: Tensor, dim: int) -> Nativ
                                                            cp[0]))
 
 
-def chain(calls: Tensor, n: int) -> int:
+def chain(calls: Tensor, n: int, ns: Tensor | None = None) -> int:
     """Make the ``n`` calls listed in ``calls`` (int64 ``[2n]``: each call's C function, then its argument block's
     address) in one C call: -1 when every one returned 0, else the index of the first that did not (the later
-    ones not made). The caller keeps every block and everything its pointers reach alive."""
+    ones not made). The caller keeps every block and everything its pointers reach alive. ``ns`` (int64 ``[n]``):
+    each call's wall time in nanoseconds, written as it runs."""
     found = _library()
     if found is None:
         raise RuntimeError("chain: the native decode ops are off or cannot be built here")
     if calls.dtype != torch.int64 or not calls.is_contiguous() or calls.numel() < 2 * n:
         raise ValueError(f"chain: calls must be a contiguous int64 tensor of 2 entries for each of the {n} calls")
-    return int(found[0].lib.dops_chain(calls.data_ptr(), n))
+    if ns is not None and (ns.dtype != torch.int64 or not ns.is_contiguous() or ns.numel() < n):
+        raise ValueError(f"chain: ns must be a contiguous int64 tensor of at least {n} entries")
+    return int(found[0].lib.dops_chain(calls.data_ptr(), n, ns.data_ptr() if ns is not None else None))
 
 
 __all__ = ["DTYPE_CODES", "MASK_CODES", "MAX_GROUP", "SOURCE_NAME", "Held", "add_call", "attention", "attention_call",

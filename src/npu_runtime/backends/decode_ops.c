@@ -1,10 +1,12 @@
 /* The small ops of a one-token decode step, one C call each: RMS_NORM, ROPE_QK and ATTENTION over a KV cache
-   (grouped-query heads), fp32 and bf16 tensors, fp32 arithmetic.
+   (grouped-query heads), fp32 and bf16 tensors, fp32 arithmetic; GATE_UP's silu(gate)·up (fp32); and what a whole
+   step made by one C call needs (cpu_chain.py): the glue between kernels (a copy, a residual add, the cache update
+   of one position) and dops_chain, which makes a list of calls.
 
    Compiled on first use by npu_runtime/backends/cpu_gemv_build.py and called through ctypes by
    cpu_decode_ops.py, whose docstring explains why. The Python side checks every pointer, shape and size
    before a call: this code trusts them. Keep in step with cpu_decode_ops.py: the dtype and mask codes and the
-   argument blocks (_RMS, _ROPE, _ATTN).
+   argument blocks (_RMS, _ROPE, _ATTN, _SILU, _ADD, _COPY, _KV).
 
    Rounding: products and sums are never fused into FMAs (fp-contract off below), so each result is rounded
    where PyTorch rounds it, and the sums run in a fixed order of 16 independent lanes, so the portable, AVX2
@@ -13,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #if defined(__x86_64__)
 #define DOPS_X86 1
 #endif
@@ -315,14 +318,22 @@ int dops_kv_update(const char *block) {
 
 /* A chain of calls, one ctypes call for a whole decode step: calls[2i] the address of an `int f(const char *)`
    of these libraries, calls[2i + 1] its argument block. Returns -1, or the index of the first call that did not
-   return 0 (the rest not run). */
+   return 0 (the rest not run). ns, when not NULL: each call's wall time in nanoseconds (a profile of the chain). */
 typedef int (*ChainFn)(const char *);
-int64_t dops_chain(const int64_t *calls, int64_t n) {
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+int64_t dops_chain(const int64_t *calls, int64_t n, int64_t *ns) {
+    int64_t t0 = ns ? now_ns() : 0;
     for (int64_t i = 0; i < n; i++) {
         ChainFn f;
         const int64_t fn = calls[2 * i];
         memcpy(&f, &fn, sizeof f);
-        if (f((const char *)(intptr_t)calls[2 * i + 1]) != 0) return i;
+        const int status = f((const char *)(intptr_t)calls[2 * i + 1]);
+        if (ns) { const int64_t t1 = now_ns(); ns[i] = t1 - t0; t0 = t1; }
+        if (status != 0) return i;
     }
     return -1;
 }
