@@ -7,6 +7,8 @@ copies, the one-position cache update) against PyTorch's ops."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +222,19 @@ def test_a_gemvs_native_call_gives_the_calls_bits(qtype: str, activations: str) 
     call = dense.native_call(x, out, residual, 2)
     if call is not None:  # None: the GEMV kernel cannot be built here
         assert call() == 0 and torch.equal(out, want)
+
+
+@needs_native
+def test_the_chain_profile_bench_times_every_dispatch(tmp_path: Path) -> None:
+    """``bench/llm/chain_profile.py`` on a tiny GGUF file: every dispatch kind of the step in its table, each chained
+    one timed (inside the C call), the contractions' bytes and rates, the floor."""
+    path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q.gguf", {"blk.": "Q8_0"})
+    script = Path(__file__).resolve().parents[2] / "bench" / "llm" / "chain_profile.py"
+    out = subprocess.run([sys.executable, str(script), str(path), "--int8-activations", "--position", "8", "--runs",
+                          "3"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "22 of 31 dispatches chained" in out.stdout
+    for kind in ("GEMM", "GATE_UP", "QKV_PROJ", "ATTENTION", "RMS_NORM", "ROPE_QK", "KV_UPDATE", "EMBEDDING",
+                 "host ops (aten.*)"):
+        assert f"| {kind} |" in out.stdout
+    assert "floor" in out.stdout and "GB/s C stream read" in out.stdout
