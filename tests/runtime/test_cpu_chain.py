@@ -56,7 +56,7 @@ def _cache(generator: Generator) -> dict[str, np.ndarray]:
     ("llama", MIXED, {}, {}),  # Q8_0/Q4_0 blocks, float x
     ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"}, {}, {"int8_activations": True}),
     ("qwen2", K_QUANTS, {"hidden_size": 256, "intermediate_size": 512}, {"int8_activations": True}),  # Q4_K + Q6_K QKV
-    ("qwen2", {}, {}, {"dtype": "bfloat16"}),  # bf16 activations: GATE_UP's torch epilogue splits the chains
+    ("qwen2", {}, {}, {"dtype": "bfloat16"}),  # bf16 weights and activations
 ], ids=["float", "blocks", "int8", "k-quants", "bf16"])
 def test_a_chained_decode_step_gives_the_unchained_steps_bits(tmp_path: Path, chains_restored, arch: str,
                                                                quant: dict, sizes: dict, options: dict) -> None:
@@ -67,11 +67,9 @@ def test_a_chained_decode_step_gives_the_unchained_steps_bits(tmp_path: Path, ch
         cpu_chain.set_enabled(chained)
         results[chained] = generator.forced_logits(STEPS[:1], STEPS[1:]), _cache(generator)
     cpu_chain.set_enabled(True)
-    # the chains hold the step: every dispatch but the host ops and the embedding (bf16: GATE_UP's neither)
+    # the chains hold the step: every dispatch but the host ops and the embedding
     kinds = [d.kernel for d in generator.decode_exec.program.dispatches]
     native = {"RMS_NORM", "QKV_PROJ", "ROPE_QK", "KV_UPDATE", "ATTENTION", "GEMM", "GATE_UP"}
-    if options.get("dtype"):
-        native.remove("GATE_UP")
     assert generator.decode_exec.chains.chained() == sum(k in native for k in kinds) > len(kinds) / 2
     np.testing.assert_array_equal(results[True][0], results[False][0])
     assert results[True][1].keys() == results[False][1].keys()
@@ -132,9 +130,23 @@ def test_silu_mul_keeps_pytorchs_infinities_and_nans() -> None:
 
 
 @needs_native
+def test_silu_mul_in_bf16_rounds_where_pytorch_rounds() -> None:
+    """bf16: silu rounded to bf16, then the product rounded (PyTorch's two bf16 ops); equal to them but where the
+    exponentials' last fp32 bits put the silu on the other side of a bf16 midpoint (then one bf16 ulp)."""
+    torch.manual_seed(3)
+    gate, up = (torch.randn(4096) * 4).bfloat16(), torch.randn(4096).bfloat16()
+    out = torch.empty(4096, dtype=torch.bfloat16)
+    assert cpu_decode_ops.silu_mul(torch.cat([gate, up]).view(1, -1), out)
+    want = F.silu(gate) * up
+    assert (out == want).float().mean() > 0.99
+    torch.testing.assert_close(out, want, rtol=2 ** -7, atol=0)
+
+
+@needs_native
 def test_silu_mul_refuses_what_it_does_not_take() -> None:
     assert not cpu_decode_ops.silu_mul(torch.zeros(2, 8), torch.empty(2, 4))  # two rows: torch's code runs
-    assert not cpu_decode_ops.silu_mul(torch.zeros(1, 8, dtype=torch.bfloat16), torch.empty(4, dtype=torch.bfloat16))
+    assert not cpu_decode_ops.silu_mul(torch.zeros(1, 8, dtype=torch.float16), torch.empty(4, dtype=torch.float16))
+    assert not cpu_decode_ops.silu_mul(torch.zeros(1, 8), torch.empty(4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="overlaps"):
         both = torch.zeros(1, 8)
         cpu_decode_ops.silu_mul(both, both[0, 4:])

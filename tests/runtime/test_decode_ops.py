@@ -197,14 +197,15 @@ def test_every_isa_variant_gives_the_same_bits(library, dtype, monkeypatch):
     q, k, v = rand((1, 14, 1, 64), dtype, 1), rand((1, 2, 200, 64), dtype, 2), rand((1, 2, 200, 64), dtype, 3)
     mask = cache_mask("prefix", 1, 14, 200, 0)
     x, w = rand((1, 1, 896), dtype, 4), rand((896,), dtype, 5)
+    both = (rand((1, 2 * 4864), dtype, 6).float() * 8).to(dtype)  # GATE_UP's gate and up, silu's whole range
     results = []
     for isa in range(library.isa + 1):
         monkeypatch.setattr(dops, "_isa", isa)
-        out, y = torch.empty(1, 1, 896, dtype=dtype), torch.empty_like(x)
-        assert dops.attention(q, k, v, mask, out, 0.125) and dops.rms_norm(x, w, y, 1e-6)
-        results.append((out, y))
-    for out, y in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(y, results[0][1])
+        out, y, z = torch.empty(1, 1, 896, dtype=dtype), torch.empty_like(x), torch.empty(1, 4864, dtype=dtype)
+        assert dops.attention(q, k, v, mask, out, 0.125) and dops.rms_norm(x, w, y, 1e-6) and dops.silu_mul(both, z)
+        results.append((out, y, z))
+    for result in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(result, results[0]))
 
 
 def test_hidden_cache_rows_are_not_read(library):

@@ -323,23 +323,24 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Te
 
 
 def silu_mul(both: Tensor, out: Tensor) -> bool:
-    """GATE_UP's epilogue of one row: ``out = silu(gate) · up`` with ``both`` fp32 ``[1, 2n]`` (gate, then up) and out
-    fp32 ``[1, n]`` (any shape of n elements), each result rounded once as PyTorch's silu then mul round it (the
-    exponential a polynomial within ~2 ulp of expf: ``decode_ops.c``). False: not run."""
+    """GATE_UP's epilogue of one row: ``out = silu(gate) · up`` with ``both`` ``[1, 2n]`` (gate, then up) and out of
+    n elements (any shape), fp32 or bf16, rounded where PyTorch's silu then mul round (the exponential a polynomial
+    within ~2 ulp of expf: ``decode_ops.c``). False: not run."""
     return _made(silu_mul_call(both, out))
 
 
 def silu_mul_call(both: Tensor, out: Tensor) -> NativeCall | None:
     """:func:`silu_mul`, not made; None also for a shape or dtype it does not take (the caller's torch code runs)."""
     found = _library()
-    if found is None or both.dim() != 2 or int(both.shape[0]) != 1 or both.dtype != torch.float32 or \
-            out.dtype != torch.float32 or 2 * out.numel() != both.numel() or not out.is_contiguous():
+    if found is None or both.dim() != 2 or int(both.shape[0]) != 1 or both.dtype not in DTYPE_CODES or \
+            out.dtype != both.dtype or 2 * out.numel() != both.numel() or not out.is_contiguous():
         return None
     op, n = "silu_mul", out.numel()
-    bp = _arg(both, op, "gate and up", {torch.float32: 0})
-    yp = _arg(out, op, "out", {torch.float32: 0})
+    bp = _arg(both, op, "gate and up", DTYPE_CODES)
+    yp = _arg(out, op, "out", DTYPE_CODES)
     _disjoint(op, yp, "out", {"gate and up": bp})
-    return NativeCall(found[0].lib.dops_silu_mul, _SILU.pack(n, bp[0], bp[0] + 4 * n, yp[0], 0, found[1]))
+    return NativeCall(found[0].lib.dops_silu_mul, _SILU.pack(n, bp[0], bp[0] + both.element_size() * n, yp[0], bp[1],
+                                                            found[1]))
 
 
 def add_call(y: Tensor, a: Tensor) -> NativeCall | None:

@@ -212,11 +212,11 @@ ALWAYS void attn_body(const AttnArgs *a, const int dt) {
 }
 
 /* ------------------------------------------------------------------------------------------- SILU_MUL */
-/* y[i] = silu(g[i]) · u[i] = g[i] / (1 + exp(-g[i])) · u[i] (GATE_UP's epilogue, fp32): as PyTorch's silu then mul,
-   each rounded once; exp by a polynomial in plain C (no libm call: every variant vectorizes it alike, the same
-   bits), within ~2 ulp of expf. Overflow as expf: exp(-g) = inf below g = -88.72 (so silu(-inf) is NaN, as
-   PyTorch's), 0 above 87.33; a NaN stays NaN. */
-typedef struct { int64_t n; const float *g, *u; float *y; int64_t dt, isa; } SiluArgs;
+/* y[i] = silu(g[i]) · u[i] = g[i] / (1 + exp(-g[i])) · u[i] (GATE_UP's epilogue), fp32 arithmetic rounded to the
+   dtype where PyTorch's silu then mul round it: after the silu and after the product. exp by a polynomial in plain
+   C (no libm call: every variant vectorizes it alike, the same bits), within ~2 ulp of expf. Overflow as expf:
+   exp(-g) = inf below g = -88.72 (so silu(-inf) is NaN, as PyTorch's), 0 above 87.33; a NaN stays NaN. */
+typedef struct { int64_t n; const void *g, *u; void *y; int64_t dt, isa; } SiluArgs;
 
 ALWAYS float exp_poly(float x) {
     const float c = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);  /* NaN passes through */
@@ -236,10 +236,9 @@ ALWAYS float exp_poly(float x) {
     return x > 88.72283f ? INFINITY : (x < -87.33654f ? 0.0f : e);
 }
 ALWAYS void silu_body(const SiluArgs *a, const int dt) {
-    (void)dt;
     for (int64_t i = 0; i < a->n; i++) {
-        const float g = a->g[i];
-        a->y[i] = g / (1.0f + exp_poly(-g)) * a->u[i];
+        const float g = ld(a->g, dt, i);
+        st(a->y, dt, i, rnd(dt, g / (1.0f + exp_poly(-g))) * ld(a->u, dt, i));
     }
 }
 
