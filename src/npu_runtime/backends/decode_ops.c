@@ -1,5 +1,5 @@
 /* The small ops of a one-token decode step, one C call each: RMS_NORM, ROPE_QK and ATTENTION over a KV cache
-   (grouped-query heads), fp32 and bf16 tensors, fp32 arithmetic; GATE_UP's silu(gate)·up (fp32); and what a whole
+   (grouped-query heads), fp32 and bf16 tensors, fp32 arithmetic; GATE_UP's silu(gate)·up; and what a whole
    step made by one C call needs (cpu_chain.py): the glue between kernels (a copy, a residual add, the cache update
    of one position) and dops_chain, which makes a list of calls.
 
