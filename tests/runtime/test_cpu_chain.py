@@ -6,7 +6,6 @@ copies, the one-position cache update) against PyTorch's ops."""
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 from pathlib import Path
@@ -194,9 +193,7 @@ def test_a_failed_call_stops_its_chain_there() -> None:
     y, a = torch.zeros(3), torch.ones(3)
     calls = [cpu_decode_ops.add_call(y, a), cpu_decode_ops.kv_update_call(cache, new, index, 2),
              cpu_decode_ops.add_call(y, a)]
-    blocks = [c.block for c in calls]
-    table = torch.tensor([v for c, b in zip(calls, blocks)
-                          for v in (c.address, ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value)])
+    table = cpu_chain._Chain(list(enumerate(calls))).table  # each call's function and block, as a chain lists them
     ns = torch.full((3,), -1, dtype=torch.int64)
     assert cpu_decode_ops.chain(table, 3, ns) == 1
     assert torch.equal(y, torch.ones(3))  # the first call made, the third not

@@ -5,7 +5,7 @@ is their weights' bytes, and RMS_NORM, ROPE_QK, ATTENTION, the cache update). Ma
 also pays ~10-20 µs of interpreter: the kernel's own code, the argument checks and packing, ctypes, the GEMV's thread
 policy, the small torch ops between (an epilogue, a split); for a 0.5B model that is a quarter of the step. So once
 per bound executor and thread count, every dispatch whose kernel can be made as native calls is planned into them
-(checked and packed once: every pointer is into the arena, the state or memory the plan keeps, which stay put while
+(checked and packed once: every pointer is into the arena, the state or memory the calls hold, which stay put while
 the executor is bound), and each run of such dispatches in a row becomes one C call (``dops_chain`` in
 ``decode_ops.c``) that makes them in order. The other dispatches (the host ops that compute RoPE's cos and sin, the
 embedding, anything of several tokens or another dtype) run as before, between the chains: llama.cpp's one graph
@@ -41,9 +41,8 @@ from .cpu_transformer import Attention, KvUpdate, RmsNorm, Rope
 
 Tensor = torch.Tensor
 Calls = list[NativeCall] | None
-#: (kernel, inputs, outputs, threads, keep) -> the dispatch as native calls, or None; ``keep`` gets what they point
-#: into that nothing else holds
-Planner = Callable[[Any, list[Tensor], list[Tensor], int, list[Any]], Calls]
+#: (kernel, inputs, outputs, threads) -> the dispatch as native calls (each holding what it points into), or None
+Planner = Callable[[Any, list[Tensor], list[Tensor], int], Calls]
 
 _enabled = os.environ.get("TORCH_IR_NATIVE_CHAIN", "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -69,15 +68,13 @@ def _threads(weight: Tensor, threads: int) -> int:
     return threads if weight.nbytes >= cpu_gemv.SINGLE_THREAD_BYTES else 1
 
 
-def _linear(linear: Any, x: Tensor | None, out: Tensor | None, residual: Tensor | None, threads: int,
-            keep: list[Any]) -> Calls:
+def _linear(linear: Any, x: Tensor | None, out: Tensor | None, residual: Tensor | None, threads: int) -> Calls:
     """``x · Wᵀ (+ bias) (+ residual)`` of one row into ``out`` as the kernels' linear makes it: a float weight's
     GEMV (``_Linear``, the residual added in it), or (fp32) each block part's GEMV into its columns (contiguous for
     one row), then the residual added (:class:`BlockLinear`)."""
     if x is None or out is None or x.shape[0] != 1:
         return None
     if isinstance(linear, _Linear):
-        keep.append((linear.gemv.weight, linear.gemv.bias))
         return _every([linear.gemv.native_call(x, out, residual, _threads(linear.gemv.weight, threads))])
     if not isinstance(linear, BlockLinear) or x.dtype != torch.float32 or out.dtype != torch.float32:
         return None
@@ -88,38 +85,37 @@ def _linear(linear: Any, x: Tensor | None, out: Tensor | None, residual: Tensor 
         gemv = part.gemv
         calls.append(gemv.native_call(x, out[:, col:col + part.n], _threads(gemv.weight, threads),
                                       "int8" if linear.int8 else "float32"))
-        keep.append((gemv.weight, gemv.bias, gemv._w16))  # a later interleave() may replace the copy
         col += part.n
     if residual is not None:
         calls.append(cpu_decode_ops.add_call(out, residual))
     return _every(calls)
 
 
-def _gemm(k: Gemm, ins: list[Tensor], outs: list[Tensor], threads: int, keep: list[Any]) -> Calls:
+def _gemm(k: Gemm, ins: list[Tensor], outs: list[Tensor], threads: int) -> Calls:
     if k.activation is not None:
         return None
     residual = _rows(ins[-1]) if k.has_residual else None
     if k.has_residual and residual is None:
         return None
-    return _linear(k.linear, _rows(ins[0]), _rows(outs[0]), residual, threads, keep)
+    return _linear(k.linear, _rows(ins[0]), _rows(outs[0]), residual, threads)
 
 
-def _scratch(n: int, like: Tensor, keep: list[Any]) -> Tensor:
-    """The ``[1, n]`` buffer a kernel's run makes for its contraction (of its output's dtype), made once."""
-    keep.append(t := torch.empty(1, n, dtype=like.dtype))
-    return t
+def _scratch(n: int, like: Tensor) -> Tensor:
+    """The ``[1, n]`` buffer a kernel's run makes for its contraction (of its output's dtype), made once (the calls
+    that read or write it hold it)."""
+    return torch.empty(1, n, dtype=like.dtype)
 
 
-def _gate_up(k: GateUp, ins: list[Tensor], outs: list[Tensor], threads: int, keep: list[Any]) -> Calls:
-    both = _scratch(2 * k.n, outs[0], keep)
-    calls = _linear(k.linear, _rows(ins[0]), both, None, threads, keep)
+def _gate_up(k: GateUp, ins: list[Tensor], outs: list[Tensor], threads: int) -> Calls:
+    both = _scratch(2 * k.n, outs[0])
+    calls = _linear(k.linear, _rows(ins[0]), both, None, threads)
     return _every([*calls, cpu_decode_ops.silu_mul_call(both, outs[0])]) if calls else None
 
 
-def _qkv(k: QkvProj, ins: list[Tensor], outs: list[Tensor], threads: int, keep: list[Any]) -> Calls:
+def _qkv(k: QkvProj, ins: list[Tensor], outs: list[Tensor], threads: int) -> Calls:
     """One row: q, k and v are the scratch's column ranges, contiguous, in order (heads first or not: one token)."""
-    both = _scratch(sum(k.splits), outs[0], keep)
-    calls = _linear(k.linear, _rows(ins[0]), both, None, threads, keep)
+    both = _scratch(sum(k.splits), outs[0])
+    calls = _linear(k.linear, _rows(ins[0]), both, None, threads)
     if not calls:
         return None
     col = 0
@@ -130,14 +126,14 @@ def _qkv(k: QkvProj, ins: list[Tensor], outs: list[Tensor], threads: int, keep: 
 
 
 _PLANNERS: dict[type, Planner] = {
-    RmsNorm: lambda k, ins, outs, t, keep: _every([cpu_decode_ops.rms_norm_call(
+    RmsNorm: lambda k, ins, outs, t: _every([cpu_decode_ops.rms_norm_call(
         ins[0], ins[1] if len(ins) > 1 else None, outs[0], k.eps, k.held)]) if k.native else None,
-    Rope: lambda k, ins, outs, t, keep: _every([cpu_decode_ops.rope_qk_call(
+    Rope: lambda k, ins, outs, t: _every([cpu_decode_ops.rope_qk_call(
         ins[0], ins[1], ins[-2], ins[-1], outs[0], outs[1])]) if k.native else None,
-    Attention: lambda k, ins, outs, t, keep: _every([cpu_decode_ops.attention_call(
+    Attention: lambda k, ins, outs, t: _every([cpu_decode_ops.attention_call(
         ins[0], ins[1], ins[2], ins[3] if len(ins) > 3 else None, outs[0], k.scale, k.scratch, k.held)])
     if k.native else None,
-    KvUpdate: lambda k, ins, outs, t, keep: _every([cpu_decode_ops.kv_update_call(
+    KvUpdate: lambda k, ins, outs, t: _every([cpu_decode_ops.kv_update_call(
         outs[0], ins[1], ins[2], k.dim)]) if k.in_place else None,
     Gemm: _gemm,
     GateUp: _gate_up,
@@ -145,14 +141,14 @@ _PLANNERS: dict[type, Planner] = {
 }
 
 
-def plan_dispatch(kernel: Any, ins: list[Tensor], outs: list[Tensor], threads: int, keep: list[Any]) -> Calls:
+def plan_dispatch(kernel: Any, ins: list[Tensor], outs: list[Tensor], threads: int) -> Calls:
     """A dispatch's native calls, or None where it must run from Python (no planner for its kernel, or a case the
     planner does not take: another shape or dtype, a tensor the checks refuse)."""
     planner = _PLANNERS.get(type(kernel))
     if planner is None:
         return None
     try:
-        return planner(kernel, ins, outs, threads, keep)
+        return planner(kernel, ins, outs, threads)
     except (ValueError, TypeError):  # the calls' checks refused a tensor: the kernel's own code handles it
         return None
 
@@ -160,14 +156,13 @@ def plan_dispatch(kernel: Any, ins: list[Tensor], outs: list[Tensor], threads: i
 class _Chain:
     """Consecutive dispatches' native calls as one table for ``dops_chain``."""
 
-    def __init__(self, calls: list[tuple[int, NativeCall]], keep: list[Any]) -> None:
+    def __init__(self, calls: list[tuple[int, NativeCall]]) -> None:
         self.owners = [index for index, _ in calls]  # the dispatch of each call
-        self.calls = [call for _, call in calls]  # the table holds their blocks' addresses: kept alive here
+        self.calls = [call for _, call in calls]  # the table holds their blocks' addresses: held here
         table = []
         for _, call in calls:
             table += [call.address, ctypes.cast(ctypes.c_char_p(call.block), ctypes.c_void_p).value]
         self.table = torch.tensor(table, dtype=torch.int64)
-        self.keep = keep
         self.stop = self.owners[-1] + 1
 
     def run(self, seconds: list[float] | None = None) -> int | None:
@@ -203,24 +198,24 @@ class Chains:
     def _plan(self, threads: int) -> list[int | _Chain]:
         plan: list[int | _Chain] = []
         run: list[tuple[int, NativeCall]] = []
-        keep: list[Any] = []
         for index, (kernel, (_, ins, outs), ok) in enumerate(zip(self.kernels, self.steps, self.plannable)):
-            calls = plan_dispatch(kernel, ins, outs, threads, keep) if ok else None
+            calls = plan_dispatch(kernel, ins, outs, threads) if ok else None
             if calls is not None:
                 run += [(index, call) for call in calls]
                 continue
-            self._close(plan, run, keep)
-            run, keep = [], []
+            self._close(plan, run)
+            run = []
             plan.append(index)
-        self._close(plan, run, keep)
+        self._close(plan, run)
         return plan
 
     @staticmethod
-    def _close(plan: list[int | _Chain], run: list[tuple[int, NativeCall]], keep: list[Any]) -> None:
-        if len({index for index, _ in run}) > 1:
-            plan.append(_Chain(run, keep))
+    def _close(plan: list[int | _Chain], run: list[tuple[int, NativeCall]]) -> None:
+        dispatches = sorted({index for index, _ in run})
+        if len(dispatches) > 1:
+            plan.append(_Chain(run))
         else:  # one dispatch gains nothing from a chain: its kernel makes its calls itself
-            plan.extend(sorted({index for index, _ in run}))
+            plan.extend(dispatches)
 
     def run(self, seconds: list[float] | None = None) -> None:
         """One run of the steps, in order. ``seconds`` (one entry a dispatch): each dispatch's wall time is added to

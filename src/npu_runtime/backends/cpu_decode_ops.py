@@ -214,7 +214,7 @@ def rms_norm_call(x: Tensor, weight: Tensor | None, out: Tensor, eps: float,
         raise TypeError(f"{op}: x, weight and out must have one dtype")
     _disjoint(op, yp, "out", args, same_ok="x")
     return NativeCall(found[0].lib.dops_rms_norm, _RMS.pack(x.numel() // n if xn else 0, n, xp, wp, yp[0], dt,
-                                                            float(eps), found[1]))
+                                                            float(eps), found[1]), keep=(x, weight, out))
 
 
 def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_out: Tensor, k_out: Tensor) -> bool:
@@ -246,7 +246,8 @@ def rope_qk_call(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_out: Tensor, 
     _disjoint(op, qo, "q_out", {**ins, "k_out": ko}, same_ok="q")
     _disjoint(op, ko, "k_out", ins, same_ok="k")
     return NativeCall(found[0].lib.dops_rope, _ROPE.pack(q.numel() // d, k.numel() // d, d, ins["q"][0], ins["k"][0],
-                                                        ins["cos"][0], ins["sin"][0], qo[0], ko[0], dt, found[1]))
+                                                        ins["cos"][0], ins["sin"][0], qo[0], ko[0], dt, found[1]),
+                      keep=(q, k, cos, sin, q_out, k_out))
 
 
 def attention_scratch(heads: int, kv_heads: int, positions: int, head_dim: int) -> Tensor:
@@ -283,7 +284,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor,
 def attention_call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
                    scratch: Tensor | None = None,
                    held: tuple[Held, Held, Held] | None = None) -> NativeCall | None:
-    """:func:`attention`, not made (a scratch it allocates is the call's ``keep``)."""
+    """:func:`attention`, not made."""
     found = _library()
     if found is None:
         return None
@@ -319,7 +320,8 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Te
     _disjoint(op, sp, "scratch", ins)
     return NativeCall(found[0].lib.dops_attention, _ATTN.pack(b if h * d else 0, h, hkv, s, d, ins["q"][0],
                                                               ins["k"][0], ins["v"][0], mp, kind, msb, msh, yp[0],
-                                                              sp[0], dt, float(scale), found[1]), keep=scratch)
+                                                              sp[0], dt, float(scale), found[1]),
+                      keep=(q, k, v, mask, out, scratch))
 
 
 def silu_mul(both: Tensor, out: Tensor) -> bool:
@@ -340,7 +342,7 @@ def silu_mul_call(both: Tensor, out: Tensor) -> NativeCall | None:
     yp = _arg(out, op, "out", DTYPE_CODES)
     _disjoint(op, yp, "out", {"gate and up": bp})
     return NativeCall(found[0].lib.dops_silu_mul, _SILU.pack(n, bp[0], bp[0] + both.element_size() * n, yp[0], bp[1],
-                                                            found[1]))
+                                                            found[1]), keep=(both, out))
 
 
 def add_call(y: Tensor, a: Tensor) -> NativeCall | None:
@@ -351,7 +353,7 @@ def add_call(y: Tensor, a: Tensor) -> NativeCall | None:
         return None
     yp, ap = _arg(y, "add", "y", {torch.float32: 0}), _arg(a, "add", "a", {torch.float32: 0})
     _disjoint("add", yp, "y", {"a": ap})
-    return NativeCall(found[0].lib.dops_add, _ADD.pack(y.numel(), ap[0], yp[0]))
+    return NativeCall(found[0].lib.dops_add, _ADD.pack(y.numel(), ap[0], yp[0]), keep=(y, a))
 
 
 def copy_call(src: Tensor, dst: Tensor) -> NativeCall | None:
@@ -363,7 +365,7 @@ def copy_call(src: Tensor, dst: Tensor) -> NativeCall | None:
     codes = {src.dtype: 0}
     sp, dp = _arg(src, "copy", "src", codes), _arg(dst, "copy", "dst", codes)
     _disjoint("copy", dp, "dst", {"src": sp})
-    return NativeCall(found[0].lib.dops_copy, _COPY.pack(sp[2], sp[0], dp[0]))
+    return NativeCall(found[0].lib.dops_copy, _COPY.pack(sp[2], sp[0], dp[0]), keep=(src, dst))
 
 
 def kv_update_call(cache: Tensor, new: Tensor, index: Tensor, dim: int) -> NativeCall | None:
@@ -383,7 +385,7 @@ def kv_update_call(cache: Tensor, new: Tensor, index: Tensor, dim: int) -> Nativ
     _disjoint(op, cp, "cache", {"new": np_, "index": ip})
     rows, row_bytes = math.prod(cache.shape[:d]), math.prod(cache.shape[d + 1:]) * cache.element_size()
     return NativeCall(found[0].lib.dops_kv_update, _KV.pack(rows, int(cache.shape[d]), row_bytes, ip[0], np_[0],
-                                                           cp[0]))
+                                                           cp[0]), keep=(cache, new, index))
 
 
 def chain(calls: Tensor, n: int, ns: Tensor | None = None) -> int:

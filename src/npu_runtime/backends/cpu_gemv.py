@@ -248,7 +248,8 @@ class Gemv:
         out, fields, cap = self._checked(x, out, residual, None)
         library = _kernel.for_call()
         return None if library is None else \
-            NativeCall(library.lib.gemv_packed, self._pack(library, fields, threads, min(library.isa, cap)), keep=out)
+            NativeCall(library.lib.gemv_packed, self._pack(library, fields, threads, min(library.isa, cap)),
+                       keep=(x, out, residual, self.weight, self.bias))
 
 
 class _ThreadPolicy:

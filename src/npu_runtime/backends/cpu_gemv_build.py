@@ -310,10 +310,10 @@ def overlaps(a: int, a_size: int, b: int, b_size: int) -> bool:
 @dataclass(frozen=True)
 class NativeCall:
     """One call of a native kernel, checked and packed but not made: ``fn`` a ctypes function of one of these
-    libraries that takes one argument block and returns 0 (done) or a failure code, ``block`` that block (its
-    pointers into the caller's tensors, which the caller keeps alive, and into ``keep``, memory the call made for
-    itself). Called now (``call()``), or later, in a chain of such calls made by one C call
-    (``npu_runtime.backends.cpu_chain``): whoever holds it must hold it until then."""
+    libraries that takes one argument block and returns 0 (done) or a failure code, ``block`` that block, ``keep``
+    every tensor its pointers reach (held as long as the call is: what it points into cannot be freed before it is
+    made). Called now (``call()``), or later, in a chain of such calls made by one C call
+    (``npu_runtime.backends.cpu_chain``)."""
 
     fn: Any
     block: bytes

@@ -405,13 +405,14 @@ class QGemv:
     def native_call(self, x: Tensor, out: Tensor, threads: int, activations: str = "float32") -> NativeCall | None:
         """The GEMV of ``x`` into ``out`` on ``threads`` threads, checked and packed but not made (a link of a chain
         of native calls, ``cpu_chain``); None where it would not run the GEMV kernel (the kernel not to be had, or a
-        prefill's rows, which may take the tiles). ``x`` and ``out`` must stay where they are while it is kept."""
+        prefill's rows, which may take the tiles)."""
         act = self._activations(activations)
         out, cap = self._checked(x, out, None)
         library = _kernel.for_call()
         if library is None or self.tiled(int(x.shape[0]), activations):
             return None
-        return NativeCall(library.lib.qgemv_packed, self._pack(x, out, threads, min(library.isa, cap), act), keep=out)
+        return NativeCall(library.lib.qgemv_packed, self._pack(x, out, threads, min(library.isa, cap), act),
+                          keep=(x, out, self.weight, self.bias, self._w16))
 
     def _pack(self, x: Tensor, out: Tensor, threads: int, isa: int, act: int) -> bytes:
         """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it)."""

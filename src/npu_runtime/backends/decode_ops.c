@@ -300,7 +300,11 @@ int dops_add(const char *block) {
     return 0;
 }
 typedef struct { int64_t bytes; const void *src; void *dst; } CopyArgs;
-int dops_copy(const char *block) { CopyArgs a; memcpy(&a, block, sizeof a); memmove(a.dst, a.src, (size_t)a.bytes); return 0; }
+int dops_copy(const char *block) {
+    CopyArgs a; memcpy(&a, block, sizeof a);
+    memmove(a.dst, a.src, (size_t)a.bytes);
+    return 0;
+}
 
 /* KV_UPDATE of one token: row src[r] (r < rows, `bytes` each) to cache + (r·S + position)·bytes, the position read
    now from *index (an int64 the step computed). 1, nothing written, when it is outside [0, S): the caller runs
