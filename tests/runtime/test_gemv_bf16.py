@@ -94,3 +94,36 @@ def test_the_weight_is_scanned_once(bf16_cpu, monkeypatch):
     assert first > 0
     plan(x, isa="avx512bf16")
     assert plan._wmin == first
+
+
+@pytest.mark.parametrize(("n", "k", "m", "bias"), [(300, 96, 37, True), (1000, 256, 16, False), (5, 8960, 9, True)])
+def test_a_bf16_prefill_widened_tile_by_tile_rounds_once(monkeypatch, n, k, m, bias):
+    """Where the CPU has no bf16 dot products, many rows of bf16 x multiply fp32 tiles of the widened weight
+    (``Gemv.widened_mm``; N = 300 and 1000 span several tiles of 128 rows or more, K = 8960 one of 5 rows): fp32 sums,
+    the bias added, one rounding to bf16. Against the float64 product rounded once to bf16: equal, or one bf16 step
+    away where fp32's order of sums lands on the other side of a rounding boundary, as PyTorch's own bf16 GEMM."""
+    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: False)
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    x = torch.randn(m, k, generator=g).bfloat16()
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    assert cpu_gemv.Gemv(w, b).widened_mm(x, out)
+    exact = x.double() @ w.double().t() + (b.double() if bias else 0)
+    want = exact.bfloat16()
+    step = (want.float().abs() * 2.0 ** -7).clamp_min(2.0 ** -126)  # one bf16 ulp or less
+    assert ((out.float() - want.float()).abs() <= step).all()
+    torch_bf16 = torch.addmm(b, x, w.t()) if bias else torch.mm(x, w.t())
+    assert (out == want).float().mean() >= (torch_bf16 == want).float().mean() - 0.01
+
+
+def test_the_widened_tiles_leave_bf16_cpus_and_other_dtypes_to_pytorch(monkeypatch):
+    """A CPU with AVX512-BF16 or AMX runs PyTorch's bf16 GEMM (it uses them), fp32 x is not widened: False, and
+    nothing written."""
+    w, x = torch.randn(40, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    out = torch.zeros(8, 40, dtype=torch.bfloat16)
+    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: True)
+    assert not cpu_gemv.Gemv(w).widened_mm(x, out)
+    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: False)
+    assert not cpu_gemv.Gemv(w.float()).widened_mm(x.float(), out.float())
+    assert not out.any()

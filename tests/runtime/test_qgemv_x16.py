@@ -244,3 +244,22 @@ def test_refusals(native):
         cpu_qgemv.interleaved(torch.zeros(4, 18, dtype=torch.int16), "q4_0")
     with pytest.raises(ValueError, match="weight type 'q4_1'"):
         cpu_qgemv.interleaved(torch.zeros(4, 20, dtype=torch.uint8), "q4_1")
+
+
+@pytest.mark.parametrize("qtype", LAYOUTS)
+def test_many_rows_of_x_on_avx2_give_the_one_row_kernels_bits(native, qtype):
+    """From 4 rows of x the AVX2 kernel decodes each group of 16 rows once into a scratch and takes 4 rows of x (Q6_K
+    2) per pass (gemv_q_x16t.c); below, it decodes the records again per row. Both sum the same integers and take
+    the same fp32 steps: every row's result, bias added, is the one-row call's bit for bit, for row counts with and
+    without a remainder, a last group of 16 rows only partly filled (N = 45: 13 rows), one and two threads, and K of
+    1, 3 and 35 super-blocks (K = 8960: Qwen2.5-1.5B's down projection)."""
+    rng = np.random.default_rng(61)
+    for n, k, m in ((45, 256, 13), (45, 768, 7), (16, 8960, 6), (3, 256, 4)):
+        raw, x = with_extremes(random_blocks(qtype, n, k, seed=n + k, wide=True), qtype,
+                               rng.standard_normal((m, k)).astype(np.float32))
+        plan = planned(raw, qtype, rng.standard_normal(n).astype(np.float32))
+        alone = np.concatenate([plan(torch.from_numpy(x[i:i + 1]), activations="int8", isa="avx2", threads=1).numpy()
+                                for i in range(m)])
+        for threads in (1, 2):
+            y = plan(torch.from_numpy(x), activations="int8", isa="avx2", threads=threads)
+            np.testing.assert_array_equal(bits(y), bits(alone), err_msg=f"[{n}, {k}], M = {m}, {threads} threads")

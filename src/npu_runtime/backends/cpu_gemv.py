@@ -56,8 +56,10 @@ by ``bench/gemv`` (``bandwidth.py``).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import struct
+import threading
 import time
 from collections import deque
 
@@ -242,6 +244,32 @@ class Gemv:
         return _ARGS.pack(m, self.n, self.k, xp, xc, w[0], w[1], b[0], b[1], rp, rc, yp, yc, max(1, threads),
                           isa_code, max(self._wmin, 0))
 
+    def widened_mm(self, x: Tensor, out: Tensor) -> bool:
+        """Many rows of bf16 ``x [M, K]`` (a prefill) into bf16 ``out [M, N]`` as PyTorch's bf16 GEMM computes them
+        (fp32 products and sums, the bias added, one rounding to bf16), but with the weight widened to fp32 a tile
+        of rows at a time into a buffer kept in cache, each tile multiplied by PyTorch's fp32 GEMM, where the CPU
+        has no bf16 dot products (AVX512-BF16, AMX). There PyTorch's bf16 GEMM ran 4.6-5.9x slower than its fp32
+        one at Qwen2.5-0.5B's prefill shapes (Zen 3, 2 threads), the tiles within 1.1x of it. False, nothing
+        written, for other dtypes or where the CPU has them (PyTorch's bf16 GEMM uses them)."""
+        if x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16 or _bf16_dot_products():
+            return False
+        rows = min(self.n, max(WIDE_TILE_ROWS, WIDE_TILE_BYTES // (4 * self.k)))
+        m = int(x.shape[0])
+        tile_w, tile_y = _wide_buffers(rows * self.k, m * rows)
+        x32 = x.float()
+        bias = self.bias.float() if self.bias is not None else None
+        for n0 in range(0, self.n, rows):
+            n1 = min(self.n, n0 + rows)
+            w = tile_w[:(n1 - n0) * self.k].view(n1 - n0, self.k)
+            y = tile_y[:m * (n1 - n0)].view(m, n1 - n0)
+            w.copy_(self.weight[n0:n1])
+            if bias is None:
+                torch.mm(x32, w.t(), out=y)
+            else:
+                torch.addmm(bias[n0:n1], x32, w.t(), out=y)
+            out[:, n0:n1].copy_(y)  # rounded to nearest even, as the bf16 GEMM rounds
+        return True
+
     def native_call(self, x: Tensor, out: Tensor, residual: Tensor | None, threads: int) -> NativeCall | None:
         """The call of ``x`` into ``out`` on ``threads`` threads, checked and packed but not made (a link of a chain
         of native calls, ``cpu_chain``); None where the kernel cannot be had."""
@@ -250,6 +278,30 @@ class Gemv:
         return None if library is None else \
             NativeCall(library.lib.gemv_packed, self._pack(library, fields, threads, min(library.isa, cap)),
                        keep=(x, out, residual, self.weight, self.bias))
+
+
+#: a widened tile of a bf16 prefill (:meth:`Gemv.widened_mm`): rows of W to fill this many fp32 bytes (with x's
+#: panel it stays in L2), at least WIDE_TILE_ROWS (torch.mm's GEMM slows below ~128 columns of output). Zen 3, two
+#: threads, 128 rows of x: 128-896 rows of K = 896 and 4864 within 10 % of each other and of one fp32 GEMM
+WIDE_TILE_BYTES = 3 << 19
+WIDE_TILE_ROWS = 128
+_wide = threading.local()
+
+
+def _wide_buffers(w_values: int, y_values: int) -> tuple[Tensor, Tensor]:
+    """This thread's fp32 scratch for a widened tile of W and its columns of y, grown as needed (one pair per
+    thread: every layer's prefill reuses it)."""
+    have = getattr(_wide, "bufs", None)
+    if have is None or have[0].numel() < w_values or have[1].numel() < y_values:
+        n_w, n_y = max(w_values, have[0].numel() if have else 0), max(y_values, have[1].numel() if have else 0)
+        have = _wide.bufs = (torch.empty(n_w, dtype=torch.float32), torch.empty(n_y, dtype=torch.float32))
+    return have
+
+
+@functools.cache
+def _bf16_dot_products() -> bool:
+    """Whether this CPU multiplies bf16 itself (AVX512-BF16 or AMX), so that PyTorch's bf16 GEMM is fast."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 class _ThreadPolicy:

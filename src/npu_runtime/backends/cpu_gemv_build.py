@@ -39,8 +39,10 @@ SOURCE_NAME = "gemv.c"
 #: the weight-only quantized (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K blocks) GEMV kernel's source (:func:`load_q`)
 Q_SOURCE_NAME = "gemv_q.c"
 #: appended to it (one translation unit): Q5_0's codes, the x-quantized-to-int8 path (Q4_0 / Q5_0 / Q4_K, then Q8_0 /
-#: Q6_K, then on 16-row interleaved copies), the rows' dequantization (prefill tiles)
-Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_i8k.c", "gemv_q_x16.c", "gemv_q_deq.c")
+#: Q6_K, then on 16-row interleaved copies, and those decoded for many rows of x), the rows' dequantization (prefill
+#: tiles)
+Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_i8k.c", "gemv_q_x16.c", "gemv_q_x16t.c",
+                  "gemv_q_deq.c")
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
 #: the x86 kernels' levels, by the names an ``isa=`` cap or ``TORCH_IR_GEMV_ISA`` / ``TORCH_IR_QGEMV_ISA`` takes: the

@@ -53,8 +53,7 @@ def _pair(value: int | Sequence[int]) -> list[int]:
 
 # activation -> oneDNN post-op (attr, scalars, algorithm), from the one activation table. The clamps (relu, relu6)
 # have none there: oneDNN's clamping post-ops turn NaN into 0 (a NaN weight would give finite logits, where eager
-# gives NaN); they run as torch's NaN-propagating clamp in the copy into the arena instead, which costs no extra
-# pass.
+# gives NaN); they run as torch's NaN-propagating clamp in the copy into the arena instead (no extra pass).
 _NO_POST_OP = ("none", [], "")
 _MKLDNN_ACTIVATIONS: dict[str | None, tuple[str, list[Any], str]] = {
     None: _NO_POST_OP,
@@ -211,12 +210,11 @@ LINEAR_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 class _Linear:
     """``x · Wᵀ (+ bias) (+ residual)`` into ``out``, for the contraction kernels (GEMM, GATE_UP, QKV_PROJ).
 
-    Decode-sized ``x`` (at most ``GEMV_ROWS`` rows, e.g. one token) runs the GEMV kernel of :mod:`.cpu_gemv`:
-    a step reading every weight once is bound by memory bandwidth, and PyTorch's bf16 GEMV moves half the
-    bytes/s of its fp32 one, where the kernel reads bf16 at the same bytes/s. It accumulates in fp32, rounds
-    once, and falls back to PyTorch by itself when it cannot be compiled. Prefill-sized ``x`` runs
-    ``torch.mm``/``addmm(out=)``. ``weight`` is ``[N, K]``; it is kept as the transpose of a contiguous
-    ``[N, K]``, which is what BLAS reads fastest and the GEMV kernel reads.
+    Decode-sized ``x`` (at most ``GEMV_ROWS`` rows, e.g. one token) runs the GEMV kernel of :mod:`.cpu_gemv`
+    (bound by memory bandwidth; PyTorch's bf16 GEMV moves half the bytes/s of its fp32 one, the kernel the same):
+    fp32 sums, one rounding, PyTorch where it cannot be compiled. Prefill-sized ``x`` runs ``torch.mm``/``addmm``
+    (bf16 where the CPU has no bf16 dot products: fp32 tiles, ``Gemv.widened_mm``). ``weight`` is ``[N, K]``,
+    kept as the transpose of a contiguous ``[N, K]``, which BLAS reads fastest and the GEMV kernel reads.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
@@ -232,9 +230,11 @@ class _Linear:
             self.gemv(x2, out=out2, residual=residual)
             return
         if x2.dtype == torch.float32 and _onednn_linear():
-            # oneDNN's fp32 GEMM over the [N, K] weight as it lies: 1.2-1.5x torch.mm's BLAS on AMD's Zen 4 at
-            # BERT's and an LLM prefill's shapes (the weight not repacked: no second copy of it to hold)
+            # oneDNN's fp32 GEMM over the [N, K] weight as it lies (no second copy): 1.2-1.5x torch.mm's BLAS on
+            # Zen 4 at BERT's and an LLM prefill's shapes
             out2.copy_(torch.ops.mkldnn._linear_pointwise(x2, self.weight.t(), self.bias, "none", [], ""))
+        elif self.gemv.widened_mm(x2, out2):
+            pass
         elif self.bias is None:
             torch.mm(x2, self.weight, out=out2)
         else:

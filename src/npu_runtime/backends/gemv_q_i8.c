@@ -39,12 +39,13 @@ typedef struct {
     const float *dx8;     /* [M, K / 32, 8]: dx for each of 8 lanes (a block's d * dx in one vector multiply) */
     const int32_t *xsum;  /* [M, K / 32]: the sum of each group's q (gemv_q_x16.c's lanes start at a multiple) */
     const int32_t *xsum16;  /* [M, K / 32]: the sum of its first 16 q (the start of a Q6_K sub-block's lanes) */
+    const int16_t *corr16;  /* [M, K / 2]: -32 * the sum of each 2 q (AVX2's Q6_K pairs, gemv_q_i8k.c) */
 } IJob;
 
 /* One row of x to int8 groups (vectorized by gcc: SSE2 at least). Non-finite x give 0 codes, never an
    out-of-range conversion. */
 static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *dxs, int32_t *corr, float *dx8,
-                       int32_t *xsum, int32_t *xsum16) {
+                       int32_t *xsum, int32_t *xsum16, int16_t *corr16) {
     for (int64_t g = 0; g < K / QK; g++) {
         const float *v = x + g * QK;
         float amax = 0.0f, t[QK];
@@ -61,6 +62,7 @@ static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *
             const int8_t *q = qx + g * QK + 4 * l;
             corr[g * 8 + l] = -8 * (q[0] + q[1] + q[2] + q[3]);
         }
+        for (int l = 0; l < QK / 2; l++) corr16[g * 16 + l] = (int16_t)(-32 * (qx[g * QK + 2 * l] + qx[g * QK + 2 * l + 1]));
         dx[g] = d;
         xsum[g] = s;
         xsum16[g] = s16;
@@ -264,17 +266,18 @@ static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
     float *dx = malloc((size_t)(10 * M * G) * sizeof(float));  /* dx, dxs, dx8 */
-    int32_t *corr = malloc((size_t)(M * G * 10) * sizeof(int32_t));  /* corr, xsum, xsum16 */
+    int32_t *corr = malloc((size_t)(M * G * 18) * sizeof(int32_t));  /* corr, xsum, xsum16, corr16 (int16) */
     if (!qx || !dx || !corr) { free(qx); free(dx); free(corr); return -3; }
     float *dx8 = dx + 2 * M * G;
     int32_t *xsum = corr + M * G * 8, *xsum16 = xsum + M * G;
+    int16_t *corr16 = (int16_t *)(xsum16 + M * G);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && M > 1)
 #endif
     for (int64_t m = 0; m < M; m++)
         quantize_x(job->x + m * K, K, qx + m * K, dx + m * G, dx + M * G + m * G, corr + m * G * 8, dx8 + m * G * 8,
-                   xsum + m * G, xsum16 + m * G);
-    const IJob ij = {job, qx, dx, dx + M * G, corr, dx8, xsum, xsum16};
+                   xsum + m * G, xsum16 + m * G, corr16 + m * G * 16);
+    const IJob ij = {job, qx, dx, dx + M * G, corr, dx8, xsum, xsum16, corr16};
     /* chunks of rows, or of 16-row groups for w16 (~256 KiB of weights, at least 4 a thread) */
     const int64_t units = w16 ? (job->N + X16 - 1) / X16 : job->N;
     const int64_t unit_bytes = w16 ? job->nb * x16_record(qt) : job->row_bytes;

@@ -78,7 +78,20 @@ static void iblock8_c(const IJob *ij, int64_t m0, const int M, int64_t n, const 
 #ifdef QG_X86
 /* R rows of W (n0 + r * stride) against M rows of x from m0 (gemv_q_i8.c's IBLOCK, for these two layouts: each
    block's codes decoded once, each row's sums and fp32 steps as with M = 1). */
-#define IBLOCK8(NAME, ATTR, DOT) \
+/* Group c of a Q6_K super-block's lanes, each sum_4 (u - 32) * q times its sub-block's scale (lanes 0-3: sc[2c], 4-7:
+   sc[2c + 1]). VNNI: vpdpbusd from 4 * corr (-32 * the sum of the lane's q), then times the scales as int32 (bytes
+   2c x 4, 2c + 1 x 4, sign-extended). AVX2: maddubs' pairs u * q plus -32 * the pair's q (corr16: |the sum| <= 2 * 32
+   * 127 fits int16), then vpmaddwd by the scales as int16 (2c x 8, 2c + 1 x 8) sums each lane's two pairs, scaled:
+   the same integer in one multiply where vpmaddwd by ones and vpmulld took two. */
+#define Q6_SCALES_VNNI(sc, c) _mm256_cvtepi8_epi32(_mm_shuffle_epi8((sc), _mm_set1_epi64x( \
+    0x0101010100000000LL + (c) * 0x0202020202020202LL)))
+#define Q6_LANES_VNNI(u, q, cm, c16, s) _mm256_mullo_epi32(_mm256_dpbusd_epi32( \
+    _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(cm)), 2), (u), (q)), (s))
+#define Q6_SCALES_AVX2(sc, c) _mm256_cvtepi8_epi16(_mm_shuffle_epi8((sc), _mm_set_epi64x( \
+    (2 * (c) + 1) * 0x0101010101010101LL, 2 * (c) * 0x0101010101010101LL)))
+#define Q6_LANES_AVX2(u, q, cm, c16, s) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16((u), (q)), \
+    _mm256_loadu_si256((const __m256i *)(c16))), (s))
+#define IBLOCK8(NAME, ATTR, DOT, Q6_SCALES, Q6_LANES) \
 static inline __attribute__((always_inline)) ATTR \
 void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) { \
     const QJob *j = ij->j; \
@@ -86,6 +99,7 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
     const int8_t *qx = ij->qx + m0 * j->K; \
     const float *dx = ij->dx + m0 * G; \
     const int32_t *corr = ij->corr + m0 * (j->K / 4); \
+    const int16_t *corr16 = ij->corr16 + m0 * (j->K / 2); \
     const int bs = block_bytes(qt); \
     __m256 acc[IM][4]; \
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm256_setzero_ps(); \
@@ -114,15 +128,11 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
                 for (int t = 0; t < 4; t++) { \
                     const int c = 4 * h + t; \
                     const int64_t g = 8 * b + c; \
-                    /* lanes 0-3: sc[2c], 4-7: sc[2c + 1], as int32 (bytes 2c x 4, 2c + 1 x 4, sign-extended) */ \
-                    const __m256i s = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, _mm_set1_epi64x( \
-                        0x0101010100000000LL + c * 0x0202020202020202LL))); \
+                    const __m256i s = Q6_SCALES(sc, c); \
                     UNROLL for (int m = 0; m < M; m++) { \
-                        const int32_t *cm = corr + m * (j->K / 4) + 8 * g; \
-                        const __m256i i = DOT(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)cm), 2), \
-                                              u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g))); \
-                        acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + g]), \
-                                                    _mm256_cvtepi32_ps(_mm256_mullo_epi32(i, s)), acc[m][r]); \
+                        const __m256i i = Q6_LANES(u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g)), \
+                                                   corr + m * (j->K / 4) + 8 * g, corr16 + m * (j->K / 2) + 16 * g, s); \
+                        acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + g]), _mm256_cvtepi32_ps(i), acc[m][r]); \
                     } \
                 } \
             } \
@@ -130,8 +140,8 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
     } \
     for (int m = 0; m < M; m++) for (int r = 0; r < R; r++) store(j, m0 + m, n0 + r * stride, hsum8(acc[m][r])); \
 }
-IBLOCK8(iblock8_avx2, AVX2, DOT_AVX2)
-IBLOCK8(iblock8_vnni, VNNI, DOT_VNNI)
+IBLOCK8(iblock8_avx2, AVX2, DOT_AVX2, Q6_SCALES_AVX2, Q6_LANES_AVX2)
+IBLOCK8(iblock8_vnni, VNNI, DOT_VNNI, Q6_SCALES_VNNI, Q6_LANES_VNNI)
 
 #define IRANGE8(NAME, BLOCK, ATTR) \
 static ATTR void NAME(const IJob *j, int64_t n0, int64_t n1, const int qt) { \

@@ -463,6 +463,20 @@ __m256 x16a_q6k(const IJob *ij, const uint8_t *o, int64_t b, int64_t m, const in
     return acc;
 }
 
+/* Half hf of group g's sums v (+ bias) into row m of y: the rows up to N (the lanes past it never stored). */
+static inline __attribute__((always_inline)) AVX2
+void x16a_store(const QJob *j, int64_t g, int64_t m, const int hf, __m256 v) {
+    const int64_t row = g * X16 + 8 * hf, rows = j->N - row < 8 ? j->N - row : 8;
+    if (rows <= 0) return;
+    float lanes[8] = {0};
+    if (j->bias) {
+        memcpy(lanes, j->bias + row, (size_t)rows * sizeof(float));
+        v = _mm256_add_ps(v, _mm256_loadu_ps(lanes));  /* lanes past N: 0, never stored */
+    }
+    _mm256_storeu_ps(lanes, v);
+    memcpy(j->y + m * j->N + row, lanes, (size_t)rows * sizeof(float));
+}
+
 /* Group g against row m of x: both halves block by block, stored as x16_group stores. */
 static inline __attribute__((always_inline)) AVX2
 void x16a_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m, const int qt) {
@@ -483,18 +497,7 @@ void x16a_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m, const 
                                       acc[hf]);
         }
     }
-    for (int hf = 0; hf < 2; hf++) {
-        const int64_t row = g * X16 + 8 * hf, rows = j->N - row < 8 ? j->N - row : 8;
-        if (rows <= 0) break;
-        __m256 v = acc[hf];
-        float lanes[8] = {0};
-        if (j->bias) {
-            memcpy(lanes, j->bias + row, (size_t)rows * sizeof(float));
-            v = _mm256_add_ps(v, _mm256_loadu_ps(lanes));  /* lanes past N: 0, never stored */
-        }
-        _mm256_storeu_ps(lanes, v);
-        memcpy(j->y + m * j->N + row, lanes, (size_t)rows * sizeof(float));
-    }
+    for (int hf = 0; hf < 2; hf++) x16a_store(j, g, m, hf, acc[hf]);
 }
 
 #define X16A_PASS(QT) \
@@ -511,9 +514,15 @@ static AVX2 void x16_range_avx2(const IJob *ij, const uint8_t *w16, int64_t g0, 
 }
 
 /* Groups [g0, g1) on the int8 kernel isa has: AVX-512 VNNI or AVX2 (qgemv_i8 refuses w16 below AVX2). */
+/* rows of x from which an AVX2 call decodes each group once into a scratch (gemv_q_x16t.c; below, x16a_group, which
+   decodes them again for each row of x: the same results) */
+#ifndef X16T_MIN_ROWS
+#define X16T_MIN_ROWS 4
+#endif
+static int x16t_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt);  /* gemv_q_x16t.c */
 static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt, const int isa) {
     if (isa == ISA_AVX512_VNNI) x16_range_vnni(ij, w16, g0, g1, qt);
-    else x16_range_avx2(ij, w16, g0, g1, qt);
+    else if (ij->j->M < X16T_MIN_ROWS || x16t_range(ij, w16, g0, g1, qt) != 0) x16_range_avx2(ij, w16, g0, g1, qt);
 }
 #else
 static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt, const int isa) {
