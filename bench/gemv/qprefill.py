@@ -18,7 +18,10 @@ neighbour's load hits all alike:
 * with ``--int8``, llama.cpp's int8 activations two ways: ``int8 gemv``, the integer kernel
   (``activations="int8"``: x quantized per group of 32, up to 8 rows of x per pass over the blocks), and ``int8
   rounded``, x rounded to int8 groups by torch (``quantize_x``) then the default float path, as an LLM's prefill
-  ran them before the integer kernel took several rows per pass (both checked against the rounded x's product).
+  ran them before the integer kernel took several rows per pass (both checked against the rounded x's product);
+  and ``int8 copy``, the integer kernel on the 16-row interleaved copy (``QGemv.interleave(always=True)``; what the
+  runtime reads where the CPU has AVX-512 VNNI, and on AVX2 for ``cpu_qgemv.X16_AVX2_QTYPES``: from 4 rows of x
+  each group of 16 rows decoded once per call, ``gemv_q_x16t.c``).
 
 Every call reads the next copy of a ring of at least ``--pool-mb`` MiB per method (a prefill reads each layer's
 weights from memory, not from cache). The results are checked against the float64 product first. The
@@ -74,6 +77,9 @@ def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int],
     if int8:
         calls["int8 gemv"] = [lambda x, y, g=g: g(x, out=y, activations="int8") for g in gemvs]
         calls["int8 rounded"] = [lambda x, y, g=g: g(cpu_qgemv.quantize_x(x), out=y) for g in gemvs]
+        copies = [cpu_qgemv.QGemv(c, qtype) for c in ring(w.clone, w.nbytes, pool)]
+        if all(g.interleave(always=True) for g in copies):  # a CPU with AVX2 or better
+            calls["int8 copy"] = [lambda x, y, g=g: g(x, out=y, activations="int8") for g in copies]
     ref = wf.double()
     return calls, lambda x: x.double() @ ref.t()
 

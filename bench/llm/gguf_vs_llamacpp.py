@@ -174,9 +174,10 @@ def bench_file(path: Path, args: argparse.Namespace, floor_gbs: float) -> list[d
         for v, o in variants.items():
             rows[v]["check"] = check(path, o, args)
             print(f"  check{v}: {rows[v]['check']}", file=sys.stderr)
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         theirs = llamacpp(args.llamacpp_python, path, args)
-        for v, o, chained in runs:
+        # our runners in a rotating order: the one that follows llama.cpp's process prefilled faster than the next
+        for v, o, chained in runs[r % len(runs):] + runs[:r % len(runs)]:
             row = rows[v if chained else v + " unchained"]
             row["weight_bytes"] = theirs["weight_bytes"]
             row["llama"].append(theirs)

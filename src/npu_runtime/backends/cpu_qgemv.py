@@ -52,8 +52,11 @@ block of every row pays its own dot product, scale and lane sum, which kept the 
 GB/s a thread; in the copy one 64-byte load is 4 codes of 16 rows, ``vpdpbusd`` multiplies them with 4 bytes of x
 broadcast, and one FMA scales 16 rows' block sums (VNNI: 2.4-4.5x the GGUF kernels' rate a thread out of L2; AVX2,
 two halves of 8 rows and ``maddubs``/``madd``: 1.3-2.6x). The same contract and integer sums, and per row one FMA
-per block in block order on both kernels: equal results, bit for bit. The copy costs the weight's bytes again (the
-GGUF tensor stays for the float path, the tiles, an ``isa`` cap of ``c``); ``TORCH_IR_QGEMV_X16=0`` leaves it out.
+per block in block order on both kernels: equal results, bit for bit. AVX2 takes one row of x at a time and decodes
+the records again for each; from 4 rows (a prefill) it decodes each group of 16 rows once per call into a scratch
+and takes 4 rows of x per pass (``gemv_q_x16t.c``: the same steps, so the same bits; ~2x the rate at 128 rows). The
+copy costs the weight's bytes again (the GGUF tensor stays for the float path, the tiles, an ``isa`` cap of ``c``);
+``TORCH_IR_QGEMV_X16=0`` leaves it out.
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
 other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
