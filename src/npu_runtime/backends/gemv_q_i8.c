@@ -62,7 +62,8 @@ static void quantize_x(const float *x, int64_t K, int8_t *qx, float *dx, float *
             const int8_t *q = qx + g * QK + 4 * l;
             corr[g * 8 + l] = -8 * (q[0] + q[1] + q[2] + q[3]);
         }
-        for (int l = 0; l < QK / 2; l++) corr16[g * 16 + l] = (int16_t)(-32 * (qx[g * QK + 2 * l] + qx[g * QK + 2 * l + 1]));
+        for (int l = 0; l < QK / 2; l++)
+            corr16[g * 16 + l] = (int16_t)(-32 * (qx[g * QK + 2 * l] + qx[g * QK + 2 * l + 1]));
         dx[g] = d;
         xsum[g] = s;
         xsum16[g] = s16;

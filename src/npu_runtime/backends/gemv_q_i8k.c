@@ -76,8 +76,6 @@ static void iblock8_c(const IJob *ij, int64_t m0, const int M, int64_t n, const 
 }
 
 #ifdef QG_X86
-/* R rows of W (n0 + r * stride) against M rows of x from m0 (gemv_q_i8.c's IBLOCK, for these two layouts: each
-   block's codes decoded once, each row's sums and fp32 steps as with M = 1). */
 /* Group c of a Q6_K super-block's lanes, each sum_4 (u - 32) * q times its sub-block's scale (lanes 0-3: sc[2c], 4-7:
    sc[2c + 1]). VNNI: vpdpbusd from 4 * corr (-32 * the sum of the lane's q), then times the scales as int32 (bytes
    2c x 4, 2c + 1 x 4, sign-extended). AVX2: maddubs' pairs u * q plus -32 * the pair's q (corr16: |the sum| <= 2 * 32
@@ -91,6 +89,8 @@ static void iblock8_c(const IJob *ij, int64_t m0, const int M, int64_t n, const 
     (2 * (c) + 1) * 0x0101010101010101LL, 2 * (c) * 0x0101010101010101LL)))
 #define Q6_LANES_AVX2(u, q, cm, c16, s) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16((u), (q)), \
     _mm256_loadu_si256((const __m256i *)(c16))), (s))
+/* R rows of W (n0 + r * stride) against M rows of x from m0 (gemv_q_i8.c's IBLOCK, for these two layouts: each
+   block's codes decoded once, each row's sums and fp32 steps as with M = 1). */
 #define IBLOCK8(NAME, ATTR, DOT, Q6_SCALES, Q6_LANES) \
 static inline __attribute__((always_inline)) ATTR \
 void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, const int R, const int qt) { \
@@ -130,9 +130,11 @@ void NAME(const IJob *ij, int64_t m0, const int M, int64_t n0, int64_t stride, c
                     const int64_t g = 8 * b + c; \
                     const __m256i s = Q6_SCALES(sc, c); \
                     UNROLL for (int m = 0; m < M; m++) { \
-                        const __m256i i = Q6_LANES(u[t], _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g)), \
-                                                   corr + m * (j->K / 4) + 8 * g, corr16 + m * (j->K / 2) + 16 * g, s); \
-                        acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + g]), _mm256_cvtepi32_ps(i), acc[m][r]); \
+                        const __m256i q = _mm256_loadu_si256((const __m256i *)(qx + m * j->K + QK * g)); \
+                        const __m256i i = Q6_LANES(u[t], q, corr + m * (j->K / 4) + 8 * g, \
+                                                   corr16 + m * (j->K / 2) + 16 * g, s); \
+                        acc[m][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[m * G + g]), _mm256_cvtepi32_ps(i), \
+                                                    acc[m][r]); \
                     } \
                 } \
             } \

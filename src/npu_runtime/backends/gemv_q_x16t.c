@@ -1,6 +1,6 @@
 /* The int8 path on interleaved copies (gemv_q_x16.c) against many rows of x on AVX2, as a prefill has: each group of
    16 rows of W is decoded once into a scratch (its codes as bytes, in the records' [step][row][4 bytes] order, 32
-   elements a group; each group's fp32 scales), then multiplied with X16T_MR rows of x at a time.
+   elements a group; each group's fp32 scales), then multiplied with 4 rows of x at a time (Q6_K 2: X16T_MR_OF).
 
    Why: the AVX2 kernel (x16a_group) takes one row of x at a time, AVX2's 16 registers holding no more, so it decodes
    every record again for each row: 3-7 instructions beside each vpmaddubsw. Decoded once per call, a step is one
@@ -53,7 +53,8 @@ static inline __attribute__((always_inline)) AVX2 void x16t_decode(const uint8_t
                 uint8_t *u = t->u + 512 * g + 32 * hf;
                 if (qt == QT_Q4_K) {
                     const int s = 2 * c + h;
-                    _mm256_storeu_ps(t->s + 16 * g + 8 * hf, _mm256_mul_ps(d, x16a_u8_ps(o + X16_K_SC + 16 * s + 8 * hf)));
+                    _mm256_storeu_ps(t->s + 16 * g + 8 * hf,
+                                     _mm256_mul_ps(d, x16a_u8_ps(o + X16_K_SC + 16 * s + 8 * hf)));
                     _mm256_storeu_ps(t->mn + 16 * g + 8 * hf,
                                      _mm256_mul_ps(dmin, x16a_u8_ps(o + X16_K_MIN + 16 * s + 8 * hf)));
                 } else {
@@ -69,7 +70,8 @@ static inline __attribute__((always_inline)) AVX2 void x16t_decode(const uint8_t
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(o + at));
                     __m256i code = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, m4);
                     if (qt == QT_Q6_K) {  /* x16a_q6k's high 2 bits: chunk c's at bits 2c..2c+1, moved to 4..5 */
-                        __m256i hb = _mm256_loadu_si256((const __m256i *)(o + X16_Q6_HIGH + 128 * s + 64 * h + 32 * hf));
+                        const uint8_t *high = o + X16_Q6_HIGH + 128 * s + 64 * h + 32 * hf;
+                        __m256i hb = _mm256_loadu_si256((const __m256i *)high);
                         hb = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 4);
                         code = _mm256_or_si256(code, _mm256_and_si256(hb, m30));
                     }
