@@ -255,7 +255,7 @@ class Gemv:
             return False
         rows = min(self.n, max(WIDE_TILE_ROWS, WIDE_TILE_BYTES // (4 * self.k)))
         m = int(x.shape[0])
-        tile_w, tile_y = _wide_buffers(rows * self.k, m * rows)
+        tile_w, tile_y = scratch("tile", rows * self.k), scratch("y", m * rows)
         x32 = x.float()
         bias = self.bias.float() if self.bias is not None else None
         for n0 in range(0, self.n, rows):
@@ -285,17 +285,18 @@ class Gemv:
 #: threads, 128 rows of x: 128-896 rows of K = 896 and 4864 within 10 % of each other and of one fp32 GEMM
 WIDE_TILE_BYTES = 3 << 19
 WIDE_TILE_ROWS = 128
-_wide = threading.local()
+_scratch = threading.local()
 
 
-def _wide_buffers(w_values: int, y_values: int) -> tuple[Tensor, Tensor]:
-    """This thread's fp32 scratch for a widened tile of W and its columns of y, grown as needed (one pair per
-    thread: every layer's prefill reuses it)."""
-    have = getattr(_wide, "bufs", None)
-    if have is None or have[0].numel() < w_values or have[1].numel() < y_values:
-        n_w, n_y = max(w_values, have[0].numel() if have else 0), max(y_values, have[1].numel() if have else 0)
-        have = _wide.bufs = (torch.empty(n_w, dtype=torch.float32), torch.empty(n_y, dtype=torch.float32))
-    return have
+def scratch(slot: str, values: int) -> Tensor:
+    """This thread's fp32 scratch ``slot``, grown to ``values``: ``"tile"`` a prefill's tile of W (widened here,
+    dequantized by ``cpu_qgemv``), ``"y"`` a widened tile's columns of y. One per slot and thread: every layer's
+    prefill reuses it, rather than each layer holding a tile of its own."""
+    bufs = _scratch.__dict__.setdefault("bufs", {})
+    buf = bufs.get(slot)
+    if buf is None or buf.numel() < values:
+        buf = bufs[slot] = torch.empty(values, dtype=torch.float32)
+    return buf
 
 
 @functools.cache

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -139,7 +138,6 @@ PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
 #: K = 4864 and 8960 (their 256-row tiles, 5-9 MiB, leave L2), 32-64 clearly slower
 TILE_ROWS: int | None = None
 TILE_BYTES = 3 << 19
-_scratch = threading.local()
 _INTERLEAVED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 _kernel = cpu_gemv_build.NativeKernel(
@@ -232,15 +230,6 @@ def torch_qgemv_int8(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: 
 
 
 # ------------------------------------------------------------------------------------- rows to fp32
-
-
-def _tile_buffer(values: int) -> Tensor:
-    """This thread's scratch for prefill tiles, grown to ``values`` fp32 (one per thread: the prefill of any layer
-    reuses it, rather than each layer holding a tile of its own)."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.numel() < values:
-        buf = _scratch.buf = torch.empty(values, dtype=torch.float32)
-    return buf
 
 
 def dequantize_rows(weight: Tensor, qtype: str | int | QType, n0: int = 0, n1: int | None = None,
@@ -453,7 +442,7 @@ class QGemv:
         GEMV's, summed in another order."""
         rows = TILE_ROWS or (256 if 256 * 4 * self.k <= TILE_BYTES else 128)
         rows = max(1, min(self.n, rows))
-        buf = _tile_buffer(rows * self.k)
+        buf = cpu_gemv.scratch("tile", rows * self.k)
         yp, yn = out.data_ptr(), out.nbytes
         if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):
             raise ValueError("qgemv: out or x overlaps the prefill's scratch buffer")

@@ -500,17 +500,21 @@ void x16a_group(const IJob *ij, const uint8_t *w16, int64_t g, int64_t m, const 
     for (int hf = 0; hf < 2; hf++) x16a_store(j, g, m, hf, acc[hf]);
 }
 
+/* APPLY(QT) with the layout qt a constant in each copy (every layout of the copies; gemv_q_x16t.c too) */
+#define X16_BY_TYPE(qt, APPLY) do { \
+    switch (qt) { \
+    case QT_Q4_0: APPLY(QT_Q4_0); break; \
+    case QT_Q5_0: APPLY(QT_Q5_0); break; \
+    case QT_Q8_0: APPLY(QT_Q8_0); break; \
+    case QT_Q4_K: APPLY(QT_Q4_K); break; \
+    default: APPLY(QT_Q6_K); break; \
+    } \
+} while (0)
 #define X16A_PASS(QT) \
     for (int64_t g = g0; g < g1; g++) \
         for (int64_t m = 0; m < ij->j->M; m++) x16a_group(ij, w16, g, m, QT)
 static AVX2 void x16_range_avx2(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
-    switch (qt) {
-    case QT_Q4_0: X16A_PASS(QT_Q4_0); break;
-    case QT_Q5_0: X16A_PASS(QT_Q5_0); break;
-    case QT_Q8_0: X16A_PASS(QT_Q8_0); break;
-    case QT_Q4_K: X16A_PASS(QT_Q4_K); break;
-    default: X16A_PASS(QT_Q6_K); break;
-    }
+    X16_BY_TYPE(qt, X16A_PASS);
 }
 
 /* Groups [g0, g1) on the int8 kernel isa has: AVX-512 VNNI or AVX2 (qgemv_i8 refuses w16 below AVX2). */

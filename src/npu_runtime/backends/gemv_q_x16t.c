@@ -162,25 +162,12 @@ void x16t_rows(const IJob *ij, const X16T *t, int64_t grp, int64_t m0, const int
         for (int64_t m = full; m < M; m++) x16t_rows(ij, t, grp, m, 1, hf, QT); \
     } \
 } while (0)
+/* Group grp's records decoded into t, block by block. */
+#define X16T_DECODE(QT) \
+    for (int64_t b = 0; b < ij->j->nb; b++) x16t_decode(w16 + (grp * ij->j->nb + b) * x16_record(QT), b, QT, t)
 static AVX2 void x16t_group(const IJob *ij, const uint8_t *w16, int64_t grp, const int qt, X16T *t) {
-    const int rec = x16_record(qt);
-    const uint8_t *o = w16 + grp * ij->j->nb * rec;
-    for (int64_t b = 0; b < ij->j->nb; b++, o += rec) {
-        switch (qt) {
-        case QT_Q4_0: x16t_decode(o, b, QT_Q4_0, t); break;
-        case QT_Q5_0: x16t_decode(o, b, QT_Q5_0, t); break;
-        case QT_Q8_0: x16t_decode(o, b, QT_Q8_0, t); break;
-        case QT_Q4_K: x16t_decode(o, b, QT_Q4_K, t); break;
-        default: x16t_decode(o, b, QT_Q6_K, t); break;
-        }
-    }
-    switch (qt) {
-    case QT_Q4_0: X16T_ROWS(QT_Q4_0); break;
-    case QT_Q5_0: X16T_ROWS(QT_Q5_0); break;
-    case QT_Q8_0: X16T_ROWS(QT_Q8_0); break;
-    case QT_Q4_K: X16T_ROWS(QT_Q4_K); break;
-    default: X16T_ROWS(QT_Q6_K); break;
-    }
+    X16_BY_TYPE(qt, X16T_DECODE);
+    X16_BY_TYPE(qt, X16T_ROWS);
 }
 
 /* Groups [g0, g1) against every row of x through the scratch: 0, or -3 when it cannot be allocated (the caller then
