@@ -305,3 +305,26 @@ def test_a_compiled_qadd_moves_its_codes_bytes_whatever_dtype_says():
     for kw in ({}, {"dtype": "fp16"}, {"precision": "w8a8"}):
         row = cost_program(program, hw, **kw).rows[0]
         assert row.dram_bytes_read + row.dram_bytes_written == 3 * n + 3 * 4 + 3 and row.dtype == "int8", kw
+
+
+def test_a_compiled_qlut_moves_its_codes_bytes_whatever_dtype_says():
+    """QLUT (a quantized elementwise chain as a table) is vector work at its codes' width: two 1-byte tensors and
+    four scalars (the table is made once when the weights are bound), under any ``dtype`` or ``precision``."""
+    shape = [1, 128, 3072]
+    n = 128 * 3072
+    scalars = [_spec(name, [], dtype) for name, dtype in (("sx", "float32"), ("zx", "uint8"), ("sy", "float32"),
+                                                          ("zy", "uint8"))]
+    tensors = [_spec("x", shape, "uint8"), *scalars, _spec("y", shape, "uint8")]
+    specs = {t.name: t for t in tensors}
+    program = CompiledProgram(
+        model_name="qlut", target="cpu", input_specs=[specs["x"]], output_specs=[specs["y"]],
+        weight_specs=scalars, weight_keys={}, tensors=specs,
+        dispatches=[Dispatch("QLUT", "gelu", ["x", "sx", "zx", "sy", "zy"], ["y"],
+                             params={"functions": "mul erf", "numbers": [0.7071067932881648], "out_dtype": "uint8",
+                                     "method": "divide"})],
+        memory=MemoryPlan(arena_bytes=0, offsets={}, no_reuse_bytes=0))
+    assert KERNELS["QLUT"].cost(tensors[:5], tensors[5:]).flops == n  # one lookup an element
+    hw = hw_with({"int8": 1, "fp16": 0.5, "bf16": 0, "fp32": 0})
+    for kw in ({}, {"dtype": "fp16"}, {"precision": "w8a8"}):
+        row = cost_program(program, hw, **kw).rows[0]
+        assert row.dram_bytes_read + row.dram_bytes_written == 2 * n + 2 * 4 + 2 and row.dtype == "int8", kw

@@ -343,3 +343,42 @@ def test_a_max_pool_between_qdq_pairs_becomes_qmaxpool_exactly(dtype: str, x_sca
     g.nodes[-1].attrs["qmax"] = 100  # the QUANTIZE narrows the range
     kept = normalize(g.ir([y_q]))
     assert "QMAXPOOL" not in ops(kept) and any(r[0] == "qdq_maxpool" and "narrowed" in r[2] for r in rejected(kept))
+
+
+# steps of one to three ops, as torch.export / the ONNX import write them, and the rule each chain takes
+_LUT_CHAINS = {
+    "qdq_lut1": [("aten.sigmoid.default", {})],
+    "qdq_lut2": [("aten.mul.Tensor", {"other": 0.7071067932881648}), ("aten.erf.default", {})],
+    "qdq_lut3": [("aten.gelu.default", {"approximate": "tanh"}), ("aten.add.Tensor", {"other": 1.0}),
+                 ("aten.div.Tensor", {"other": 3.0})],
+}
+
+
+@pytest.mark.parametrize("rule", sorted(_LUT_CHAINS))
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_an_elementwise_chain_between_qdq_pairs_becomes_a_table_exactly(rule: str, dtype: str) -> None:
+    """QUANTIZE(steps(DEQUANTIZE(x))) -> QLUT (rules qdq_lut1..3): the codes equal the chain's bit for bit for every
+    code (the input holds all 256); a narrowed QUANTIZE and a step with a tensor operand keep the chain, saying so."""
+    g = QDQGraph(7)
+    zp = 120 if dtype == "uint8" else -5
+    _, v = g.quantized_input("x_q", [4, 64], dtype, scale=0.031, zero_point=zp)
+    for op, attrs in _LUT_CHAINS[rule]:
+        v = g.op(op, [v], [4, 64], attrs)
+    y_q = g.quantize(v, g.scale("y_scale", 0.0079), g.zp("y_zp", zp, dtype), dtype, "y_q")
+    before = g.ir([y_q])
+    after = normalize(before)
+    assert ops(after) == ["QLUT"] and applied(after)[rule] == 1
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(getattr(torch, dtype)).reshape(4, 64)
+    assert torch.equal(g.run(after, [every])[0], g.run(before, [every])[0])
+    g.nodes[-1].attrs["qmax"] = 100  # the QUANTIZE narrows the range
+    kept = normalize(g.ir([y_q]))
+    assert "QLUT" not in ops(kept) and any(r[0] == rule and "narrowed" in r[2] for r in rejected(kept))
+
+
+def test_a_step_with_alpha_is_no_table_step() -> None:
+    g = QDQGraph(8)
+    _, x = g.quantized_input("x_q", [2, 8], "uint8", scale=0.02, zero_point=128)
+    v = g.op("aten.add.Tensor", [x], [2, 8], {"other": 1.0, "alpha": 2})
+    y_q = g.quantize(v, g.scale("y_scale", 0.02), g.zp("y_zp", 0, "uint8"), "uint8", "y_q")
+    kept = normalize(g.ir([y_q]))
+    assert "QLUT" not in ops(kept) and any(r[0] == "qdq_lut1" and "no table step" in r[2] for r in rejected(kept))

@@ -1,6 +1,6 @@
-"""The WebGPU int8 kernels (QUANTIZE, DEQUANTIZE, QGEMM, QCONV, QADD, QMAXPOOL) bit-exact against the ops' reference
-(``torch_ir.ops.npu_quant``) on the same tensors, on both dot-product paths; the exact f32 helpers against numpy;
-and onnxruntime QDQ models compiled for WebGPU giving the reference executor's and the CPU backend's codes."""
+"""The WebGPU int8 kernels (QUANTIZE, DEQUANTIZE, QGEMM, QCONV, QADD, QMAXPOOL, QLUT) bit-exact against the ops'
+reference (``torch_ir.ops.npu_quant``) on the same tensors, on both dot-product paths; the exact f32 helpers against
+numpy; and onnxruntime QDQ models compiled for WebGPU giving the reference executor's and the CPU backend's codes."""
 
 from __future__ import annotations
 
@@ -427,3 +427,27 @@ def test_qmaxpool_refuses_scales_outside_its_exact_range_when_bound() -> None:
               torch.tensor(0.02), codes((), torch.uint8, g)]
     with pytest.raises(RuntimeInputError, match=r"QMAXPOOL .*x's scale is 1e-35.*run the program on the CPU backend"):
         run_kernel("QMAXPOOL", values, params, weights=(1, 2, 3, 4))
+
+
+# -- QLUT, a quantized elementwise chain as a table --------------------------------------------------------------
+
+@pytest.mark.parametrize("types", [(torch.uint8, torch.uint8), (torch.int8, torch.int8), (torch.int8, torch.uint8)])
+@pytest.mark.parametrize("chain", [("mul erf", [0.7071067932881648]), ("gelu_tanh add sigmoid", [-0.5])])
+def test_qlut(types: tuple, chain: tuple) -> None:
+    """Bit-exact with the reference: the table is made on the host when the weights are bound; every code of x
+    (its bytes as the shader reads them: int8 sign-extended, masked back to a byte) finds its entry."""
+    g = torch.Generator().manual_seed(15)
+    out = str(types[1]).removeprefix("torch.")
+    for method in ("divide", "multiply_inverse"):
+        values = [codes((2, 3, 7, 11), types[0], g), torch.tensor(0.043), codes((), types[0], g),
+                  torch.tensor(0.0071), codes((), types[1], g)]
+        params = {"functions": chain[0], "numbers": chain[1], "out_dtype": out, "method": method}
+        assert_exact("QLUT", values, params, weights=(1, 2, 3, 4))
+
+
+def test_qlut_needs_its_scales_bound() -> None:
+    g = torch.Generator().manual_seed(16)
+    values = [codes((4, 8), torch.uint8, g), torch.tensor(0.02), codes((), torch.uint8, g), torch.tensor(0.01),
+              codes((), torch.uint8, g)]
+    with pytest.raises(RuntimeInputError, match=r"QLUT .*bound before the first run.*CPU backend"):
+        run_kernel("QLUT", values, {"functions": "erf", "numbers": [], "out_dtype": "uint8"}, weights=())

@@ -14,7 +14,8 @@ Stages, in order (a rule family belongs to one stage; families can be switched o
 4. late fusion: ``softmax`` (the softmax attention did not take), ``activation`` (into GEMM/CONV), then
    ``quantized`` (QDQ patterns around CONV/GEMM/matmul into QCONV, QGEMM, DQGEMM: ``quantized.py``; the
    residual add into QADD: ``quantized_add.py``; a reshape or transpose between a DEQUANTIZE and a QUANTIZE of one
-   scale onto the codes: ``quantized_movement.py``; the max pool between them into QMAXPOOL: ``quantized_pool.py``)
+   scale onto the codes: ``quantized_movement.py``; the max pool between them into QMAXPOOL: ``quantized_pool.py``;
+   a chain of elementwise float steps between them into a table, QLUT: ``quantized_lut.py``)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from . import (
     fusion,
     quantized,
     quantized_add,
+    quantized_lut,
     quantized_movement,
     quantized_pool,
 )
@@ -51,7 +53,8 @@ STAGES: list[tuple[str, list[Rule]]] = [
     ("fuse", cleanup.IDENTITY_RULES + decoder.DECODER_RULES + attention.ATTENTION_RULES + fusion.RULES),
     ("late_fuse", cleanup.IDENTITY_RULES + fusion.LATE_NORM_RULES + fusion.SOFTMAX_RULES + fusion.ACTIVATION_RULES
      # after ReLU has joined its CONV/GEMM: the integer ops fuse it
-     + quantized_movement.RULES + quantized.RULES + quantized_add.RULES + quantized_pool.RULES),
+     + quantized_movement.RULES + quantized.RULES + quantized_add.RULES + quantized_pool.RULES
+     + quantized_lut.RULES),
 ]
 
 STAGE_NAMES: tuple[str, ...] = tuple(name for name, _ in STAGES)

@@ -1,5 +1,5 @@
-"""The native quantized elementwise kernels of the CPU backend: QADD, QUANTIZE and DEQUANTIZE, bit-exact with their
-references (``torch_ir.ops.npu_quant.qadd``, the QDQ chain DEQUANTIZE, add, relu, QUANTIZE it replaces;
+"""The native quantized elementwise kernels of the CPU backend: QADD, QUANTIZE, DEQUANTIZE and QLUT, bit-exact with
+their references (``torch_ir.ops.npu_quant.qadd``, the QDQ chain DEQUANTIZE, add, relu, QUANTIZE it replaces;
 ``torch_ir.quant.numerics.quantize`` and ``dequantize``).
 
 A QDQ ResNet's residual adds, as four reference dispatches with float32 intermediates, cost about as much as all its
@@ -24,6 +24,11 @@ per tensor or per channel (``axis``; not per group), finite nonzero scales (and 
 multiply_inverse), x and y of one shape; the same layouts and overlaps as QADD (``TORCH_IR_QDQ_ISA`` caps their
 ISA). A QDQ BERT-base runs ~690 of them: through the reference, with its float32 temporaries, they took ~40 % of
 its time (issue 30); a pass over the bytes takes a few microseconds.
+
+QLUT (a quantized elementwise chain as a table, ``torch_ir.quant.lut``) computes its 256-entry table when the weights
+are bound, by the op's own numerics (``lut.table``), so the table is the reference's by construction; each run is
+one byte lookup per element (``qlut_map``). It takes int8/uint8 codes, per-tensor scales and zero points known at
+bind time, and x and y of one shape (the same layouts and overlaps as QADD).
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ def _build() -> Library:
     library = cpu_gemv_build.load_packed(SOURCE_NAME, "qadd")
     # QUANTIZE's and DEQUANTIZE's entry point, in the same library
     library.lib.qdq_packed.argtypes, library.lib.qdq_packed.restype = [ctypes.c_char_p], ctypes.c_int
+    # QLUT's: x, y, n, table, threads
+    library.lib.qlut_map.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                     ctypes.c_int64]
+    library.lib.qlut_map.restype = ctypes.c_int
     return library
 
 
@@ -383,4 +392,72 @@ class Dequantize(_QuantizeOrDequantize):
         self._set_params(s, inv, self._per_channel(zp, torch.int32))
 
 
-__all__ = ["ISAS", "Dequantize", "QAdd", "Quantize", "native_status"]
+
+# ------------------------------------------------------------------------------------------------------ QLUT
+
+class QLut:
+    """QLUT of int8/uint8 codes with per-tensor scales known at bind time (module docstring)."""
+
+    kind = "QLUT"
+
+    @classmethod
+    def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
+        from torch_ir.quant import lut
+
+        p, names = dispatch.params, dispatch.inputs
+        if len(names) != 5 or len(dispatch.outputs) != 1 or p.get("method", "divide") not in ("divide",
+                                                                                            "multiply_inverse"):
+            return False
+        x, y = specs.get(names[0]), specs.get(dispatch.outputs[0])
+        if x is None or y is None or block_of(x) is not None or x.dtype not in lut.CODES \
+                or y.dtype != p.get("out_dtype", "int8") or list(x.shape) != list(y.shape):
+            return False
+        try:
+            lut.check_steps(p.get("functions"), p.get("numbers") or [])
+        except ValueError:
+            return False  # the reference says what is wrong
+        return all(n in weight_names and n in specs and _numel(specs[n]) == 1 for n in names[1:])
+
+    def __init__(self, dispatch: Dispatch, specs: dict[str, TensorSpec]) -> None:
+        self.dispatch, self.names = dispatch, dispatch.inputs
+        self.x_dtype = specs[self.names[0]].dtype
+        self.reference = Reference(dispatch, specs)
+        self.table = torch.zeros(256, dtype=torch.uint8)
+
+    def prepare(self, weights: dict[str, Tensor]) -> None:
+        from torch_ir.quant import lut
+
+        p = self.dispatch.params
+        codes = lut.table(self.x_dtype, *(weights[n] for n in self.names[1:]), functions=p["functions"],
+                          numbers=p.get("numbers") or [], out_dtype=p.get("out_dtype", "int8"),
+                          method=p.get("method", "divide"))
+        self.table = codes.view(torch.uint8).contiguous()
+
+    def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        library = _kernel.or_reference(True, self.reference, inputs, outputs)
+        if library is None:
+            return
+        x, out = inputs[0], outputs[0]
+        order = _alike(x, out)
+        if order is not None:
+            self._call(library, x.permute(order), out.permute(order))
+            return
+        y = torch.empty(out.shape, dtype=out.dtype)
+        self._call(library, x.contiguous(), y)
+        out.copy_(y)
+
+    def _call(self, library: Library, x: Tensor, y: Tensor) -> None:
+        codes = {torch.uint8: 0, torch.int8: 0}
+        xp, _, xn = cpu_gemv_build.tensor_arg(x, self.kind, "x", codes, tuple(y.shape))
+        yp, _, yn = cpu_gemv_build.tensor_arg(y, self.kind, "out", codes, tuple(y.shape))
+        if cpu_gemv_build.overlaps(xp, xn, yp, yn) and (xp != yp or xn != yn):
+            tmp = torch.empty_like(y)
+            self._call(library, x, tmp)
+            y.copy_(tmp)
+            return
+        status = library.lib.qlut_map(xp, yp, y.numel(), self.table.data_ptr(), torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")
+
+
+__all__ = ["ISAS", "Dequantize", "QAdd", "QLut", "Quantize", "native_status"]

@@ -1,11 +1,12 @@
-"""The quantized NPU ops: (de)quantize, CONV/GEMM computed in integers or with quantized weights, and the
-quantized residual add (QADD).
+"""The quantized NPU ops: (de)quantize, CONV/GEMM computed in integers or with quantized weights, the quantized
+residual add (QADD), max pool (QMAXPOOL) and elementwise chains as tables (QLUT).
 
 Their reference implementations are ``torch_ir.quant.numerics``, bit-exact with the formats they follow
-(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize; QADD is the
-QDQ chain it replaces, step for step). A quantized
-tensor's codes have the tensor's dtype; 4-bit ones travel packed two per byte (uint8), so the ops that read them
-are told the type (``dtype``, ``w_dtype``). Every zero point is an input (zeros when symmetric).
+(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize; QADD and
+QMAXPOOL are the QDQ chains they replace, step for step; QLUT is a table of its chain's results,
+``torch_ir.quant.lut``). A quantized tensor's codes have the tensor's dtype; 4-bit ones travel packed two per byte
+(uint8), so the ops that read them are told the type (``dtype``, ``w_dtype``). Every zero point is an input (zeros
+when symmetric).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..ir import TensorMeta
+from ..quant import lut
 from ..quant import numerics as qn
 from .npu import Shape, _conv_shape, _gemm_shape, _same_as_first, npu_op
 
@@ -239,3 +241,20 @@ def qmaxpool(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
     v = qn.dequantize(x, x_scale, x_zero_point, dtype=qn.dtype_name(x))
     pooled = F.max_pool2d(v, list(kernel_size), list(stride), list(padding), list(dilation), bool(ceil_mode))
     return qn.quantize(pooled, y_scale, y_zero_point, dtype=out_dtype, method=method)
+
+
+@npu_op("QLUT", inputs="x x_scale x_zero_point y_scale y_zero_point", outputs="y", shape=_same_as_first, attrs={
+    "functions": f"the chain's float32 steps in order, names separated by spaces ({', '.join(lut.STEPS)})",
+    "numbers": "the numbers of the steps that take one (mul, add, sub, div), in order",
+    "out_dtype": "y's code type (int8 or uint8)",
+    "method": "how the chain's result is quantized: divide (by y_scale: ONNX) or multiply_inverse (PyTorch)"})
+def qlut(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor, y_scale: torch.Tensor,
+         y_zero_point: torch.Tensor, *, functions: str, numbers: Sequence[float], out_dtype: str = "int8",
+         method: str = "divide") -> torch.Tensor:
+    """y = table[x], table[c] = quantize(steps(dequantize(c))) for the 256 codes c: a quantized elementwise chain
+    (DEQUANTIZE, float32 steps such as GELU's erf or an attention scale, QUANTIZE) as an NPU's lookup table. The
+    table holds the chain's float32 results computed over all codes at once (``torch_ir.quant.lut``); scales and
+    zero points are per tensor, the codes int8 or uint8."""
+    codes = lut.table(qn.dtype_name(x), x_scale, x_zero_point, y_scale, y_zero_point, functions=functions,
+                      numbers=list(numbers), out_dtype=out_dtype, method=method)
+    return lut.lookup(x, codes)

@@ -102,6 +102,13 @@ class WebGPUBackend:
         if data:
             self.device.queue.write_buffer(dst.buffer, dst.offset, data + bytes(_round4(len(data)) - len(data)))
 
+    def write_bytes(self, dst: GPUTensor, data: bytes) -> None:
+        """``data`` into a buffer of exactly its size (a kernel's table, computed when the weights are bound)."""
+        self.flush()
+        if len(data) != dst.nbytes:
+            raise ValueError(f"{len(data)} bytes for a buffer of {dst.nbytes}")
+        self.device.queue.write_buffer(dst.buffer, dst.offset, data + bytes(_round4(len(data)) - len(data)))
+
     def from_bytes(self, data: bytes, spec: TensorSpec) -> GPUTensor:
         padded = bytes(data) + bytes(_round4(len(data)) - len(data))
         buffer = self.device.create_buffer_with_data(data=padded, usage=self._usage)
@@ -356,9 +363,12 @@ class ShaderKernel:
         return self._layouts[key]
 
     def prepare(self, weights: dict[str, Any]) -> None:
-        for shader in self.shaders:
+        for shader, scratch in zip(self.shaders, self.scratch):
             if shader.bind_check is not None:
                 shader.bind_check(lambda i: self._bound_value(weights, i))
+            if shader.bind_data is not None:
+                for buffer, data in zip(scratch, shader.bind_data(lambda i: self._bound_value(weights, i))):
+                    self.backend.write_bytes(buffer, data)
 
     def _bound_value(self, weights: dict[str, Any], index: int) -> np.ndarray | None:
         """Input ``index``'s values when they are bound before any run (a weight, a constant), else None."""

@@ -1,4 +1,4 @@
-"""WGSL generators of QUANTIZE, DEQUANTIZE, QADD and QMAXPOOL, and the exact f32 arithmetic every int8 kernel
+"""WGSL generators of QUANTIZE, DEQUANTIZE, QADD, QMAXPOOL and QLUT, and the exact f32 arithmetic every int8 kernel
 shares.
 
 Codes are stored as the backend stores every 8-bit tensor: four to a u32 word, little-endian (``wgsl.binding``);
@@ -274,3 +274,42 @@ def qmaxpool(call: Call) -> Shader:
     shader = per_element(call, numel(y), body, helpers=EXACT_F32)
     scales = ((1, "x's scale", True), (3, "y's scale", False))
     return dataclasses.replace(shader, bind_check=_bound_scales("QMAXPOOL", call.dispatch.node, scales))
+
+
+def qlut(call: Call) -> Shader:
+    """QLUT: ``y = table[byte of x]`` per element, the 256-entry table (i32 codes, a scratch buffer) computed on the
+    host by the op's numerics (``torch_ir.quant.lut.table``) when the weights are bound, so it is the reference's by
+    construction. Per-tensor scales and zero points, bound before the first run."""
+    x, y = call.ins[0], call.outs[0]
+    _layout_free(x)
+    code_range(x.dtype, f"the codes {x.name!r}", "QLUT")
+    _code_kernel(call, "QLUT", (), (1, 2, 3, 4))
+    shape = shape_of(y)
+    if shape_of(x) != shape:
+        raise UnsupportedCall(f"QLUT of {shape_of(x)} to {shape}: x and y must have one shape")
+    idx = [f"d{k}" for k in range(len(shape))]
+    body = [unravel("i", shape), f"st_out0({offset(y, idx)}, tmp0[u32(ld_in0({offset(x, idx)})) & 0xffu]);"]
+    shader = per_element(call, numel(y), "\n  ".join(body), scratch=("i32",))
+    return dataclasses.replace(shader, scratch=(256 * 4,), bind_data=_lut_table(call))
+
+
+def _lut_table(call: Call) -> Callable[[Callable[[int], np.ndarray | None]], list[bytes]]:
+    import torch
+
+    from torch_ir.quant import lut
+
+    p, node = call.dispatch.params, call.dispatch.node
+
+    def table(read: Callable[[int], np.ndarray | None]) -> list[bytes]:
+        values = [read(i) for i in range(1, 5)]
+        if any(v is None for v in values):
+            raise ValueError(f"QLUT (node {node!r}): its scales and zero points are computed at run time; the WebGPU "
+                             "kernel needs them bound before the first run (weights or constants) to make its "
+                             "table; run the program on the CPU backend")
+        scale_x, zp_x, scale_y, zp_y = (torch.from_numpy(np.array(v)) for v in values)
+        codes = lut.table(call.ins[0].dtype, scale_x, zp_x, scale_y, zp_y, functions=p["functions"],
+                          numbers=p.get("numbers") or [], out_dtype=p.get("out_dtype", "int8"),
+                          method=p.get("method", "divide"))
+        return [codes.to(torch.int32).numpy().astype("<i4").tobytes()]
+
+    return table

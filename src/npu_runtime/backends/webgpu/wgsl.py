@@ -97,6 +97,10 @@ class Shader:
     #: a check of the values bound before any run (weights, constants), given a reader of input ``i`` (None when
     #: that input is an activation); raises ValueError naming what the kernel cannot compute exactly
     bind_check: Callable[[Callable[[int], np.ndarray | None]], None] | None = field(default=None, compare=False)
+    #: the bytes of its scratch buffers, in order, computed from the values bound before any run (a QLUT's table;
+    #: same reader as ``bind_check``); raises ValueError when what it needs is not bound
+    bind_data: Callable[[Callable[[int], np.ndarray | None]], list[bytes]] | None = field(default=None,
+                                                                                          compare=False)
 
 
 # -- types and accessors ----------------------------------------------------------------------------------
