@@ -91,6 +91,7 @@ def test_rt_detr_anchors_and_valid_mask_from_init_are_inlined():
     assert ok, report.to_text()
 
 
+@pytest.mark.slow
 def test_detr_with_a_padded_pixel_mask():
     entry = get_model("detr")
     if not entry.available():

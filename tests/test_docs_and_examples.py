@@ -23,6 +23,7 @@ def test_readme_quick_start_runs_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "model_ir.json").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["basic_usage.py", "resnet_example.py"])
 def test_example_runs(script, tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "examples" / script), str(tmp_path)],
@@ -52,6 +53,7 @@ def test_kernels_doc_is_generated_from_the_kernel_table():
         "docs/kernels.md is stale: run `torch-ir ops --kernels --markdown > docs/kernels.md`")
 
 
+@pytest.mark.slow
 def test_extending_walkthrough_runs_as_written(tmp_path):
     """docs/extending.md section 3 (a new NPU op: op record, rule, kernel record), its code blocks run in a
     fresh process (the records it adds must not leak into the other tests' tables)."""

@@ -96,6 +96,7 @@ def irs(draw) -> NPU_IR:
                   symbols={"s0": {"min": 2, "max": None}}, producer={"name": "test"})
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(irs())
 def test_round_trip_property(ir):

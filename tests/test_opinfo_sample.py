@@ -45,6 +45,7 @@ def _harness():
     return module
 
 
+@pytest.mark.slow
 def test_representative_opinfo_ops_run_from_the_ir_equal_to_eager():
     harness = _harness()
     infos = [o for o in harness.select_ops(OPS) if harness.op_name(o) in OPS]  # not the other variants

@@ -79,6 +79,7 @@ _WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_to_one_path_all_succeed(tiny, tmp_path):
     ir, state, _ = tiny
     src = tmp_path / "src"

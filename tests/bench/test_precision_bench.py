@@ -42,6 +42,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[tuple[str
     return proc.stdout, {(r["who"], r["precision"]): r for r in result["runners"]}
 
 
+@pytest.mark.slow
 def test_the_table_has_a_row_per_precision(quick):
     stdout, _ = quick
     rows = [line.split("|") for line in stdout.splitlines() if line.startswith("| bert")]

@@ -59,6 +59,7 @@ def _expected_latency(sizes, histogram, latency) -> float:
     return sum(c * latency[min(s for s in sizes if s >= n)] for n, c in histogram.items()) / total
 
 
+@pytest.mark.slow
 def test_per_bucket_figures_grow_with_the_bucket_and_match_the_kernel_formulas(report, bert_ir):
     sizes = list(report.candidates)
     assert sizes == sorted(sizes) and sizes[0] == 8 and sizes[-1] == 512
@@ -149,6 +150,7 @@ def test_the_dynamic_programme_matches_brute_force_on_random_costs():
         assert _expected_latency(chosen, histogram, latency) == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_many_lengths_interpolate_the_upper_bound_within_a_percent(bert_ir):
     lengths = list(range(8, 200, 3)) * 2 + list(range(8, 60))  # 86 distinct lengths: over the 48 costed exactly
     r = bucket_report(bert_ir, "seq", lengths, bind={"batch": 1})

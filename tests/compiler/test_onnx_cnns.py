@@ -93,6 +93,7 @@ def test_light_cnn_compiles_whole(name: str) -> None:
     assert program.dispatch_count > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _params())
 def test_light_cnn_with_random_weights_runs_equal_to_onnxruntime(name: str) -> None:
     model = randomized(light_path(name))

@@ -229,6 +229,7 @@ def tiny_lm():
     return compile_lm(extract_lm(meta, 32, name="tiny_qwen2"), chunk=8)
 
 
+@pytest.mark.slow
 def test_an_llm_decode_step_at_a_context(tiny_lm, tmp_path, capsys):
     """tiny qwen2: hidden 64, 4 query and 2 key/value heads of 16 dims, 2 layers, a 32-position cache."""
     cost = cost_lm(tiny_lm.prefill, tiny_lm.decode, small_hw(), context=5)

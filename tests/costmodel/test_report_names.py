@@ -175,6 +175,7 @@ def test_the_cli_replaces_planted_links(program: npu_compiler.CompiledProgram, t
     assert not (out / "cost.csv").is_symlink() and not (out / "report.html").is_symlink()
 
 
+@pytest.mark.slow
 def test_an_llm_phase_directory_planted_as_a_link_is_replaced(tmp_path: Path, capsys) -> None:
     pytest.importorskip("transformers")
     from transformers import AutoModelForCausalLM

@@ -190,6 +190,7 @@ def repro_in_process(repro: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -
 
 # -- (a) rewrite rules ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_wrong_rms_norm_epsilon_is_named(qwen_subject, monkeypatch, tmp_path):
     install_rule(monkeypatch, BAD_RMS_NORM)
     report = bisect(qwen_subject, out_dir=tmp_path, progress=False)
@@ -262,6 +263,7 @@ def small_onnx(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_onnx_converter_fault_is_named(monkeypatch, tmp_path):
     pytest.importorskip("onnxruntime")
     from npu_tools.debug.sources import subject_from_onnx

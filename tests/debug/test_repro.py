@@ -152,6 +152,7 @@ def test_sub_ir_cuts_inputs_outputs_and_weights() -> None:
         sub_ir(ir, ["nope"], name="x")
 
 
+@pytest.mark.slow
 def test_rule_repro(tmp_path: Path) -> None:
     """The wrong-epsilon rule (real code in faults.py, imported by the repro) reproduces."""
     torch.manual_seed(0)
@@ -178,6 +179,7 @@ def test_rule_repro(tmp_path: Path) -> None:
     assert "RMS_NORM" in text and "DIFFERS" in text and "MATCHES" in text
 
 
+@pytest.mark.slow
 def test_kernel_repro_bfloat16(tmp_path: Path) -> None:
     """A broken CPU RMS_NORM kernel: broken, the faulty path exits 1 and the reference path 0; unbroken, the
     faulty path passes too, since the repro runs the installed kernel. bfloat16 survives the npz round trip."""
@@ -198,6 +200,7 @@ def test_kernel_repro_bfloat16(tmp_path: Path) -> None:
     assert "DIFFERS" in text and "dispatch RMS_NORM" in text
 
 
+@pytest.mark.slow
 def test_onnx_frontend_repro_runs_the_onnx_node(tmp_path: Path) -> None:
     """A converter that turned Relu into abs: the minimal IR holds the faulty translation, model.onnx the
     trusted Relu node, which onnxruntime runs on the reference path."""

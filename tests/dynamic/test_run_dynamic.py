@@ -133,6 +133,7 @@ def test_the_dynamic_batch_onnx_vit_a_user_exported_equals_onnxruntime(tmp_path,
         close(out, torch.from_numpy(session.run(None, {"pixel_values": x})[0]))
 
 
+@pytest.mark.slow
 @needs_gpu
 def test_bert_buckets_on_webgpu_equal_eager():
     model, ir = bert()

@@ -39,6 +39,7 @@ K_QUANTS = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output":
             "ffn_up": "Q4_K", "ffn_down": "Q6_K"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, quant, sizes", [("qwen2", {}, {}), ("llama", {}, {}),
                                                 ("qwen2", {"attn_": "Q8_0", "ffn_": "Q4_0"}, {}), ("llama", MIXED, {}),
                                                 ("qwen2", {"attn_": "Q5_0", "ffn_": "Q5_0"}, {}),
@@ -66,6 +67,7 @@ def test_greedy_tokens_equal_transformers_on_the_files_weights(tmp_path: Path, a
     assert generator.generate(PROMPT, 32).tokens == _hf_greedy(reference.eval(), PROMPT, 32)
 
 
+@pytest.mark.slow
 @needs_gpu
 def test_on_webgpu_the_linear_weights_stay_blocks_and_the_tokens_are_the_cpus(tmp_path: Path) -> None:
     """WebGPU reads blocks as the weights of its contractions only: the Q8_0 embedding (tied to the LM head) is
@@ -84,6 +86,7 @@ def test_on_webgpu_the_linear_weights_stay_blocks_and_the_tokens_are_the_cpus(tm
     assert gpu.generate(PROMPT, 8).tokens == cpu.generate(PROMPT, 8).tokens
 
 
+@pytest.mark.slow
 def test_generate_command_takes_a_gguf_file(tmp_path: Path, capsys) -> None:
     path = write_model(make_model("qwen2"), "qwen2", tmp_path / "tiny.gguf", {})
     assert main(["generate", str(path), "--prompt-ids", "5,17,33", "--max-new-tokens", "4",
@@ -110,6 +113,7 @@ def test_extract_and_verify_take_a_gguf_file(tmp_path: Path, capsys) -> None:
     assert "PASS" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_int8_activations_mark_the_block_layers_and_stay_close_to_float_x(tmp_path: Path) -> None:
     """``int8_activations``: every contraction reading blocks rounds x to int8 groups of 32 (llama.cpp's dot
     products); the next-token distributions stay within a small KLD of float x on the same blocks."""
@@ -136,6 +140,7 @@ def test_int8_activations_mark_the_block_layers_and_stay_close_to_float_x(tmp_pa
         load_lm(float_file, max_cache_len=32, int8_activations=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant, sizes", [({"blk.1.ffn_": "Q5_0", "blk.1.": "Q8_0", "blk.": "Q4_0"}, {}),
                                           (K_QUANTS, {"hidden_size": 256, "intermediate_size": 512})])
 def test_int8_prefill_rows_on_the_integer_kernel_keep_the_logits(tmp_path: Path, monkeypatch, quant: dict,
@@ -163,6 +168,7 @@ def test_int8_prefill_rows_on_the_integer_kernel_keep_the_logits(tmp_path: Path,
     print(f"int8 prefill, integer kernel vs rounded x: max |d logit| {diff / scale:.2e} of the largest")
 
 
+@pytest.mark.slow
 def test_generate_int8_activations_flag(tmp_path: Path, capsys) -> None:
     path = write_model(make_model("qwen2"), "qwen2", tmp_path / "q4.gguf", {"blk.": "Q4_0"})
     assert main(["generate", str(path), "--prompt-ids", "5,17,33", "--max-new-tokens", "4", "--max-cache-len", "32",
@@ -172,6 +178,7 @@ def test_generate_int8_activations_flag(tmp_path: Path, capsys) -> None:
     assert "--int8-activations is for a GGUF file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_cost_model_reads_block_weights_at_their_stored_bytes(tmp_path: Path) -> None:
     """A Q4_0 layer costs 18 bytes per 32 weights in DRAM, not 4 per weight: the decode step's DRAM bytes drop by
     exactly the difference over the file's Q4_0 tensors; int8 activations compute at the int8 rate."""

@@ -373,6 +373,7 @@ def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_real_process_deep_nesting_and_pickled_weights(corpus_dir: Path, tmp_path: Path) -> None:
     """Outside pytest's in-process capture: a 100,000-deep IR and a pickled weights file whose loading
     would run os.system each end the process with status 2 and one stderr line, and no marker."""

@@ -80,6 +80,7 @@ def test_npubin_bytes(fuzz, seeds, rng: random.Random, rounds: int) -> None:
     only_toolkit_errors(decode_npubin, data, "<fuzz>")
 
 
+@pytest.mark.slow
 @FUZZ
 @given(rng=RANDOMS)
 def test_npubin_headers(fuzz, seeds, rng: random.Random) -> None:

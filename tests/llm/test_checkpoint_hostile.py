@@ -171,6 +171,7 @@ def test_model_sizes_are_checked_before_anything_is_built(copy: Path, members: s
         refused(copy, error, "config.json", *fragments)
 
 
+@pytest.mark.slow
 def test_the_layer_limit_can_be_raised(copy: Path) -> None:
     add_members(copy / "config.json", '"num_hidden_layers": 2000')
     refused(copy, LimitExceededError, "num_hidden_layers is 2000")
@@ -300,6 +301,7 @@ def test_a_slow_regex_is_abandoned_at_the_deadline(catastrophic: Path) -> None:
     assert "within 1 s" in str(info.value) and "TORCH_IR_MAX_TOKENIZER_SECONDS" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_tokenizer_panic_on_the_command_line(catastrophic: Path, capsys) -> None:
     code = main(["generate", str(catastrophic), "--prompt", PANIC_TEXT, "--max-new-tokens", "1",
                  "--max-cache-len", "16", "--chunk", "4"])

@@ -56,6 +56,7 @@ def hf_generate(real, prompt: list[int], new: int = NEW_TOKENS) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [1, 7, 16, 100])
 def test_greedy_tokens_equal_transformers(fp32, length):
     real, _, gen = fp32
@@ -163,6 +164,7 @@ def test_bad_requests_are_refused_with_the_fix(fp32):
         gen.generate([], 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_weights_half_the_bytes_and_logits_within_tolerance(dtype):
     """bf16 and fp16 end to end: the weights in the model's dtype, the logits of each step within that dtype's

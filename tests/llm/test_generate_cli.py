@@ -16,6 +16,7 @@ def checkpoint(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2", shards=2)
 
 
+@pytest.mark.slow
 def test_generate_text_from_a_checkpoint_equals_transformers(checkpoint, capsys):
     prompt = "The quick brown fox"
     assert main(["generate", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "12",
@@ -26,6 +27,7 @@ def test_generate_text_from_a_checkpoint_equals_transformers(checkpoint, capsys)
         assert field in out.err
 
 
+@pytest.mark.slow
 def test_generate_ids_from_a_zoo_model(capsys):
     assert main(["generate", "qwen2", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--max-cache-len",
                  "32"]) == 0
@@ -54,6 +56,7 @@ def test_a_missing_shard_is_named(tmp_path, capsys):
     assert shard.name in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compile_of_an_llm_ir_writes_both_programs_and_the_dispatch_table(tmp_path, capsys):
     ir = tmp_path / "llama_kv.json"
     assert main(["extract", "llama_kv", "-o", str(ir)]) == 0

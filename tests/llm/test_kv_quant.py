@@ -99,6 +99,7 @@ def log_softmax(logits: np.ndarray) -> torch.Tensor:
     return torch.log_softmax(torch.as_tensor(logits, dtype=torch.float64), -1)
 
 
+@pytest.mark.slow
 def test_int8_cache_generation_stays_close_to_the_float_cache(zoo_qwen2):
     """32 steps teacher-forced on the float cache's greedy tokens (so both see the same context): the KLD of each
     step's next-token distribution, int8 cache against float cache. Measured: mean 2.5e-4, max 1.2e-3, every
@@ -145,6 +146,7 @@ def test_reference_executor_runs_the_same_quantized_ir(zoo_qwen2):
     assert programs.num_layers == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cost_model_counts_the_cache_as_held(zoo_qwen2, dtype):
     """int8 codes (1 byte) plus a float32 scale per head and position (4 bytes per D = 16 codes here): a quarter of
@@ -182,6 +184,7 @@ def test_unsupported_widths_are_refused_with_the_fix(zoo_qwen2, capsys):
     assert "--kv-bits" in err and "quantized to 8 bits only" in err and "leave --kv-bits out" in err
 
 
+@pytest.mark.slow
 def test_generate_command_with_an_int8_cache(capsys):
     from npu_tools.cli import main
 
@@ -249,6 +252,7 @@ def test_a_saved_int8_program_pair_runs_the_same(zoo_qwen2, tmp_path):
     assert loaded.generate(PROMPT, 6).tokens == gen.generate(PROMPT, 6).tokens
 
 
+@pytest.mark.slow
 def test_compile_and_cost_commands_take_kv_bits(tmp_path, capsys):
     """``--kv-bits 8`` means the same in compile and cost as in generate: the programs hold an int8 cache."""
     from npu_program.program import CompiledProgram

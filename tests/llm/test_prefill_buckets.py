@@ -92,6 +92,7 @@ def prefill_runs(gen: Generator) -> int:
 
 # on a bucket edge, between edges, shorter than the smallest, one token, longer than the largest (padded rest and
 # shifted-back rest)
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [1, 2, 5, 8, 13, 16, 32, 40, 42])
 def test_prompts_of_any_length_equal_eager(lm, length):
     real, _, _, gen = lm
@@ -169,6 +170,7 @@ def test_an_old_static_directory_loads_and_runs_as_before(lm, tmp_path):
         check_against_eager(real, gen, prompt_of(length))
 
 
+@pytest.mark.slow
 def test_a_model_computing_every_rows_logits_reads_the_last_real_row():
     """The zoo's ``llama_kv`` (no ``logits_to_keep``): padded positions continue, row n-1 is read."""
     from torch.export import Dim
@@ -193,6 +195,7 @@ def test_a_model_computing_every_rows_logits_reads_the_last_real_row():
             np.testing.assert_allclose(logits, full[length - 1 + step], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_default_buckets_double_the_chunk_up_to_the_cache():
     assert default_buckets(16, 256) == [16, 32, 64, 128, 256]
     assert default_buckets(16, 100) == [16, 32, 64]
@@ -202,6 +205,7 @@ def test_default_buckets_double_the_chunk_up_to_the_cache():
     assert max(p.arena_bytes for p in programs.programs()) <= PREFILL_ARENA_CAP
 
 
+@pytest.mark.slow
 def test_buckets_outside_the_cache_are_refused():
     _, meta = real_and_meta()
     ir = extract_lm(meta, 32)
@@ -211,6 +215,7 @@ def test_buckets_outside_the_cache_are_refused():
         compile_lm(ir, prefill_buckets=[0])
 
 
+@pytest.mark.slow
 @needs_gpu
 def test_webgpu_prompts_in_one_padded_call_equal_eager():
     real, meta = real_and_meta()
@@ -223,6 +228,7 @@ def test_webgpu_prompts_in_one_padded_call_equal_eager():
         assert gen.generate(prompt, 4).tokens == eager_generate(real, prompt, 4)
 
 
+@pytest.mark.slow
 def test_cli_compiles_the_buckets_asked_for_and_costs_the_directory(tmp_path, capsys):
     from npu_tools.cli import main
 
@@ -237,6 +243,7 @@ def test_cli_compiles_the_buckets_asked_for_and_costs_the_directory(tmp_path, ca
     assert "prefill: 4 tokens a run" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["16,x", "16,,32", "0"])
 def test_cli_refuses_bad_prefill_buckets(tmp_path, capsys, flag):
     from npu_tools.cli import main

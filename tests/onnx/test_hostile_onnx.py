@@ -534,6 +534,7 @@ def run_child(path: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak RSS from /proc (Linux)")
 @pytest.mark.parametrize("build, op", [
     (constant_of_shape_model, "aten.full.default"),

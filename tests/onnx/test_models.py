@@ -39,6 +39,7 @@ def export_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:  # noq
     return proto
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_transformers_model_matches_onnxruntime_and_extract_ir(name: str) -> None:
     entry = get_model(name)
@@ -94,6 +95,7 @@ EXPECTED_NPU_OPS = {
 }
 
 
+@pytest.mark.slow
 def test_dynamic_axes_stay_symbols_and_the_shape_arithmetic_becomes_aten() -> None:
     """BERT exported with dynamic batch and sequence: one IR, correct at every size, no onnx.* ops."""
     from torch.export import Dim

@@ -63,6 +63,7 @@ def _doc(ir: NPU_IR) -> dict:
     return doc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXPECTED_OPS))
 def test_indices_agree_with_a_rebuild_after_every_rewrite(name: str, tmp_path) -> None:
     ir = _extracted(name)

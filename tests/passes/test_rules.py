@@ -879,6 +879,7 @@ def test_qconfig_precedence_roles_and_layouts_survive_save(tmp_path):
     same_numbers(ir, out, real.state_dict(), args)
 
 
+@pytest.mark.slow
 def test_attention_layouts_and_kv_role_on_llama_kv(tmp_path):
     from npu_tools.zoo import build_pair as zoo_pair
     from npu_tools.zoo import get_model

@@ -224,6 +224,7 @@ def _run_program(ir, weights: dict, x: torch.Tensor, disabled: set[str]) -> tupl
     return torch.from_numpy(out[program.output_specs[0].name].to_numpy()), executor.kernels
 
 
+@pytest.mark.slow
 def test_qdq_resnet18_adds_fuse_and_give_the_same_codes(resnet18_qdq_import, qlib) -> None:  # noqa: F811
     from npu_compiler.passes import NormalizeOptions, normalize
     from torch_ir import IRExecutor

@@ -225,6 +225,7 @@ def _lm_inputs(seed: int, length: int = 12) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "cache_position": torch.arange(length)}
 
 
+@pytest.mark.slow
 def test_w4a16_g128_llm_runs_with_packed_grouped_weights(tiny_qwen2):
     """w4a16 g128 needs no calibration (activations stay float). Bound: this model's logits move ~1.2 % (RMS) with
     int8 weights; 4 bits fewer make each step 16 times coarser, ~19 %: 25 %. (Random Gaussian weights have no

@@ -63,6 +63,7 @@ def test_calibration_of_the_wrong_shape_names_the_file_and_input(tmp_path, capsy
     assert not (tmp_path / "q").exists()  # nothing written on error
 
 
+@pytest.mark.slow
 def test_llm_checkpoint_calibrated_on_a_text(tmp_path, capsys):
     pytest.importorskip("transformers")
     from tests.llm.checkpoints import make_checkpoint

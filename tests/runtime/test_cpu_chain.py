@@ -49,6 +49,7 @@ def _cache(generator: Generator) -> dict[str, np.ndarray]:
     return {key: state[key].to_numpy().copy() for key in state.specs}
 
 
+@pytest.mark.slow
 @needs_native
 @pytest.mark.parametrize("arch, quant, sizes, options", [
     ("qwen2", {}, {}, {}),  # float weights: the fp32 GEMV, its residual in the call
@@ -76,6 +77,7 @@ def test_a_chained_decode_step_gives_the_unchained_steps_bits(tmp_path: Path, ch
         np.testing.assert_array_equal(cache, results[False][1][key])
 
 
+@pytest.mark.slow
 @needs_native
 def test_a_position_outside_the_cache_raises_the_kernels_own_error_through_a_chain(tmp_path: Path,
                                                                                    chains_restored) -> None:
@@ -95,6 +97,7 @@ def test_a_position_outside_the_cache_raises_the_kernels_own_error_through_a_cha
     assert "KV_UPDATE" in str(errors[True].value)
 
 
+@pytest.mark.slow
 def test_chains_off_make_every_dispatch_from_python(tmp_path: Path, chains_restored) -> None:
     generator = _generator(write_model(make_model("qwen2"), "qwen2", tmp_path / "q.gguf", {}))
     generator.generate(PROMPT, 1)
@@ -233,6 +236,7 @@ def test_a_gemvs_native_call_gives_the_calls_bits(qtype: str, activations: str) 
         assert call() == 0 and torch.equal(out, want)
 
 
+@pytest.mark.slow
 @needs_native
 def test_the_chain_profile_bench_times_every_dispatch(tmp_path: Path) -> None:
     """``bench/llm/chain_profile.py`` on a tiny GGUF file: every dispatch kind of the step in its table, each chained

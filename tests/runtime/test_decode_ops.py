@@ -303,6 +303,7 @@ def test_no_compiler_warns_once_and_the_kernels_still_compute(monkeypatch, tmp_p
 # ------------------------------------------------------------------------------------------- in a program
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_program_runs_them_and_generates_the_same_tokens(library, dtype):
     pytest.importorskip("transformers")

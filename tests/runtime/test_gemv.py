@@ -111,6 +111,7 @@ def test_every_tail_of_n_and_k(native, dtype, isa):
     check_against_float64(cpu_gemv.Gemv(w)(x, threads=2, isa=isa), x, w)
 
 
+@pytest.mark.slow
 def test_the_isa_cap_is_checked_and_named(native, tmp_path):
     x, w = random((1, 40), torch.bfloat16, 0), random((9, 40), torch.bfloat16, 1)
     with pytest.raises(ValueError, match="isa 'avx1024' is not one of c, avx2, avx512, avx512bf16"):

@@ -93,6 +93,7 @@ def test_an_edited_kernel_source_is_built_anew(native, tmp_path, monkeypatch):
     assert cpu_gemv._load().path != first and builds == [original, edited]
 
 
+@pytest.mark.slow
 def test_the_real_build_leaves_one_library(tmp_path, monkeypatch):
     """gcc for real, into an empty cache: one ``.so``, no temporary files (skipped without gcc)."""
     if shutil.which("gcc") is None:

@@ -78,6 +78,7 @@ def test_resnet18(tmp_path):
     assert program.memory.arena_bytes < program.memory.no_reuse_bytes
 
 
+@pytest.mark.slow
 def test_resnet50(tmp_path):
     factory = resnet(hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3], layer_type="bottleneck")
     program, ours, ref = end_to_end(factory, image(1), tmp_path, "resnet50")

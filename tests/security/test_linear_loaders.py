@@ -94,6 +94,7 @@ def run_child(code: str) -> str:
 # ------------------------------------------------------------------------------- 10^5 in a child process
 
 
+@pytest.mark.slow
 def test_a_100000_long_alias_chain_loads_and_runs_in_seconds(tmp_path: Path):
     path = tmp_path / "alias_chain.npubin"
     path.write_bytes(encode_npubin(alias_chain_program(LONG)))
@@ -120,6 +121,7 @@ def test_a_100000_long_alias_chain_loads_and_runs_in_seconds(tmp_path: Path):
     assert refused.startswith(f"refused: {cycle}: memory.aliases: alias cycle through")
 
 
+@pytest.mark.slow
 def test_a_100000_node_ir_loads_and_checks_in_seconds(tmp_path: Path):
     path = tmp_path / "chain.json"
     chain_ir(LONG).save(str(path))

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from torch_ir.ops import allowlist
 from torch_ir.ops.guards import GUARDS
 
@@ -63,6 +65,7 @@ def fuzz(ops: list[str], flags: tuple[str, ...] = ()) -> dict[str, str]:
     return problems
 
 
+@pytest.mark.slow
 def test_every_allowed_op_survives_hostile_arguments():
     ops = allowlist.allowed_ops()
     start = time.monotonic()

@@ -116,6 +116,7 @@ def test_bad_points_are_failed_rows_and_the_rest_succeed(tmp_path):
     assert rows[points[4].key]["sram_kib"] == "512" and int(rows[points[4].key]["sram_bytes"]) == 512 * 1024
 
 
+@pytest.mark.slow
 def test_a_process_pool_gives_the_same_table(small_sweep, tmp_path):
     points, full = small_sweep
     path = sweep(points, tmp_path, executor=LocalExecutor(2), progress=lambda *a: None)

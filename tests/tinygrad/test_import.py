@@ -93,6 +93,7 @@ def test_cnn_with_batchnorm_pooling_and_head(tmp_path):
     assert pools == [{"kernel_size": [2, 2], "stride": [2, 2]}] * 2
 
 
+@pytest.mark.slow
 def test_llama_block(tmp_path):
     """Written the ordinary way: its Linear weights stay lazy until the importer realizes them."""
     block = LlamaBlock()
@@ -105,6 +106,7 @@ def test_llama_block(tmp_path):
     assert hist["aten._softmax.default"] == 1 and hist["aten.silu.default"] == 1
 
 
+@pytest.mark.slow
 def test_llama_block_compiles_whole_and_runs_equal_to_tinygrad():
     """Its causal mask fills with -inf through a scalar_tensor: a fill kernel, not a refusal."""
     from npu_compiler import compile as compile_ir

@@ -70,6 +70,7 @@ def llama() -> TinyLlama:
     return tiny_llama_factory()[0]
 
 
+@pytest.mark.slow
 def test_tiny_llama_compiles_whole_and_runs_equal_to_tinygrad(llama):
     program, npu_ir = _end_to_end(llama, _tokens(5))
     hist = npu_histogram(npu_ir)
@@ -86,6 +87,7 @@ def test_tiny_llama_compiles_whole_and_runs_equal_to_tinygrad(llama):
     assert program.dispatch_count <= 40
 
 
+@pytest.mark.slow
 def test_tiny_llama_at_another_length_and_position_offset(llama):
     """Seven tokens at positions 3..9 (tinygrad llama's start_pos): the rotary tables are read at an offset."""
     _, npu_ir = _end_to_end(llama, _tokens(7, seed=1), start_pos=3)
@@ -93,6 +95,7 @@ def test_tiny_llama_at_another_length_and_position_offset(llama):
     assert sorted((n.attrs["start"], n.attrs["end"]) for n in slices) == [(3, 10), (3, 10)]  # cos and sin
 
 
+@pytest.mark.slow
 def test_tinygrads_own_rotary_pairs_compile_and_run_but_stay_arithmetic():
     """tinygrad's llama rotates (x0, x1) channel pairs; the NPU's ROPE rotates halves.
 

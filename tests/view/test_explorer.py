@@ -230,6 +230,7 @@ def test_a_hostile_node_name_survives_as_data(tmp_path):
                                                                                  "bgColor": "#a6dba0"}}
 
 
+@pytest.mark.slow
 def test_the_70b_shaped_model_stays_a_few_mb_and_is_built_in_seconds(llama70b_run, tmp_path):
     started = time.perf_counter()
     graphs, program = pipeline_graphs(llama70b_run.ir)

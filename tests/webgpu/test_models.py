@@ -48,6 +48,7 @@ def on_webgpu(factory: Callable[[], torch.nn.Module], inputs: dict[str, torch.Te
     return program, ours, ref
 
 
+@pytest.mark.slow
 def test_resnet18(tmp_path):
     factory = resnet(hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2], layer_type="basic")
     program, ours, ref = on_webgpu(factory, image(), tmp_path, "resnet18")
@@ -83,6 +84,7 @@ def test_vit_validated(tmp_path):
     check_logits(ours, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_llm_greedy_tokens_equal_transformers(arch):
     from transformers import AutoModelForCausalLM
@@ -148,6 +150,7 @@ def test_what_the_target_lacks_runs_on_the_cpu_through_partition():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_generate_cli_on_webgpu_equals_transformers(tmp_path, capsys):
     """``torch-ir generate --backend webgpu`` on a checkpoint directory: the text equals transformers' greedy
     continuation, and the timings name the dispatches of each phase."""

@@ -392,7 +392,6 @@ class Dequantize(_QuantizeOrDequantize):
         self._set_params(s, inv, self._per_channel(zp, torch.int32))
 
 
-
 # ------------------------------------------------------------------------------------------------------ QLUT
 
 class QLut:
