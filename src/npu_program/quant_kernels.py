@@ -1,20 +1,20 @@
 """The kernel table's rows for the quantized NPU ops (``torch_ir.ops.npu_quant``): QUANTIZE, DEQUANTIZE, QCONV,
-QGEMM, DQGEMM, QADD, QMAXPOOL and QLUT, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after
+QGEMM, DQGEMM, QADD, QMUL, QMAXPOOL and QLUT, one :func:`kernel` record each. Loaded by :mod:`npu_program.kernels` after
 ``npu_kernels``.
 
 Their parameters are the ops' attributes, as the IR holds them (plain strings for the code types: ``"int8"``,
 ``"int4"``; not the IR's tagged dtypes, which name torch dtypes only and 4-bit codes have none). The CPU backend runs
 QCONV and QGEMM with native int8 kernels (``npu_runtime.backends.cpu_qconv``: 8-bit x, int8 weights, bit-exact;
-any other case the op's reference), QADD, QUANTIZE, DEQUANTIZE and QLUT with native elementwise kernels
+any other case the op's reference), QADD, QMUL, QUANTIZE, DEQUANTIZE and QLUT with native elementwise kernels
 (``npu_runtime.backends.cpu_qelementwise``: 8-bit codes per tensor or channel, bit-exact, QLUT's table computed by
 its reference when the weights are bound; any other case the op's reference), QMAXPOOL natively
 (``cpu_qpool``), DQGEMM through its reference (``torch_ir.quant.numerics``, REFERENCE). The WebGPU backend runs
-QUANTIZE, DEQUANTIZE, QCONV, QGEMM, QADD, QMAXPOOL and QLUT as WGSL (``webgpu/quant.py``,
+QUANTIZE, DEQUANTIZE, QCONV, QGEMM, QADD, QMUL, QMAXPOOL and QLUT as WGSL (``webgpu/quant.py``,
 ``webgpu/contraction/qcontraction.py``: 8-bit codes, bit-exact); DQGEMM and the 4/16-bit and fp8 cases it refuses
 at compile time, or places on the host with ``compile(fallback="cpu")``. The FLOPs are those of the integer
 convolution or matrix product (a multiply-add counts two, as every contraction of the table); the requantize
-epilogue is not counted, as a CONV's activation is not; QADD and QLUT count one operation per output element, as an
-elementwise add (a QLUT's table of 256 codes is made once, when the weights are bound). The bytes come from each
+epilogue is not counted, as a CONV's activation is not; QADD, QMUL and QLUT count one operation per output element,
+as an elementwise add (a QLUT's table of 256 codes is made once, when the weights are bound). The bytes come from each
 tensor's dtype, so a packed int4 weight counts half a byte per element (``torch_ir.dtypes.nbytes``).
 """
 
@@ -132,6 +132,19 @@ kernel("QADD", "elementwise", "y = quantize(act(dequantize(a) + dequantize(b))):
                params={"out_dtype": "uint8", "activation": "relu"}),
              t("3,37:int8", ":float32:positive", ":int8:index:1", "3,37:uint8:index:256", ":float32:positive",
                ":uint8:index:256", ":float32:positive", ":int8:index:1", params={"out_dtype": "int8"})))
+kernel("QMUL", "elementwise", "y = quantize(dequantize(a) · dequantize(b)): a quantized elementwise product with its "
+       "own requantize, the QDQ chain's float32 steps (onnxruntime QLinearMul; a QDQ BERT's GELU)",
+       dtypes=QUANT_DTYPES,
+       params=(p("out_dtype", "str", "int8", "y's code type", choices=_ADD_CODES),
+               p("method", "str", "divide", "divide (the product / y_scale: ONNX) or multiply_inverse (PyTorch)",
+                 choices=("divide", "multiply_inverse"))),
+       impls={"cpu": f"{CPU_QELEMENTWISE}:QMul", "webgpu": gpu("quant", "qmul")},
+       test=(t("2,3,5,7:uint8:index:256", ":float32:positive", ":uint8:index:256", "2,3,5,7:uint8:index:256",
+               ":float32:positive", ":uint8:index:256", ":float32:positive", ":uint8:index:256",
+               params={"out_dtype": "uint8"}),
+             t("3,37:int8", ":float32:positive", ":int8:index:1", "37:uint8:index:256", ":float32:positive",
+               ":uint8:index:256", ":float32:positive", ":int8:index:1",
+               params={"out_dtype": "int8", "method": "multiply_inverse"})))
 kernel("QMAXPOOL", "pooling", "y = quantize(max_pool2d(dequantize(x))): a max pool of codes with its own "
        "requantize, the QDQ chain's float32 steps (a QDQ CNN's stem pool)", dtypes=QUANT_DTYPES,
        flops=reduce_flops, layout="spatial",

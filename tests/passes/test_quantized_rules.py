@@ -382,3 +382,23 @@ def test_a_step_with_alpha_is_no_table_step() -> None:
     y_q = g.quantize(v, g.scale("y_scale", 0.02), g.zp("y_zp", 0, "uint8"), "uint8", "y_q")
     kept = normalize(g.ir([y_q]))
     assert "QLUT" not in ops(kept) and any(r[0] == "qdq_lut1" and "no table step" in r[2] for r in rejected(kept))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qdq_product_becomes_qmul_exactly(dtype: str) -> None:
+    """QUANTIZE(mul(DEQUANTIZE(a), DEQUANTIZE(b))) -> QMUL (rule qdq_mul): the same float32 steps, so the codes are the
+    chain's bit for bit; a DEQUANTIZE read elsewhere keeps the chain, saying so."""
+    g = QDQGraph(9)
+    zp = 128 if dtype == "uint8" else 3
+    _, a = g.quantized_input("a_q", [1, 8, 5, 5], dtype, scale=0.021, zero_point=zp)
+    _, b = g.quantized_input("b_q", [1, 8, 5, 5], dtype, scale=0.017, zero_point=zp - 3)
+    p = g.op("aten.mul.Tensor", [a, b], a.shape)
+    y_q = g.quantize(p, g.scale("y_scale", 0.009), g.zp("y_zp", zp - 7, dtype), dtype, "y_q")
+    before = g.ir([y_q])
+    after = normalize(before)
+    assert ops(after) == ["QMUL"] and applied(after)["qdq_mul"] == 1
+    assert after.nodes[0].attrs == {"out_dtype": dtype, "method": "divide"}
+    feeds = [g.codes(dtype, [1, 8, 5, 5]), g.codes(dtype, [1, 8, 5, 5])]
+    assert torch.equal(g.run(after, feeds)[0], g.run(before, feeds)[0])
+    kept = normalize(g.ir([y_q, a]))
+    assert "QMUL" not in ops(kept) and any(r[0] == "qdq_mul" and "read" in r[2] for r in rejected(kept))

@@ -80,11 +80,11 @@ def test_the_reference_broadcasts_as_aten_add() -> None:
 qlib, isa = isa_fixtures(cpu_qelementwise, cpu_qelementwise.ISAS, "TORCH_IR_QADD_ISA")
 
 
-def _kernel(ins: list, params: dict, out_shape: tuple, out_dtype: str) -> object:
+def _kernel(ins: list, params: dict, out_shape: tuple, out_dtype: str, kernel: str = "QADD") -> object:
     names = [f"in{i}" for i in range(len(ins))]
     specs = {n: TensorSpec(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(names, ins)}
     specs["y"] = TensorSpec("y", list(out_shape), out_dtype)
-    k = make_kernel(Dispatch(kernel="QADD", node="n", inputs=names, outputs=["y"], params=params), specs,
+    k = make_kernel(Dispatch(kernel=kernel, node="n", inputs=names, outputs=["y"], params=params), specs,
                     {n for i, n in enumerate(names) if i not in (0, 3)})
     k.prepare({n: t for i, (n, t) in enumerate(zip(names, ins)) if i not in (0, 3)})
     return k

@@ -451,3 +451,25 @@ def test_qlut_needs_its_scales_bound() -> None:
               codes((), torch.uint8, g)]
     with pytest.raises(RuntimeInputError, match=r"QLUT .*bound before the first run.*CPU backend"):
         run_kernel("QLUT", values, {"functions": "erf", "numbers": [], "out_dtype": "uint8"}, weights=())
+
+
+# -- QMUL, the quantized product ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("types", [(torch.uint8, torch.uint8, torch.uint8), (torch.int8, torch.uint8, torch.int8)])
+@pytest.mark.parametrize("method", ["divide", "multiply_inverse"])
+def test_qmul(types: tuple, method: str) -> None:
+    """Bit-exact with the reference QDQ chain, y's shape and a broadcast operand; scales that put products on ties."""
+    g = torch.Generator().manual_seed(17)
+    params = {"out_dtype": str(types[2]).removeprefix("torch."), "method": method}
+    for scales in ((0.05, 0.02, 0.04), (0.5, 0.25, 1.0)):
+        values = _qadd_values((2, 3, 5, 7), (2, 3, 5, 7), *types, g, scales)
+        assert_exact("QMUL", values, params, weights=(1, 2, 4, 5, 6, 7))
+    values = _qadd_values((2, 3, 5, 7), (3, 1, 7), *types, g, (0.05, 0.02, 0.04))
+    assert_exact("QMUL", values, params, weights=(1, 2, 4, 5, 6, 7))
+
+
+def test_qmul_refuses_input_scales_whose_product_could_overflow() -> None:
+    g = torch.Generator().manual_seed(18)
+    values = _qadd_values((4, 8), (4, 8), torch.uint8, torch.uint8, torch.uint8, g, (2.0 ** 60, 0.02, 0.04))
+    with pytest.raises(RuntimeInputError, match=r"QMUL .*a's scale is 1.15e\+18.*2\*\*-50, 2\*\*50"):
+        run_kernel("QMUL", values, {"out_dtype": "uint8"}, weights=(1, 2, 4, 5, 6, 7))

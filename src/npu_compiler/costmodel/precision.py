@@ -2,8 +2,8 @@
 
 A dispatch's tensors are sized by one of these, the first that applies:
 
-* a quantized dispatch (``QUANT_KERNELS``: QUANTIZE, DEQUANTIZE, QCONV, QGEMM, DQGEMM, QADD, QMAXPOOL, QLUT) as
-  compiled: a program's quantized tensor holds its quantization spec's type (``TensorMeta.quant``; the IR checks the
+* a quantized dispatch (``QUANT_KERNELS``: QUANTIZE, DEQUANTIZE, QCONV, QGEMM, DQGEMM, QADD, QMUL, QMAXPOOL, QLUT)
+  as compiled: a program's quantized tensor holds its quantization spec's type (``TensorMeta.quant``; the IR checks the
   two agree on load), so its dtype gives its bytes, 4-bit codes packed two per byte (``torch_ir.dtypes.nbytes``), and
   its scales and zero points are tensors of their own among the dispatch's inputs (weights or constants), counted as
   they are.
@@ -43,9 +43,10 @@ from torch_ir.dtypes import nbytes as dtype_nbytes
 from torch_ir.quant.spec import BLOCK_BYTES, BLOCKS
 
 #: The quantized NPU ops (``torch_ir.ops.npu_quant``): costed from their tensors' own types, always.
-QUANT_KERNELS = frozenset({"QUANTIZE", "DEQUANTIZE", "QCONV", "QGEMM", "DQGEMM", "QADD", "QMAXPOOL", "QLUT"})
-#: Those that multiply integer codes (the others: DQGEMM computes in float, (DE)QUANTIZE, QADD, QMAXPOOL and QLUT on
-#: the vector unit).
+QUANT_KERNELS = frozenset({"QUANTIZE", "DEQUANTIZE", "QCONV", "QGEMM", "DQGEMM", "QADD", "QMUL", "QMAXPOOL",
+                           "QLUT"})
+#: Those that multiply integer codes (the others: DQGEMM computes in float, (DE)QUANTIZE, QADD, QMUL, QMAXPOOL and
+#: QLUT on the vector unit).
 INTEGER_KERNELS = frozenset({"QCONV", "QGEMM"})
 #: IR dtype name -> MAC rate class of ``Hardware.mac_rate``.
 RATE_CLASS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "int8",
@@ -165,8 +166,8 @@ def weight_sizer(precision: Precision, ins: Sequence[TensorSpec], w_idx: Sequenc
 
 def quantized_width(d: Dispatch, ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> tuple[str | None, str]:
     """(the rate class a quantized dispatch computes in, its operands for the reports): QCONV/QGEMM at the wider
-    integer operand, DQGEMM at its activations' float type, (DE)QUANTIZE, QADD, QMAXPOOL and QLUT at their codes'
-    type (vector work)."""
+    integer operand, DQGEMM at its activations' float type, (DE)QUANTIZE, QADD, QMUL, QMAXPOOL and QLUT at their
+    codes' type (vector work)."""
     params: dict[str, Any] = d.params or {}
     x = ins[0].dtype if ins else ""
     if d.kernel in INTEGER_KERNELS:

@@ -1,6 +1,6 @@
-"""The native quantized elementwise kernels of the CPU backend: QADD, QUANTIZE, DEQUANTIZE and QLUT, bit-exact with
-their references (``torch_ir.ops.npu_quant.qadd``, the QDQ chain DEQUANTIZE, add, relu, QUANTIZE it replaces;
-``torch_ir.quant.numerics.quantize`` and ``dequantize``).
+"""The native quantized elementwise kernels of the CPU backend: QADD, QMUL, QUANTIZE, DEQUANTIZE and QLUT, bit-exact
+with their references (``torch_ir.ops.npu_quant.qadd``, the QDQ chain DEQUANTIZE, add, relu, QUANTIZE it replaces;
+``qmul``, the same with a product and no relu; ``torch_ir.quant.numerics.quantize`` and ``dequantize``).
 
 A QDQ ResNet's residual adds, as four reference dispatches with float32 intermediates, cost about as much as all its
 convolutions on one thread; QADD is one pass over the codes. The C kernel (``qelementwise.c`` beside this file,
@@ -54,8 +54,8 @@ ISAS: dict[str, int] = {"c": 0, "avx2": 1, "avx512": 2}
 _ISA_NAMES = {code: name for name, code in ISAS.items()}
 #: the code types (``T_*`` of ``qelementwise.c``)
 _CODES = {torch.uint8: 0, torch.int8: 1}
-#: ``qadd_packed``'s argument block: 14 int64 then 7 doubles (``QAddArgs``)
-_ARGS = struct.Struct("<14q7d")
+#: ``qadd_packed``'s argument block: 15 int64 then 7 doubles (``QAddArgs``)
+_ARGS = struct.Struct("<15q7d")
 
 
 def _build() -> Library:
@@ -134,12 +134,14 @@ class QAdd:
     along y's trailing dims (module docstring)."""
 
     kind = "QADD"
+    mul = 0  # the kernel's operation: 0 the sum, 1 the product (QMul)
 
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
         p, names = dispatch.params, dispatch.inputs
         if p.get("out_dtype", "int8") not in ("int8", "uint8") or p.get("activation") not in (None, "relu") \
-                or p.get("method", "divide") not in ("divide", "multiply_inverse") or len(names) != 8:
+                or p.get("method", "divide") not in ("divide", "multiply_inverse") or len(names) != 8 \
+                or (cls.mul and p.get("activation") is not None):
             return False
         a, b, y = specs.get(names[0]), specs.get(names[3]), specs.get(dispatch.outputs[0])
         if a is None or b is None or y is None or any(block_of(t) is not None for t in (a, b)):
@@ -163,7 +165,8 @@ class QAdd:
         self.native = False  # set by prepare when every condition of exactness holds
         self.steps: tuple = ()
         a, b, y = (list(specs[n].shape) for n in (self.names[0], self.names[3], dispatch.outputs[0]))
-        # the repeated operand is passed as b: a + b is b + a in IEEE arithmetic, so the swap changes no bit
+        # the repeated operand is passed as b: a + b is b + a in IEEE arithmetic (a · b is b · a), so the swap
+        # changes no bit
         self.swap = _repeats(b, y) == 0 and _repeats(a, y) != 0
         self.period = _repeats(a if self.swap else b, y) or 0
 
@@ -219,10 +222,19 @@ class QAdd:
         if self.period and (b.numel() != self.period or n % self.period):
             raise RuntimeError(f"{self.kind}: {b.numel()} repeated codes do not tile {n} outputs")
         args = _ARGS.pack(ap, bp, yp, n, at, bt, yt, self.steps[0], self.steps[1], self.steps[2], self.steps[3],
-                          torch.get_num_threads(), min(library.isa, _isa_cap()), self.period, *self.steps[4:])
+                          torch.get_num_threads(), min(library.isa, _isa_cap()), self.period, self.mul,
+                          *self.steps[4:])
         status = library.lib.qadd_packed(args)
         if status != 0:
             raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")
+
+
+class QMul(QAdd):
+    """QMUL: ``quantize(dequantize(a) · dequantize(b))``, on QADD's terms and kernel (its float32 product in place of
+    the sum; no activation)."""
+
+    kind = "QMUL"
+    mul = 1
 
 
 # ------------------------------------------------------------------------------------------ QUANTIZE, DEQUANTIZE
@@ -459,4 +471,4 @@ class QLut:
             raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")
 
 
-__all__ = ["ISAS", "Dequantize", "QAdd", "QLut", "Quantize", "native_status"]
+__all__ = ["ISAS", "Dequantize", "QAdd", "QLut", "QMul", "Quantize", "native_status"]

@@ -1,6 +1,6 @@
 /* The quantized elementwise kernels of the CPU backend. QADD, y = quantize(act(dequantize(a) + dequantize(b))),
    bit-exact with its reference (torch_ir.ops.npu_quant.qadd), which is the QDQ chain DEQUANTIZE, add, relu,
-   QUANTIZE; then QUANTIZE and DEQUANTIZE themselves (below, after QADD), and QLUT's lookup of codes in a table.
+   QUANTIZE, and QMUL, the same with a product (npu_quant.qmul, no relu: `mul` below); then QUANTIZE and DEQUANTIZE themselves (below, after QADD), and QLUT's lookup of codes in a table.
 
    Compiled on first use by npu_runtime/backends/cpu_gemv_build.py (open_library) and called through ctypes by
    cpu_qelementwise.py, which checks every pointer and size, makes the three tensors flat and contiguous (or
@@ -30,27 +30,27 @@ enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { T_U8 = 0, T_I8 = 1 };
 #define CHUNK 16384  /* elements per parallel chunk */
 
-/* qadd_packed's argument block: 14 int64 then 7 doubles, each an exact float32 (_ARGS in cpu_qelementwise.py).
+/* qadd_packed's argument block: 15 int64 then 7 doubles, each an exact float32 (_ARGS in cpu_qelementwise.py).
    period 0: b has y's n elements; period P > 0: b holds P elements, repeated along y (y's trailing dims: a bias
    [N] against [..., N]), element i reading b[i % P]. */
 typedef struct {
-    int64_t a, b, y, n, a_type, b_type, y_type, a_zp, b_zp, relu, multiply, nthreads, isa, period;
+    int64_t a, b, y, n, a_type, b_type, y_type, a_zp, b_zp, relu, multiply, nthreads, isa, period, mul;
     double a_scale, b_scale, y_scale, inv, y_zp, lo, hi;
 } QAddArgs;
 
 typedef struct {
     float sa, sb, ys, inv, zy, lo, hi;
     int32_t za, zb;
-    int relu, multiply;
+    int relu, multiply, mul;
 } Steps;
 
 /* relu as a floor: s > 0 ? s : 0 with relu, s itself without (floor -inf; finite scales and codes make no NaN);
    the quotient's form is a macro argument, so that the loop has no branch and vectorizes (AVX2 included). */
-#define QADD_LOOP(TA, TB, TY, QUOTIENT)                                                                      \
+#define QADD_LOOP(TA, TB, TY, OP, QUOTIENT)                                                                  \
     for (int64_t i = 0; i < n; i++) {                                                                        \
         const float va = (float)((int32_t)((const TA *)a)[i] - p->za) * p->sa;                              \
         const float vb = (float)((int32_t)((const TB *)b)[i] - p->zb) * p->sb;                              \
-        float s = va + vb;                                                                                   \
+        float s = va OP vb;                                                                                  \
         s = s > rfloor ? s : rfloor;                                                                         \
         float q = QUOTIENT;                                                                                  \
         q = rintf(q) + p->zy;                                                                                \
@@ -61,8 +61,10 @@ typedef struct {
 #define QADD_BODY(TA, TB, TY)                                                                                \
     {                                                                                                        \
         const float rfloor = p->relu ? 0.0f : -INFINITY;                                                     \
-        if (p->multiply) QADD_LOOP(TA, TB, TY, s * p->inv)                                                   \
-        else QADD_LOOP(TA, TB, TY, s / p->ys)                                                                \
+        if (p->mul && p->multiply) QADD_LOOP(TA, TB, TY, *, s * p->inv)                                      \
+        else if (p->mul) QADD_LOOP(TA, TB, TY, *, s / p->ys)                                                 \
+        else if (p->multiply) QADD_LOOP(TA, TB, TY, +, s * p->inv)                                           \
+        else QADD_LOOP(TA, TB, TY, +, s / p->ys)                                                             \
     }
 
 /* One loop per code-type combination, so the compiler vectorizes each with its types known. */
@@ -135,10 +137,11 @@ static void qadd_rows(int isa, const QAddArgs *a, const Steps *p, int nthreads) 
 static int qadd(const QAddArgs *a) {
     if (a->n < 0 || a->a_type < T_U8 || a->a_type > T_I8 || a->b_type < T_U8 || a->b_type > T_I8
         || a->y_type < T_U8 || a->y_type > T_I8 || a->a_zp < -255 || a->a_zp > 255 || a->b_zp < -255
-        || a->b_zp > 255 || a->period < 0 || (a->period > 0 && a->n % a->period)) return -2;
+        || a->b_zp > 255 || a->period < 0 || (a->period > 0 && a->n % a->period) || (a->mul && a->relu))
+        return -2;
     const Steps p = {(float)a->a_scale, (float)a->b_scale, (float)a->y_scale, (float)a->inv, (float)a->y_zp,
                      (float)a->lo, (float)a->hi, (int32_t)a->a_zp, (int32_t)a->b_zp, (int)a->relu,
-                     (int)a->multiply};
+                     (int)a->multiply, a->mul != 0};
     int isa = (int)a->isa;
     if (isa > qadd_isa()) isa = qadd_isa();
     const int64_t chunks = (a->n + CHUNK - 1) / CHUNK;

@@ -1,9 +1,9 @@
 """The quantized NPU ops: (de)quantize, CONV/GEMM computed in integers or with quantized weights, the quantized
-residual add (QADD), max pool (QMAXPOOL) and elementwise chains as tables (QLUT).
+residual add (QADD) and product (QMUL), max pool (QMAXPOOL) and elementwise chains as tables (QLUT).
 
 Their reference implementations are ``torch_ir.quant.numerics``, bit-exact with the formats they follow
-(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize; QADD and
-QMAXPOOL are the QDQ chains they replace, step for step; QLUT is a table of its chain's results,
+(ONNX's QuantizeLinear/DequantizeLinear and onnxruntime's QLinearConv/QLinearMatMul requantize; QADD, QMUL
+and QMAXPOOL are the QDQ chains they replace, step for step; QLUT is a table of its chain's results,
 ``torch_ir.quant.lut``). A quantized tensor's codes have the tensor's dtype; 4-bit ones travel packed two per byte
 (uint8), so the ops that read them are told the type (``dtype``, ``w_dtype``). Every zero point is an input (zeros
 when symmetric).
@@ -202,6 +202,22 @@ def qadd(a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor, b: 
     if activation == "relu":
         s = torch.relu(s)
     return qn.quantize(s, y_scale, y_zero_point, dtype=out_dtype, method=method)
+
+
+@npu_op("QMUL", inputs="a a_scale a_zero_point b b_scale b_zero_point y_scale y_zero_point", outputs="y",
+        shape=_broadcast_shape, attrs={
+            "out_dtype": "y's code type (int8 or uint8)",
+            "method": "how the product is quantized: divide (by y_scale: ONNX) or multiply_inverse (PyTorch)"})
+def qmul(a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor, b: torch.Tensor,
+         b_scale: torch.Tensor, b_zero_point: torch.Tensor, y_scale: torch.Tensor, y_zero_point: torch.Tensor, *,
+         out_dtype: str = "int8", method: str = "divide") -> torch.Tensor:
+    """y = quantize(dequantize(a) · dequantize(b)): a quantized elementwise product with its own requantize
+    (onnxruntime's QLinearMul; a QDQ BERT's GELU, ``x · (1 + erf(x/√2))``), computed as the QDQ chain it replaces
+    computes it: each input dequantized to float32, the float32 product (broadcast as aten.mul), quantized with the
+    QUANTIZE's method and saturated. Scales and zero points are per tensor."""
+    p = qn.dequantize(a, a_scale, a_zero_point, dtype=qn.dtype_name(a)) \
+        * qn.dequantize(b, b_scale, b_zero_point, dtype=qn.dtype_name(b))
+    return qn.quantize(p, y_scale, y_zero_point, dtype=out_dtype, method=method)
 
 
 def _pool_out(size: int | str, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int | str:

@@ -1,5 +1,5 @@
-"""WGSL generators of QUANTIZE, DEQUANTIZE, QADD, QMAXPOOL and QLUT, and the exact f32 arithmetic every int8 kernel
-shares.
+"""WGSL generators of QUANTIZE, DEQUANTIZE, QADD, QMUL, QMAXPOOL and QLUT, and the exact f32 arithmetic every int8
+kernel shares.
 
 Codes are stored as the backend stores every 8-bit tensor: four to a u32 word, little-endian (``wgsl.binding``);
 ``ld_`` returns a code as i32 (int8 sign-extended, uint8 zero-extended), ``st_`` sets its byte with two atomics.
@@ -170,6 +170,9 @@ def dequantize(call: Call) -> Shader:
 #: of at least 2**-123), which WGSL neither flushes nor leaves the normal range with, and the quotient by y's scale
 #: is ``div_rne``'s correctly rounded one. The reference computes on anything; real scales are ~1e-4 to 1.
 QADD_SCALE_RANGE = (2.0 ** -100, 2.0 ** 100)
+#: QMUL's input scales: a product of two dequantized codes (at most 255 · 2**50 each) stays normal, where the
+#: sum's inputs of QADD_SCALE_RANGE could make 2**216
+QMUL_SCALE_RANGE = (2.0 ** -50, 2.0 ** 50)
 
 
 def _code_kernel(call: Call, kernel: str, scales: tuple[tuple[int, str], ...], params: tuple[int, ...]
@@ -194,15 +197,25 @@ def qadd(call: Call) -> Shader:
     """QADD: ``y = clamp(round(act(f32(a - a_zp) · a_s + f32(b - b_zp) · b_s) / y_s) + y_zp, lo, hi)`` per element
     (the reference's float32 steps in order; ``/ y_s`` exact, or ``· f32(1 / y_s)`` for multiply_inverse); a and b
     broadcast to y as aten.add does. Per-tensor scales and zero points."""
+    return _binary(call, "QADD", "+")
+
+
+def qmul(call: Call) -> Shader:
+    """QMUL: QADD's steps with the float32 product of the two dequantized values (correctly rounded in WGSL, as
+    ``+``) in place of the sum; no activation."""
+    return _binary(call, "QMUL", "*")
+
+
+def _binary(call: Call, kernel: str, op: str) -> Shader:
     a, b, y = call.ins[0], call.ins[3], call.outs[0]
     for spec in (a, b):
         _layout_free(spec)
-        code_range(spec.dtype, f"the codes {spec.name!r}", "QADD")
-    lo, hi = _code_kernel(call, "QADD", ((1, "a's scale"), (4, "b's scale"), (6, "y's scale")), (1, 2, 4, 5, 6, 7))
+        code_range(spec.dtype, f"the codes {spec.name!r}", kernel)
+    lo, hi = _code_kernel(call, kernel, ((1, "a's scale"), (4, "b's scale"), (6, "y's scale")), (1, 2, 4, 5, 6, 7))
     shape = shape_of(y)
     idx = [f"d{k}" for k in range(len(shape))]
-    s = (f"f32(ld_in0({offset(a, idx, shape)}) - ld_in2(0u)) * ld_in1(0u) + "
-         f"f32(ld_in3({offset(b, idx, shape)}) - ld_in5(0u)) * ld_in4(0u)")
+    s = (f"(f32(ld_in0({offset(a, idx, shape)}) - ld_in2(0u)) * ld_in1(0u)) {op} "
+         f"(f32(ld_in3({offset(b, idx, shape)}) - ld_in5(0u)) * ld_in4(0u))")
     relu = call.param("activation") == "relu"
     quotient = "div_rne(s, ld_in6(0u))" if call.param("method", "divide") == "divide" \
         else "s * div_rne(1.0, ld_in6(0u))"
@@ -211,14 +224,16 @@ def qadd(call: Call) -> Shader:
             f"st_out0({offset(y, idx)}, i32(clamp(q, {float(lo)!r}, {float(hi)!r})));"]
     shader = per_element(call, numel(y), "\n  ".join(body), helpers=EXACT_F32)
     scales = ((1, "a's scale", True), (4, "b's scale", True), (6, "y's scale", False))
-    return dataclasses.replace(shader, bind_check=_bound_scales("QADD", call.dispatch.node, scales))
+    ranges = {1: QMUL_SCALE_RANGE, 4: QMUL_SCALE_RANGE} if kernel == "QMUL" else None
+    return dataclasses.replace(shader, bind_check=_bound_scales(kernel, call.dispatch.node, scales, ranges))
 
 
-def _bound_scales(kernel: str, node: str, scales: tuple[tuple[int, str, bool], ...]
+def _bound_scales(kernel: str, node: str, scales: tuple[tuple[int, str, bool], ...],
+                  ranges: dict[int, tuple[float, float]] | None = None
                   ) -> Callable[[Callable[[int], np.ndarray | None]], None]:
     """The bind-time check of a kernel's scales, ``(input index, what, whether 0 is allowed)`` each, against
-    :data:`QADD_SCALE_RANGE`; a scale computed at run time is not checked."""
-    low, high = QADD_SCALE_RANGE
+    :data:`QADD_SCALE_RANGE` (``ranges``: another range for some inputs); a scale computed at run time is not
+    checked."""
 
     def check(read: Callable[[int], np.ndarray | None]) -> None:
         for index, what, zero_ok in scales:
@@ -226,10 +241,12 @@ def _bound_scales(kernel: str, node: str, scales: tuple[tuple[int, str, bool], .
             if value is None:
                 continue
             v = abs(float(np.asarray(value, dtype=np.float64).reshape(-1)[0]))
+            low, high = (ranges or {}).get(index, QADD_SCALE_RANGE)
             if not (math.isfinite(v) and (low <= v <= high or (zero_ok and v == 0.0))):
                 raise ValueError(f"{kernel} (node {node!r}): {what} is {v:.3g}; the WebGPU kernel is exact for scales "
-                                 f"in [2**-100, 2**100] only (the float32 steps could leave the normal range, where "
-                                 "WGSL's arithmetic is not the reference's); run the program on the CPU backend")
+                                 f"in [2**{math.log2(low):.0f}, 2**{math.log2(high):.0f}] only (the float32 steps "
+                                 "could leave the normal range, where WGSL's arithmetic is not the reference's); run "
+                                 "the program on the CPU backend")
 
     return check
 
