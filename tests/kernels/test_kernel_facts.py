@@ -11,7 +11,7 @@ from npu_compiler.passes.fusion import ACTIVATION_RULES
 from npu_program import kernels as kernel_table
 from npu_program.kernels import KERNEL_ALIASES, KERNELS, kernels_where
 from npu_program.program import Dispatch
-from npu_runtime.backends import cpu_kernels
+from npu_runtime.backends import cpu_activation
 from npu_runtime.backends.webgpu.wgsl import activation as wgsl_activation
 from torch_ir.activations import ACTIVATIONS, ATEN_ACTIVATION_OPS, activation_of, apply_activation
 from torch_ir.ops.npu import NPU_OPS
@@ -124,12 +124,12 @@ def test_the_cpu_backend_applies_each_activation_bit_for_bit_as_the_reference(na
     x = _probe()
     want = ACTIVATIONS[name].reference(x)
     in_place = x.clone()
-    cpu_kernels._apply_activation_(in_place, name)
+    cpu_activation.apply_activation_(in_place, name)
     stored = torch.empty_like(x)
-    cpu_kernels._store(stored, x, name)
+    cpu_activation.store(stored, x, name)
     for got in (in_place, stored):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    assert name in cpu_kernels._MKLDNN_ACTIVATIONS  # the CPU convolution accepts it
+    assert name in cpu_activation.MKLDNN_ACTIVATIONS  # the CPU convolution accepts it
 
 
 @pytest.mark.parametrize("name", list(ACTIVATIONS))

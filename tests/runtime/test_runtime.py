@@ -334,3 +334,44 @@ def test_max_pool_add_relu_kernels():
         ["CONV", "aten.max_pool2d.default", "aten.add.Tensor", "aten.relu.default"]
     executor = run_vs_eager(program, real)
     assert [type(k) for k in executor.kernels] == [Conv2d, MaxPool2d, Binary, Relu]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", ["relu_bn", "silu_bias", "residual_inplace", "residual_reused"])
+def test_a_half_convolution_without_half_instructions_runs_widened(precision, case, monkeypatch):
+    """Where the CPU has no bf16/fp16 instructions (forced here), a half CONV runs oneDNN's float32 convolution on
+    float32 weights packed once and x widened per call, rounded once as it is stored: within the half type's
+    tolerance of the float model, and of torch's own half convolution (the reference, what ran before)."""
+    from npu_compiler import CompileOptions
+    from npu_runtime.backends import cpu_kernels
+
+    factory = {"relu_bn": lambda: ConvAct(nn.ReLU(), False, True), "silu_bias": lambda: ConvAct(nn.SiLU(), True, False),
+               "residual_inplace": lambda: Residual(nn.ReLU(), False),
+               "residual_reused": lambda: Residual(nn.Identity(), True)}[case]
+    meta, real = build_pair(factory, 0)
+    randomize_batch_norm(real, 1)
+    shape = (2, 3, 9, 9)
+    ir = torch_ir.extract_ir(meta, (torch.randn(*shape, device="meta"),), model_name=case)
+    program = npu_compiler.compile(ir, target="cpu", options=CompileOptions(precision=precision))
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+    def run() -> tuple[torch.Tensor, Executor]:
+        device = Device()
+        executor = Executor(program, device)
+        outs = executor.run({program.input_specs[0].name: x.numpy()},
+                            weights=load_weights(module_state(real), program, device))
+        return torch.from_numpy(outs[program.output_specs[0].name].to_numpy()).float(), executor
+
+    monkeypatch.setattr(cpu_kernels, "_conv_dtypes", lambda: frozenset({"float32"}))
+    widened, executor = run()
+    convs = [k for k in executor.kernels if isinstance(k, Conv2d)]
+    assert convs and all(k.widen for k in convs)
+    monkeypatch.setattr(Conv2d, "accepts", classmethod(lambda cls, *a: False))
+    reference, executor = run()
+    assert not any(isinstance(k, Conv2d) for k in executor.kernels)
+    with torch.no_grad():
+        expected = real(x.to(half).float())
+    tol = {"bf16": dict(rtol=3e-2, atol=3e-2), "fp16": dict(rtol=4e-3, atol=4e-3)}[precision]
+    torch.testing.assert_close(widened, expected, **tol)
+    torch.testing.assert_close(widened, reference, **tol)

@@ -24,7 +24,6 @@ code, so QLUT's result is one fixed function of the code, the chain's up to torc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,18 +143,4 @@ def lookup(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     return codes[x.contiguous().view(torch.uint8).long()]
 
 
-def describe(functions: str, numbers: Sequence[float]) -> str:
-    """``erf(x · 0.7071)``-like text of the steps, for reports."""
-    text, it = "x", iter(numbers)
-    symbols = {"mul": "·", "add": "+", "sub": "-", "div": "/"}
-    for name in functions.split():
-        if name in symbols:
-            value = next(it, math.nan)
-            text = f"({text} {symbols[name]} {value:.4g})"
-        else:
-            text = f"{name}({text})"
-    return text
-
-
-__all__ = ["CODES", "STEPS", "STEP_OPS", "Step", "apply_steps", "check_steps", "describe", "lookup", "step_of",
-           "table"]
+__all__ = ["CODES", "STEPS", "STEP_OPS", "Step", "apply_steps", "check_steps", "lookup", "step_of", "table"]
