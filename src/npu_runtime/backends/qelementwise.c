@@ -1,6 +1,7 @@
 /* The quantized elementwise kernels of the CPU backend. QADD, y = quantize(act(dequantize(a) + dequantize(b))),
    bit-exact with its reference (torch_ir.ops.npu_quant.qadd), which is the QDQ chain DEQUANTIZE, add, relu,
-   QUANTIZE, and QMUL, the same with a product (npu_quant.qmul, no relu: `mul` below); then QUANTIZE and DEQUANTIZE themselves (below, after QADD), and QLUT's lookup of codes in a table.
+   QUANTIZE, and QMUL, the same with a product (npu_quant.qmul, no relu: `mul` below); then QUANTIZE and
+   DEQUANTIZE themselves (below, after QADD), and QLUT's lookup of codes in a table.
 
    Compiled on first use by npu_runtime/backends/cpu_gemv_build.py (open_library) and called through ctypes by
    cpu_qelementwise.py, which checks every pointer and size, makes the three tensors flat and contiguous (or
@@ -340,11 +341,11 @@ int qdq_packed(const void *block) {
     return qdq(&a);
 }
 
-/* QLUT: y[i] = table[x[i]] over bytes (int8 codes as their bytes: the table is indexed so), the table computed by
-   the op's reference in cpu_qlut.py. One byte load per element; parallel in chunks as QUANTIZE. 0, or -2 for a
+/* QLUT: y[i] = table[x[i]] over bytes (int8 codes as their bytes: the table is indexed so), the table made by the
+   op's numerics when the weights are bound (cpu_qelementwise.py, QLut). One byte load per element; parallel in
+   chunks as QUANTIZE. y may be x itself (no restrict: each element is read before it is written). 0, or -2 for a
    negative count. */
-int qlut_map(const uint8_t *restrict x, uint8_t *restrict y, int64_t n, const uint8_t *restrict table,
-             int64_t nthreads) {
+int qlut_map(const uint8_t *x, uint8_t *y, int64_t n, const uint8_t *restrict table, int64_t nthreads) {
     if (n < 0) return -2;
     const int64_t chunks = (n + QDQ_CHUNK - 1) / QDQ_CHUNK;
     const int threads = nthreads < 1 ? 1 : (int)nthreads;

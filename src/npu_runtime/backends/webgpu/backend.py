@@ -95,19 +95,16 @@ class WebGPUBackend:
         return GPUTensor(storage.buffer, storage.offset + offset, spec.nbytes, spec)
 
     def copy_in(self, dst: GPUTensor, array: np.ndarray | torch.Tensor) -> None:
+        self.write_bytes(dst, _to_storage(array, dst.spec))
+
+    def write_bytes(self, dst: GPUTensor, data: bytes) -> None:
+        """``data``, exactly ``dst``'s bytes, into its buffer: a tensor's storage bytes, or a kernel's table made
+        when the weights are bound (``Shader.bind_data``)."""
         self.flush()
-        data = _to_storage(array, dst.spec)
         if len(data) != dst.nbytes:
             raise ValueError(f"{len(data)} bytes for a tensor of {dst.nbytes}")
         if data:
             self.device.queue.write_buffer(dst.buffer, dst.offset, data + bytes(_round4(len(data)) - len(data)))
-
-    def write_bytes(self, dst: GPUTensor, data: bytes) -> None:
-        """``data`` into a buffer of exactly its size (a kernel's table, computed when the weights are bound)."""
-        self.flush()
-        if len(data) != dst.nbytes:
-            raise ValueError(f"{len(data)} bytes for a buffer of {dst.nbytes}")
-        self.device.queue.write_buffer(dst.buffer, dst.offset, data + bytes(_round4(len(data)) - len(data)))
 
     def from_bytes(self, data: bytes, spec: TensorSpec) -> GPUTensor:
         padded = bytes(data) + bytes(_round4(len(data)) - len(data))
