@@ -1,8 +1,8 @@
 """QLUT, a quantized elementwise chain as a table over the 256 codes: the table is the chain computed by torch's own
-ATen ops on every code; the CPU kernel (``qelementwise.c``'s ``qlut_map``) is the reference bit for bit in every
-layout the arena hands it; the normalize rule turns an ONNX QDQ GELU (the form onnxruntime's quantizer leaves in a
-BERT) into tables whose codes are the unfused chain's and within one code of onnxruntime's, leaves the chains it
-cannot take with the reason, and refuses steps a file makes up."""
+ATen ops on every code; the CPU kernel (``qelementwise.c``'s ``qlut_map``) is the reference bit for bit on every ISA
+this CPU runs and in every layout the arena hands it; the normalize rule turns an ONNX QDQ GELU (the form
+onnxruntime's quantizer leaves in a BERT) into tables whose codes are the unfused chain's and within one code of
+onnxruntime's, leaves the chains it cannot take with the reason, and refuses steps a file makes up."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _kernel(x: torch.Tensor, scalars: list, params: dict, out_dtype: str) -> obj
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 37), (2, 64, 17, 19), (1, 3, 131, 129)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layout", ["contiguous", "nhwc", "nhwc_in", "nhwc_out", "in_place"])
-def test_the_kernel_is_the_reference_bit_for_bit(shape: tuple, layout: str, qlib) -> None:
+def test_the_kernel_is_the_reference_bit_for_bit(shape: tuple, layout: str, isa: str) -> None:
     if layout != "contiguous" and len(shape) != 4:
         pytest.skip("the arena's strided views are 4-D")
     g = torch.Generator().manual_seed(zlib.crc32(repr((shape, layout)).encode()))

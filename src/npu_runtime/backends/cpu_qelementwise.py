@@ -27,7 +27,8 @@ its time (issue 30); a pass over the bytes takes a few microseconds.
 
 QLUT (a quantized elementwise chain as a table, ``torch_ir.quant.lut``) computes its 256-entry table when the weights
 are bound, by the op's own numerics (``lut.table``), so the table is the reference's by construction; each run is
-one byte lookup per element (``qlut_map``). It takes int8/uint8 codes, per-tensor scales and zero points known at
+one lookup per element (``qlut_map``: 32 at a time on AVX2 by byte shuffles of the table's 16-byte rows, else one
+byte load each; ``TORCH_IR_QDQ_ISA`` caps it). It takes int8/uint8 codes, per-tensor scales and zero points known at
 bind time, and x and y of one shape (the same layouts and overlaps as QADD).
 """
 
@@ -62,9 +63,9 @@ def _build() -> Library:
     library = cpu_gemv_build.load_packed(SOURCE_NAME, "qadd")
     # QUANTIZE's and DEQUANTIZE's entry point, in the same library
     library.lib.qdq_packed.argtypes, library.lib.qdq_packed.restype = [ctypes.c_char_p], ctypes.c_int
-    # QLUT's: x, y, n, table, threads
+    # QLUT's: x, y, n, table, threads, isa
     library.lib.qlut_map.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                     ctypes.c_int64]
+                                     ctypes.c_int64, ctypes.c_int64]
     library.lib.qlut_map.restype = ctypes.c_int
     return library
 
@@ -466,7 +467,8 @@ class QLut:
             self._call(library, x, tmp)
             y.copy_(tmp)
             return
-        status = library.lib.qlut_map(xp, yp, y.numel(), self.table.data_ptr(), torch.get_num_threads())
+        status = library.lib.qlut_map(xp, yp, y.numel(), self.table.data_ptr(), torch.get_num_threads(),
+                                      _qdq_isa(library))
         if status != 0:
             raise RuntimeError(f"{self.kind}: the native kernel refused its arguments (status {status})")
 

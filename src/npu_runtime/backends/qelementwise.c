@@ -23,6 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
+#if defined(__x86_64__)
+#include <immintrin.h>  /* QLUT's AVX2 lookup; the other loops are vectorized by the compiler */
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -342,19 +345,50 @@ int qdq_packed(const void *block) {
 }
 
 /* QLUT: y[i] = table[x[i]] over bytes (int8 codes as their bytes: the table is indexed so), the table made by the
-   op's numerics when the weights are bound (cpu_qelementwise.py, QLut). One byte load per element; parallel in
-   chunks as QUANTIZE. y may be x itself (no restrict: each element is read before it is written). 0, or -2 for a
-   negative count. */
-int qlut_map(const uint8_t *x, uint8_t *y, int64_t n, const uint8_t *restrict table, int64_t nthreads) {
+   op's numerics when the weights are bound (cpu_qelementwise.py, QLut). y may be x itself (no restrict: each
+   element is read before it is written). Plain C: one byte load per element (~1 cycle). AVX2: 32 bytes at a time,
+   the table as 16 rows of 16 bytes: for each row k, vpshufb picks row k's entries by the low nibbles and a byte
+   blend keeps them where the high nibble is k (~0.5 cycle a byte); the tail in C. Parallel in chunks as QUANTIZE.
+   0, or -2 for a negative count. */
+static void qlut_c(const uint8_t *x, uint8_t *y, int64_t n, const uint8_t *restrict table) {
+    for (int64_t i = 0; i < n; i++) y[i] = table[x[i]];
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void qlut_avx2(const uint8_t *x, uint8_t *y, int64_t n,
+                                                       const uint8_t *restrict table) {
+    __m256i rows[16];
+    for (int k = 0; k < 16; k++)
+        rows[k] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(table + 16 * k)));
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(x + i));
+        const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        __m256i r = _mm256_setzero_si256();
+        for (int k = 0; k < 16; k++) {
+            const __m256i row_k = _mm256_cmpeq_epi8(hi, _mm256_set1_epi8((char)k));
+            r = _mm256_blendv_epi8(r, _mm256_shuffle_epi8(rows[k], lo), row_k);
+        }
+        _mm256_storeu_si256((__m256i *)(y + i), r);
+    }
+    qlut_c(x + i, y + i, n - i, table);
+}
+#endif
+
+int qlut_map(const uint8_t *x, uint8_t *y, int64_t n, const uint8_t *restrict table, int64_t nthreads, int64_t isa) {
     if (n < 0) return -2;
+    if (isa > qadd_isa()) isa = qadd_isa();
     const int64_t chunks = (n + QDQ_CHUNK - 1) / QDQ_CHUNK;
     const int threads = nthreads < 1 ? 1 : (int)nthreads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && chunks > 1)
 #endif
     for (int64_t c = 0; c < chunks; c++) {
-        const int64_t stop = (c + 1) * QDQ_CHUNK < n ? (c + 1) * QDQ_CHUNK : n;
-        for (int64_t i = c * QDQ_CHUNK; i < stop; i++) y[i] = table[x[i]];
+        const int64_t start = c * QDQ_CHUNK, m = n - start < QDQ_CHUNK ? n - start : QDQ_CHUNK;
+#if defined(__x86_64__)
+        if (isa >= ISA_AVX2) { qlut_avx2(x + start, y + start, m, table); continue; }
+#endif
+        qlut_c(x + start, y + start, m, table);
     }
     return 0;
 }
