@@ -19,6 +19,7 @@ from npu_program.program import Dispatch, TensorSpec
 from npu_runtime.backends import cpu_qelementwise
 from npu_runtime.backends.cpu_kernels import Reference, make_kernel
 from tests.native import isa_fixtures
+from tests.quant.test_qadd import _run_program
 from torch_ir.ops.npu_quant import dequantize, qlut, quantize
 from torch_ir.quant import lut
 
@@ -193,22 +194,6 @@ def _gelu_qdq_model(*, per_channel: bool = False) -> onnx.ModelProto:
 def _rejections(ir) -> list[str]:
     return [reason for stage in ir.metadata["normalize"]["stages"] for rule, _, reason in stage["rejected"]
             if rule in LUT_RULES]
-
-
-def _run_program(ir, weights: dict, x: torch.Tensor, disabled: set[str]) -> tuple[torch.Tensor, list]:
-    from npu_compiler import CompileOptions
-    from npu_compiler import compile as npu_compile
-    from npu_compiler.passes import NormalizeOptions
-    from npu_runtime import Device, Executor, NPUBuffer, load_weights
-
-    options = CompileOptions(normalize_options=NormalizeOptions(disabled_rules=disabled))
-    program = npu_compile(ir, target="cpu", fallback="cpu", options=options)
-    device = Device()
-    executor = Executor(program, device)
-    bound = load_weights({k: v.contiguous() for k, v in weights.items()}, program, device)
-    feeds = {program.input_specs[0].name: NPUBuffer.from_numpy(x.numpy(), device, spec=program.input_specs[0])}
-    out = executor.run(feeds, weights=bound)
-    return torch.from_numpy(out[program.output_specs[0].name].to_numpy()), executor.kernels
 
 
 def test_an_onnx_qdq_gelu_becomes_tables_with_the_chains_codes(qlib) -> None:

@@ -35,8 +35,8 @@ def _dq(name: str) -> Op:
     return Op(_DQ, Var(f"{name}_q"), exact_arity=False, name=f"dq_{name}")
 
 
-_ADD = Op("aten.add.Tensor", _dq("a"), _dq("b"), name="add")
-_MUL = Op("aten.mul.Tensor", _dq("a"), _dq("b"), name="add")  # "add": the one name the check reads
+_ADD = Op("aten.add.Tensor", _dq("a"), _dq("b"), name="op")
+_MUL = Op("aten.mul.Tensor", _dq("a"), _dq("b"), name="op")
 
 
 def _broadcasts(shape: list, to: list) -> bool:
@@ -46,7 +46,7 @@ def _broadcasts(shape: list, to: list) -> bool:
 
 
 def _check(m: Match) -> str | None:
-    add, q = m.node("add"), m.node()
+    add, q = m.node("op"), m.node()
     op = "QMUL" if add.op_type == "aten.mul.Tensor" else "QADD"
     if add.attrs.get("alpha", 1) != 1:
         return f"the add has alpha={add.attrs['alpha']}"
@@ -79,7 +79,7 @@ def _qadd(m: Match) -> list[OpNode]:
     y_zp = zero_point(m, q, new)
     inputs = [da.inputs[0], da.inputs[1], a_zp, db.inputs[0], db.inputs[1], b_zp, q.inputs[1], y_zp]
     attrs = {"out_dtype": q.attrs["dtype"], "method": q.attrs.get("method", "divide")}
-    if m.node("add").op_type == "aten.mul.Tensor":
+    if m.node("op").op_type == "aten.mul.Tensor":
         return [*new, node(m, "QMUL", inputs, attrs)]
     return [*new, node(m, "QADD", inputs, {**attrs, "activation": "relu" if "act" in m.nodes else None})]
 

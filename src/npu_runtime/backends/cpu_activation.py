@@ -31,9 +31,10 @@ def store(out: Tensor, y: Tensor, activation: str | None) -> None:
     other through its reference; None: a copy."""
     if activation is None:
         out.copy_(y)
-    elif activation in CLAMPS:  # y widened (a float32 result for a half out): clamped, then rounded
-        torch.clamp(y, *CLAMPS[activation], out=out) if y.dtype == out.dtype else out.copy_(y.clamp_(
-            *CLAMPS[activation]))
+    elif activation in CLAMPS and y.dtype == out.dtype:
+        torch.clamp(y, *CLAMPS[activation], out=out)
+    elif activation in CLAMPS:  # y widened (a float32 result for a half out): clamped, then rounded as copied
+        out.copy_(y.clamp_(*CLAMPS[activation]))
     else:
         out.copy_(get_activation(activation).reference(y))
 

@@ -41,6 +41,7 @@ import struct
 import torch
 
 from npu_program.program import Dispatch, TensorSpec, block_of
+from torch_ir.quant import lut
 from torch_ir.quant.spec import QTYPES
 
 from . import cpu_gemv_build
@@ -414,8 +415,6 @@ class QLut:
 
     @classmethod
     def accepts(cls, dispatch: Dispatch, specs: dict[str, TensorSpec], weight_names: set[str]) -> bool:
-        from torch_ir.quant import lut
-
         p, names = dispatch.params, dispatch.inputs
         if len(names) != 5 or len(dispatch.outputs) != 1 or p.get("method", "divide") not in ("divide",
                                                                                             "multiply_inverse"):
@@ -437,12 +436,7 @@ class QLut:
         self.table = torch.zeros(256, dtype=torch.uint8)
 
     def prepare(self, weights: dict[str, Tensor]) -> None:
-        from torch_ir.quant import lut
-
-        p = self.dispatch.params
-        codes = lut.table(self.x_dtype, *(weights[n] for n in self.names[1:]), functions=p["functions"],
-                          numbers=p.get("numbers") or [], out_dtype=p.get("out_dtype", "int8"),
-                          method=p.get("method", "divide"))
+        codes = lut.table_of(self.x_dtype, [weights[n] for n in self.names[1:]], self.dispatch.params)
         self.table = codes.view(torch.uint8).contiguous()
 
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:

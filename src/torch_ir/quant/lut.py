@@ -136,6 +136,14 @@ def table(x_dtype: str, x_scale: torch.Tensor, x_zero_point: torch.Tensor | None
     return qn.quantize(apply_steps(v, steps), y_scale, y_zero_point, dtype=out_dtype, method=method)
 
 
+def table_of(x_dtype: str, scalars: Sequence[torch.Tensor], params: Mapping[str, Any]) -> torch.Tensor:
+    """:func:`table` for a QLUT's attributes (``functions``, ``numbers``, ``out_dtype``, ``method``, as the IR and a
+    program hold them) and its four scalar inputs (x_scale, x_zero_point, y_scale, y_zero_point): what a backend
+    makes when the weights are bound."""
+    return table(x_dtype, *scalars, functions=params.get("functions"), numbers=params.get("numbers") or [],
+                 out_dtype=params.get("out_dtype", "int8"), method=params.get("method", "divide"))
+
+
 def lookup(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """``codes[byte of x]`` for every element: a table of :func:`table` applied to 8-bit codes."""
     if x.dtype not in (torch.int8, torch.uint8) or codes.numel() != 256:
@@ -143,4 +151,4 @@ def lookup(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     return codes[x.contiguous().view(torch.uint8).long()]
 
 
-__all__ = ["CODES", "STEPS", "STEP_OPS", "Step", "apply_steps", "check_steps", "lookup", "step_of", "table"]
+__all__ = ["CODES", "STEPS", "STEP_OPS", "Step", "apply_steps", "check_steps", "lookup", "step_of", "table", "table_of"]

@@ -315,7 +315,7 @@ def _lut_table(call: Call) -> Callable[[Callable[[int], np.ndarray | None]], lis
 
     from torch_ir.quant import lut
 
-    p, node = call.dispatch.params, call.dispatch.node
+    node = call.dispatch.node
 
     def table(read: Callable[[int], np.ndarray | None]) -> list[bytes]:
         values = [read(i) for i in range(1, 5)]
@@ -323,10 +323,8 @@ def _lut_table(call: Call) -> Callable[[Callable[[int], np.ndarray | None]], lis
             raise ValueError(f"QLUT (node {node!r}): its scales and zero points are computed at run time; the WebGPU "
                              "kernel needs them bound before the first run (weights or constants) to make its "
                              "table; run the program on the CPU backend")
-        scale_x, zp_x, scale_y, zp_y = (torch.from_numpy(np.array(v)) for v in values)
-        codes = lut.table(call.ins[0].dtype, scale_x, zp_x, scale_y, zp_y, functions=p["functions"],
-                          numbers=p.get("numbers") or [], out_dtype=p.get("out_dtype", "int8"),
-                          method=p.get("method", "divide"))
+        scalars = [torch.from_numpy(np.array(v)) for v in values]
+        codes = lut.table_of(call.ins[0].dtype, scalars, call.dispatch.params)
         return [codes.to(torch.int32).numpy().astype("<i4").tobytes()]
 
     return table
