@@ -21,7 +21,9 @@ neighbour's load hits all alike:
   ran them before the integer kernel took several rows per pass (both checked against the rounded x's product);
   and ``int8 copy``, the integer kernel on the 16-row interleaved copy (``QGemv.interleave(always=True)``; what the
   runtime reads where the CPU has AVX-512 VNNI, and on AVX2 for ``cpu_qgemv.X16_AVX2_QTYPES``: from 4 rows of x
-  each group of 16 rows decoded once per call, ``gemv_q_x16t.c``).
+  each group of 16 rows decoded once per call, ``gemv_q_x16t.c``); and ``int8 groups``, that kernel reading the
+  GGUF layout itself 16 rows at a time (``path="groups"``: Q8_0 and Q6_K, which keep no copy on AVX2; the copy's
+  results bit for bit, without its memory).
 
 Every call reads the next copy of a ring of at least ``--pool-mb`` MiB per method (a prefill reads each layer's
 weights from memory, not from cache). The results are checked against the float64 product first. The
@@ -80,6 +82,8 @@ def methods(qtype: str, n: int, k: int, pool: int, tiles: list[int],
         copies = [cpu_qgemv.QGemv(c, qtype) for c in ring(w.clone, w.nbytes, pool)]
         if all(g.interleave(always=True) for g in copies):  # a CPU with AVX2 or better
             calls["int8 copy"] = [lambda x, y, g=g: g(x, out=y, activations="int8") for g in copies]
+        if gemvs[0].groups():  # Q8_0, Q6_K on AVX2: the copy's prefill kernel on the GGUF layout
+            calls["int8 groups"] = [lambda x, y, g=g: g(x, out=y, activations="int8", path="groups") for g in gemvs]
     ref = wf.double()
     return calls, lambda x: x.double() @ ref.t()
 

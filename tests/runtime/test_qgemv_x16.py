@@ -263,3 +263,62 @@ def test_many_rows_of_x_on_avx2_give_the_one_row_kernels_bits(native, qtype):
         for threads in (1, 2):
             y = plan(torch.from_numpy(x), activations="int8", isa="avx2", threads=threads)
             np.testing.assert_array_equal(bits(y), bits(alone), err_msg=f"[{n}, {k}], M = {m}, {threads} threads")
+
+
+@pytest.mark.parametrize("qtype", list(cpu_qgemv.X16_GROUP_QTYPES))
+def test_the_groups_path_reads_the_gguf_layout_as_the_copy(native, qtype):
+    """``path="groups"`` (Q8_0, Q6_K: no copy on AVX2) decodes 16 rows of the GGUF layout at a time into the copy's
+    AVX2 prefill scratch (gemv_q_x16t.c): every row's result is the copy's, bit for bit, and within the contract's
+    bound against the numpy reference; for 1 to 33 rows of x, partly filled last groups (N = 45, 37, 3), bias, K of
+    1, 2, 3 and 35 super-blocks, extreme codes against q = ±127, one and two threads. The weight keeps no copy."""
+    rng = np.random.default_rng(67)
+    for n, k, m in ((45, 256, 13), (45, 768, 1), (16, 8960, 6), (3, 256, 4), (37, 512, 33)):
+        raw, x = with_extremes(random_blocks(qtype, n, k, seed=n + k, wide=True), qtype,
+                               rng.standard_normal((m, k)).astype(np.float32))
+        bias = rng.standard_normal(n).astype(np.float32)
+        gguf = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype, torch.from_numpy(bias))
+        assert gguf.groups() and gguf._w16 is None
+        copy = planned(raw, qtype, bias)
+        want = copy(torch.from_numpy(x), activations="int8", isa="avx2", threads=1)
+        for threads in (1, 2):
+            y = gguf(torch.from_numpy(x), activations="int8", path="groups", threads=threads)
+            np.testing.assert_array_equal(bits(y), bits(want), err_msg=f"[{n}, {k}], M = {m}, {threads} threads")
+        exact, bound = int8_contract(raw, qtype, x)
+        nsteps = 2 * (k // 32) + 16
+        err = np.abs(y.numpy().astype(np.float64) - (exact + bias))
+        assert (err <= nsteps * U / (1 - nsteps * U) * (bound + np.abs(bias))).all(), f"max error {err.max():.3g}"
+    raw, x = exact_int8_case(qtype)  # exact sums: the float64 product itself
+    want, _ = reference(raw, qtype, x)
+    y = cpu_qgemv.QGemv(torch.from_numpy(raw), qtype)(torch.from_numpy(x), activations="int8", path="groups")
+    np.testing.assert_array_equal(y.numpy(), want)
+
+
+def test_when_the_groups_path_runs(native, monkeypatch):
+    """Where it cannot run it refuses with the reason (float x, another layout, a weight with a copy, an isa cap
+    below AVX2) and ``groups()`` says False; a prefill of ``BlockLinear`` with int8 activations takes it where it
+    does (the integer kernel forced: ``INT8_PREFILL="native"``), decode rows the GGUF layout's kernel."""
+    q8, q4 = (torch.from_numpy(random_blocks(t, 32, 256, seed=9)) for t in ("q8_0", "q4_0"))
+    x = torch.randn(cpu_qgemv.PREFILL_ROWS, 256)
+    copied = cpu_qgemv.QGemv(q8, "q8_0")
+    assert copied.interleave(always=True) and not copied.groups()
+    for plan, kwargs in ((cpu_qgemv.QGemv(q8, "q8_0"), {}), (cpu_qgemv.QGemv(q4, "q4_0"), {"activations": "int8"}),
+                         (copied, {"activations": "int8"}), (cpu_qgemv.QGemv(q8, "q8_0"),
+                                                             {"activations": "int8", "isa": "c"})):
+        with pytest.raises(ValueError, match="path 'groups' takes activations='int8' on a q8_0/q6_K weight"):
+            plan(x, path="groups", **kwargs)
+    assert not cpu_qgemv.QGemv(q8, "q8_0").groups("c")
+    monkeypatch.setenv("TORCH_IR_QGEMV_X16", "0")
+    assert not cpu_qgemv.QGemv(q8, "q8_0").groups()
+    monkeypatch.delenv("TORCH_IR_QGEMV_X16")
+    monkeypatch.setattr(cpu_blocks, "INT8_PREFILL", "native")
+    layer = cpu_blocks.BlockLinear([(q8, "q8_0")], None, int8=True)
+    part = layer.parts[0]
+    assert part.groups == (part.gemv._w16 is None)  # on AVX-512 VNNI the copy is read instead
+    out = torch.empty(x.shape[0], 32)
+    layer(x, out)
+    gguf = cpu_qgemv.QGemv(q8, "q8_0")
+    want = gguf(x, activations="int8", path="groups") if part.groups else copied(x, activations="int8")
+    np.testing.assert_array_equal(bits(out), bits(want))
+    layer(x[:1], out[:1])
+    decode = gguf if part.groups else copied
+    np.testing.assert_array_equal(bits(out[:1]), bits(decode(x[:1], activations="int8")))

@@ -56,7 +56,9 @@ per block in block order on both kernels: equal results, bit for bit. AVX2 takes
 the records again for each; from 4 rows (a prefill) it decodes each group of 16 rows once per call into a scratch
 and takes 4 rows of x per pass (``gemv_q_x16t.c``: the same steps, so the same bits; ~2x the rate at 128 rows). The
 copy costs the weight's bytes again (the GGUF tensor stays for the float path, the tiles, an ``isa`` cap of ``c``);
-``TORCH_IR_QGEMV_X16=0`` leaves it out.
+``TORCH_IR_QGEMV_X16=0`` leaves it out. On AVX2 Q8_0 and Q6_K keep no copy (their GGUF kernels decode one row of x
+faster); a prefill's int8 calls may still run the copy's kernel, the GGUF layout decoded into its scratch 16 rows at a
+time (``path="groups"``, :meth:`QGemv.groups`): the copy's results, bit for bit, without its memory.
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
 other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
@@ -117,6 +119,9 @@ X16_ROWS = 16
 #: the layouts the runtime copies (:meth:`QGemv.interleave`) on AVX2 without VNNI (which copies all). A Zen 3, 28
 #: 1.5B-shaped layers cold on 2 threads, copy / GGUF layout: Q4_K 0.65, Q5_0 0.69, Q4_0 0.90; Q6_K 1.02, Q8_0 1.18
 X16_AVX2_QTYPES = ("q4_0", "q5_0", "q4_K")
+#: the layouts whose int8 calls may read the GGUF layout 16 rows at a time into the copies' AVX2 prefill kernel
+#: (``path="groups"``, :meth:`QGemv.groups`): the others keep a copy wherever that kernel runs
+X16_GROUP_QTYPES = ("q8_0", "q6_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations w16
 _ARGS = struct.Struct("<12q")
@@ -344,19 +349,25 @@ class QGemv:
         faster lately (see :mod:`.cpu_gemv`), unless given; ``isa``: at most this kernel (``c``, ``avx2``,
         ``avx512``), below ``TORCH_IR_QGEMV_ISA`` and what the CPU has; ``activations``: ``"float32"`` (exact
         weights) or ``"int8"`` (x quantized per group of 32, integer dot products; see the module's docstring).
-        ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced; None: the GEMV below
-        :data:`PREFILL_ROWS` rows, from there whichever :class:`cpu_gemv._PathPolicy` measured faster for this
-        shape."""
+        ``path``: ``"gemv"`` or ``"tiled"`` (the prefill path, float x only) forced, or ``"groups"`` (int8 x, where
+        :meth:`groups` says it runs); None: the GEMV below :data:`PREFILL_ROWS` rows, from there whichever
+        :class:`cpu_gemv._PathPolicy` measured faster for this shape."""
         act = self._activations(activations)
         out, cap = self._checked(x, out, isa)
         m = int(x.shape[0])
+        if path not in (None, "gemv", "tiled", "groups"):
+            raise ValueError(f"qgemv: path {path!r} is not one of gemv, tiled, groups")
+        if path == "groups" and not (act and self.groups(isa)):
+            raise ValueError(f"qgemv: path 'groups' takes activations='int8' on a {'/'.join(X16_GROUP_QTYPES)} "
+                             f"weight without an interleaved copy, a native kernel and an isa of at least avx2; "
+                             f"this is a {self.qtype.name} weight, activations={activations!r} (see QGemv.groups)")
         library = _kernel.for_call()
         if library is None:
             if act:
                 return torch_qgemv_int8(x, self.weight, self.qtype, self.bias, out)
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
-        if path not in (None, "gemv", "tiled"):
-            raise ValueError(f"qgemv: path {path!r} is not one of gemv, tiled")
+        if path == "groups":
+            return self._gemv(library, x, out, threads, min(library.isa, cap), ACTIVATIONS["int8"] + 1)
         tiled = self.tiled(m, activations) if path is None else path == "tiled" and not act
         if tiled and path is None:
             key = (self.qtype.code, self.n, self.k, m.bit_length(), torch.get_num_threads())
@@ -406,9 +417,26 @@ class QGemv:
         return NativeCall(library.lib.qgemv_packed, self._pack(x, out, threads, min(library.isa, cap), act),
                           keep=(x, out, self.weight, self.bias, self._w16))
 
+    def groups(self, isa: str | None = None) -> bool:
+        """Whether an int8 call may read this weight's GGUF layout 16 rows at a time (``path="groups"``): a
+        :data:`X16_GROUP_QTYPES` weight without an interleaved copy, and the native kernel with AVX2 or better (below
+        ``isa``). Each group is decoded once per call into a scratch, as the copy's AVX2 kernel decodes its records
+        from 4 rows of x (``gemv_q_x16t.c``), then multiplied with 4 rows of x (Q6_K 2) at a time: that kernel's
+        results bit for bit, ~2x the GGUF layout's kernel at a prefill's rows, which decodes every block again per 8
+        rows of x; for one row of x the GGUF layout's kernel is faster (the copy would be 12-20 % slower, which is why
+        these layouts keep none on AVX2). A prefill's choice (``cpu_blocks``); off with ``TORCH_IR_QGEMV_X16=0``."""
+        if self._w16 is not None or self.qtype.name not in X16_GROUP_QTYPES:
+            return False
+        cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
+        if cap < ISAS["avx2"] or os.environ.get("TORCH_IR_QGEMV_X16", "1") == "0":
+            return False
+        library = _kernel.for_call()
+        return library is not None and library.isa >= ISAS["avx2"]
+
     def _pack(self, x: Tensor, out: Tensor, threads: int, isa: int, act: int) -> bytes:
-        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it)."""
-        w16 = self._w16.data_ptr() if act and self._w16 is not None and isa >= ISAS["avx2"] else 0
+        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it; ``act`` 2: the
+        groups path)."""
+        w16 = self._w16.data_ptr() if act == 1 and self._w16 is not None and isa >= ISAS["avx2"] else 0
         return _ARGS.pack(int(x.shape[0]), self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0],
                           out.data_ptr(), max(1, threads), isa, act, w16)
 
@@ -423,9 +451,10 @@ class QGemv:
         if policy is not None:
             policy.record(self._w[1], threads, time.perf_counter_ns() - start)
         if status == -3:
-            raise MemoryError("qgemv: no memory for x's int8 groups")
+            raise MemoryError("qgemv: no memory for x's int8 groups or a group's scratch")
         if status == -4:
-            raise RuntimeError(f"qgemv: this CPU's kernel cannot read the interleaved {self.qtype.name} copy")
+            raise RuntimeError(f"qgemv: this CPU's kernel cannot read the {self.qtype.name} weight as asked (an "
+                               f"interleaved copy, or 16-row groups)")
         if status != 0:
             raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
         return out
@@ -475,6 +504,6 @@ def qgemv(x: Tensor, weight: Tensor, qtype: str | int | QType, bias: Tensor | No
     return QGemv(weight, qtype, bias)(x, out=out, activations=activations)
 
 
-__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "PREFILL_ROWS", "QTYPES", "X16_QTYPES", "QGemv", "QType",
-           "dequantize", "dequantize_rows", "interleaved", "native_available",
-           "native_status", "qgemv", "qtype_of", "quantize_x", "set_native_enabled", "torch_qgemv", "torch_qgemv_int8"]
+__all__ = ["ACTIVATIONS", "INT8_QTYPES", "ISAS", "PREFILL_ROWS", "QTYPES", "X16_GROUP_QTYPES", "X16_QTYPES", "QGemv",
+           "QType", "dequantize", "dequantize_rows", "interleaved", "native_available", "native_status", "qgemv",
+           "qtype_of", "quantize_x", "set_native_enabled", "torch_qgemv", "torch_qgemv_int8"]

@@ -459,11 +459,12 @@ static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nthreads) {
 
 static inline int64_t chunk_end(int64_t c, int64_t rows, int64_t N) { return (c + 1) * rows < N ? (c + 1) * rows : N; }
 
-static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16);  /* gemv_q_i8.c */
+static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16, int groups);  /* gemv_q_i8.c */
 
 /* y = x . dequant(w)^T (+ bias), x fp32 (act 0) or quantized to int8 groups (act 1, gemv_q_i8.c; reading w16, w's
-   16-row interleaved copy (gemv_q_x16.c), where given). 0, or -2 for a type this kernel does not know. Chunks go to
-   torch's OpenMP threads one by one, as in gemv.c (Python picks how many). */
+   16-row interleaved copy (gemv_q_x16.c), where given; act 2: w decoded 16 rows at a time into the copies' prefill
+   kernel, gemv_q_x16t.c). 0, or -2 for a type this kernel does not know. Chunks go to torch's OpenMP threads one by
+   one, as in gemv.c (Python picks how many). */
 int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int qt, const float *bias, float *y,
           int nthreads, int isa, int act, const uint8_t *w16) {
     if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && !is_kquant(qt)) return -2;
@@ -471,7 +472,7 @@ int qgemv(int64_t M, int64_t N, int64_t K, const float *x, const uint8_t *w, int
     const int64_t nb = K / block_elems(qt);
     const QJob job = {M, N, K, nb, nb * block_bytes(qt), x, w, bias, y};
     if (nthreads < 1) nthreads = 1;
-    if (act == 1) return qgemv_i8(&job, qt, nthreads, isa, w16);
+    if (act == 1 || act == 2) return qgemv_i8(&job, qt, nthreads, isa, w16, act == 2);
     if (act != 0 || w16) return -2;
     const int64_t rows = chunk_rows(N, job.row_bytes, nthreads), chunks = (N + rows - 1) / rows;
     if (nthreads > chunks) nthreads = (int)chunks;

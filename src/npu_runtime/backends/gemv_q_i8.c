@@ -254,16 +254,22 @@ int qgemv_vnni(void) {
 }
 
 /* qgemv() for activations = int8: 0, -2 for a type this path does not take, -3 when out of memory, -4 for an
-   interleaved copy (w16, gemv_q_x16.c) this CPU or type cannot run. */
+   interleaved copy (w16, gemv_q_x16.c) this CPU or type cannot run, or groups this CPU or type cannot run.
+   groups: the GGUF layout (Q8_0, Q6_K) decoded 16 rows at a time into the copies' AVX2 prefill kernel
+   (gemv_q_x16t.c; a prefill where the weight keeps no copy: the copy's speed and its results, bit for bit). */
 #define X16 16  /* rows per group of an interleaved copy: gemv_q_x16.c */
 static inline int x16_record(const int qt);
 static inline int x16_type(const int qt);
 static void x16_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt, const int isa);
-static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16) {
+#ifdef QG_X86
+static int x16t_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt);  /* gemv_q_x16t.c */
+#endif
+static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_t *w16, const int groups) {
     if (qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_K && qt != QT_Q8_0 && qt != QT_Q6_K) return -2;
     if (isa == ISA_AVX512 && !qgemv_vnni()) isa = ISA_AVX2;
     else if (isa == ISA_AVX512) isa = ISA_AVX512_VNNI;
     if (w16 && (!x16_type(qt) || isa < ISA_AVX2)) return -4;
+    if (groups && (w16 || (qt != QT_Q8_0 && qt != QT_Q6_K) || isa < ISA_AVX2)) return -4;
     const int64_t M = job->M, K = job->K, G = K / QK;
     int8_t *qx = malloc((size_t)(M * K));
     float *dx = malloc((size_t)(10 * M * G) * sizeof(float));  /* dx, dxs, dx8 */
@@ -279,24 +285,37 @@ static int qgemv_i8(const QJob *job, int qt, int nthreads, int isa, const uint8_
         quantize_x(job->x + m * K, K, qx + m * K, dx + m * G, dx + M * G + m * G, corr + m * G * 8, dx8 + m * G * 8,
                    xsum + m * G, xsum16 + m * G, corr16 + m * G * 16);
     const IJob ij = {job, qx, dx, dx + M * G, corr, dx8, xsum, xsum16, corr16};
-    /* chunks of rows, or of 16-row groups for w16 (~256 KiB of weights, at least 4 a thread) */
-    const int64_t units = w16 ? (job->N + X16 - 1) / X16 : job->N;
-    const int64_t unit_bytes = w16 ? job->nb * x16_record(qt) : job->row_bytes;
+    /* chunks of rows, or of 16-row groups for w16 and groups (~256 KiB of weights, at least 4 a thread) */
+    const int64_t units = w16 || groups ? (job->N + X16 - 1) / X16 : job->N;
+    const int64_t unit_bytes = w16 ? job->nb * x16_record(qt) : groups ? X16 * job->row_bytes : job->row_bytes;
     int64_t rows = chunk_rows(job->N, job->row_bytes, nthreads);
-    if (w16) {
+    if (w16 || groups) {
         const int64_t fair = (units + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
         rows = QG_CHUNK_BYTES / unit_bytes < fair ? QG_CHUNK_BYTES / unit_bytes : fair;
         if (rows < 1) rows = 1;
     }
     const int64_t chunks = (units + rows - 1) / rows;
     if (nthreads > chunks) nthreads = (int)chunks;
+    int failed = 0;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
 #endif
     for (int64_t c = 0; c < chunks; c++) {
-        if (w16) x16_range(&ij, w16, c * rows, chunk_end(c, rows, units), qt, isa);
-        else irange(&ij, c * rows, chunk_end(c, rows, units), qt, isa);
+        if (w16) {
+            x16_range(&ij, w16, c * rows, chunk_end(c, rows, units), qt, isa);
+        } else if (groups) {
+#ifdef QG_X86
+            if (x16t_range(&ij, NULL, c * rows, chunk_end(c, rows, units), qt) != 0) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                failed = 1;
+            }
+#endif
+        } else {
+            irange(&ij, c * rows, chunk_end(c, rows, units), qt, isa);
+        }
     }
     free(qx); free(dx); free(corr);
-    return 0;
+    return failed ? -3 : 0;
 }

@@ -8,8 +8,13 @@
    x16a_group's (the same operations, in the same order, for each pair of a row of x and a row of W): its results bit
    for bit, so which of the two runs a call changes only the time (the tests compare bits).
 
+   The same kernel reads a weight kept in the GGUF layout (Q8_0 and Q6_K, which keep no copy on AVX2: their copy
+   decodes 12-20 % slower for one row of x), 16 rows decoded into the scratch per group (x16t_decode_gguf): a
+   prefill gets the copy's speed and its results, bit for bit, without the copy's memory (qgemv_i8's groups path).
+
    Appended after gemv_q_x16.c by the loader (one translation unit: the record's enum, x16a_bcast, x16a_widen,
-   x16a_fifth, x16a_u8_ps, x16a_store); x16_range calls x16t_range from X16T_MIN_ROWS rows of x. */
+   x16a_fifth, x16a_u8_ps, x16a_store; gemv_q_i8k.c's q6_unsigned_avx2); x16_range calls x16t_range from
+   X16T_MIN_ROWS rows of x, qgemv_i8 from any for the groups path. */
 
 #ifdef QG_X86
 #define X16T_MR_MAX 4  /* rows of x a pass takes at most (X16T_MR_OF: Q6_K's 2, the others' 4) */
@@ -79,6 +84,73 @@ static inline __attribute__((always_inline)) AVX2 void x16t_decode(const uint8_t
                 }
             }
     }
+}
+
+/* 8 rows' 32 codes of a group (v[r]: 8 4-byte pieces, one per step) as the group's 8 steps for those rows (v[s]:
+   the rows' pieces of step s, in row order): an 8 x 8 transpose of 4-byte elements. */
+static inline __attribute__((always_inline)) AVX2 void x16t_transpose(__m256i v[8]) {
+    __m256i a[8], b[8];
+    for (int i = 0; i < 4; i++) {  /* rows 2i, 2i+1: steps 0, 1 | 4, 5 and 2, 3 | 6, 7 */
+        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++)  /* rows 4i..4i+3: steps s | s + 4, s = 0..3 */
+        for (int k = 0; k < 2; k++) {
+            b[4 * i + 2 * k] = _mm256_unpacklo_epi64(a[4 * i + k], a[4 * i + 2 + k]);
+            b[4 * i + 2 * k + 1] = _mm256_unpackhi_epi64(a[4 * i + k], a[4 * i + 2 + k]);
+        }
+    for (int t = 0; t < 4; t++) {
+        v[t] = _mm256_permute2x128_si256(b[t], b[4 + t], 0x20);
+        v[t + 4] = _mm256_permute2x128_si256(b[t], b[4 + t], 0x31);
+    }
+}
+
+/* v (x16t_transpose's input) into half hf of group g's steps in t. */
+static inline __attribute__((always_inline)) AVX2 void x16t_put(X16T *t, int64_t g, const int hf, __m256i v[8]) {
+    x16t_transpose(v);
+    for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(t->u + 512 * g + 64 * s + 32 * hf), v[s]);
+}
+
+/* Group grp of a weight in the GGUF layout (Q8_0, Q6_K: qgemv_i8's groups path, where no interleaved copy is kept)
+   into t as x16t_decode leaves a copy's records: the same codes and scales, and zeros for the rows past the weight's
+   last (the copy's zero rows), so x16t_rows gives the copy's results bit for bit. Block b of 8 rows at a time. */
+static inline __attribute__((always_inline)) AVX2 void x16t_decode_gguf(const QJob *j, int64_t grp, const int qt,
+                                                                          X16T *t) {
+    static const uint8_t zero[210];  /* a zero block of either layout: codes, scales, d */
+    const int bs = block_bytes(qt);
+    for (int64_t b = 0; b < j->nb; b++)
+        for (int hf = 0; hf < 2; hf++) {
+            const uint8_t *blk[8];
+            for (int r = 0; r < 8; r++) {
+                const int64_t n = grp * X16 + 8 * hf + r;
+                blk[r] = n < j->N ? j->w + n * j->row_bytes + b * bs : zero;
+            }
+            __m256i v[4][8];
+            if (qt == QT_Q8_0) {  /* signed codes, as x16t_decode leaves them */
+                for (int r = 0; r < 8; r++) {
+                    t->s[16 * b + 8 * hf + r] = _cvtsh_ss(load_u16(blk[r]));
+                    v[0][r] = _mm256_loadu_si256((const __m256i *)(blk[r] + 2));
+                }
+                x16t_put(t, b, hf, v[0]);
+                continue;
+            }
+            for (int h = 0; h < 2; h++) {  /* groups 4h..4h+3 of 32 in element order, unsigned codes 0..63 */
+                for (int r = 0; r < 8; r++) {
+                    __m256i u[4];
+                    q6_unsigned_avx2(blk[r], h, u);
+                    for (int k = 0; k < 4; k++) v[k][r] = u[k];
+                }
+                for (int k = 0; k < 4; k++) {
+                    const int64_t g = 8 * b + 4 * h + k;
+                    x16t_put(t, g, hf, v[k]);
+                    for (int r = 0; r < 8; r++) {
+                        t->s[16 * g + 8 * hf + r] = _cvtsh_ss(load_u16(blk[r] + 208));
+                        t->sa[16 * g + 8 * hf + r] = (int8_t)blk[r][192 + 2 * (4 * h + k)];
+                        t->sb[16 * g + 8 * hf + r] = (int8_t)blk[r][192 + 2 * (4 * h + k) + 1];
+                    }
+                }
+            }
+        }
 }
 
 /* Steps [s0, s0 + n) of one group's codes u (one half: 32 bytes a step) against MR rows of x (q[r] its 32 codes),
@@ -165,13 +237,17 @@ void x16t_rows(const IJob *ij, const X16T *t, int64_t grp, int64_t m0, const int
 /* Group grp's records decoded into t, block by block. */
 #define X16T_DECODE(QT) \
     for (int64_t b = 0; b < ij->j->nb; b++) x16t_decode(w16 + (grp * ij->j->nb + b) * x16_record(QT), b, QT, t)
+/* w16 NULL: the GGUF layout's rows (Q8_0 or Q6_K) instead of a copy's records. */
 static AVX2 void x16t_group(const IJob *ij, const uint8_t *w16, int64_t grp, const int qt, X16T *t) {
-    X16_BY_TYPE(qt, X16T_DECODE);
+    if (w16) X16_BY_TYPE(qt, X16T_DECODE);
+    else if (qt == QT_Q8_0) x16t_decode_gguf(ij->j, grp, QT_Q8_0, t);
+    else x16t_decode_gguf(ij->j, grp, QT_Q6_K, t);
     X16_BY_TYPE(qt, X16T_ROWS);
 }
 
-/* Groups [g0, g1) against every row of x through the scratch: 0, or -3 when it cannot be allocated (the caller then
-   runs x16a_group, with the same results). */
+/* Groups [g0, g1) (of w16's records, or of the GGUF layout's rows where w16 is NULL) against every row of x through
+   the scratch: 0, or -3 when it cannot be allocated (a copy's caller then runs x16a_group, with the same results;
+   the GGUF layout's reports it). */
 static int x16t_range(const IJob *ij, const uint8_t *w16, int64_t g0, int64_t g1, const int qt) {
     const int64_t G = ij->j->K / QK;
     uint8_t *u = malloc((size_t)(G * 512));
