@@ -295,8 +295,9 @@ def test_the_groups_path_reads_the_gguf_layout_as_the_copy(native, qtype):
 
 def test_when_the_groups_path_runs(native, monkeypatch):
     """Where it cannot run it refuses with the reason (float x, another layout, a weight with a copy, an isa cap
-    below AVX2) and ``groups()`` says False; a prefill of ``BlockLinear`` with int8 activations takes it where it
-    does (the integer kernel forced: ``INT8_PREFILL="native"``), decode rows the GGUF layout's kernel."""
+    below AVX2) and ``groups()`` says False; without a native kernel the torch fallback runs; a prefill of
+    ``BlockLinear`` with int8 activations takes it where it does (the integer kernel forced:
+    ``INT8_PREFILL="native"``), decode rows the GGUF layout's kernel."""
     q8, q4 = (torch.from_numpy(random_blocks(t, 32, 256, seed=9)) for t in ("q8_0", "q4_0"))
     x = torch.randn(cpu_qgemv.PREFILL_ROWS, 256)
     copied = cpu_qgemv.QGemv(q8, "q8_0")
@@ -304,9 +305,15 @@ def test_when_the_groups_path_runs(native, monkeypatch):
     for plan, kwargs in ((cpu_qgemv.QGemv(q8, "q8_0"), {}), (cpu_qgemv.QGemv(q4, "q4_0"), {"activations": "int8"}),
                          (copied, {"activations": "int8"}), (cpu_qgemv.QGemv(q8, "q8_0"),
                                                              {"activations": "int8", "isa": "c"})):
-        with pytest.raises(ValueError, match="path 'groups' takes activations='int8' on a q8_0/q6_K weight"):
+        with pytest.raises(ValueError, match="path 'groups' takes activations='int8' on a q8_0/q6_K weight without"):
             plan(x, path="groups", **kwargs)
     assert not cpu_qgemv.QGemv(q8, "q8_0").groups("c")
+    previous = cpu_qgemv.set_native_enabled(False)
+    try:  # no kernel: the torch fallback of the same contract, a forced path included
+        torch.testing.assert_close(cpu_qgemv.QGemv(q8, "q8_0")(x, activations="int8", path="groups"),
+                                   cpu_qgemv.torch_qgemv_int8(x, q8, "q8_0"), rtol=0, atol=0)
+    finally:
+        cpu_qgemv.set_native_enabled(previous)
     monkeypatch.setenv("TORCH_IR_QGEMV_X16", "0")
     assert not cpu_qgemv.QGemv(q8, "q8_0").groups()
     monkeypatch.delenv("TORCH_IR_QGEMV_X16")

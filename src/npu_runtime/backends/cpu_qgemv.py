@@ -109,6 +109,8 @@ _ISA_NAMES = {code: name for name, code in ISAS.items()}
 
 #: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
 ACTIVATIONS: dict[str, int] = {"float32": 0, "int8": 1}
+#: ``qgemv_packed``'s activations code of the int8 path reading the GGUF layout 16 rows at a time (``path="groups"``)
+_ACT_GROUPS = 2
 #: the layouts the int8 path takes (every one: gemv_q_i8.c, gemv_q_i8k.c)
 INT8_QTYPES = ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K")
 
@@ -357,17 +359,17 @@ class QGemv:
         m = int(x.shape[0])
         if path not in (None, "gemv", "tiled", "groups"):
             raise ValueError(f"qgemv: path {path!r} is not one of gemv, tiled, groups")
-        if path == "groups" and not (act and self.groups(isa)):
-            raise ValueError(f"qgemv: path 'groups' takes activations='int8' on a {'/'.join(X16_GROUP_QTYPES)} "
-                             f"weight without an interleaved copy, a native kernel and an isa of at least avx2; "
-                             f"this is a {self.qtype.name} weight, activations={activations!r} (see QGemv.groups)")
         library = _kernel.for_call()
-        if library is None:
+        if library is None:  # the same contracts in torch (a forced path included)
             if act:
                 return torch_qgemv_int8(x, self.weight, self.qtype, self.bias, out)
             return torch_qgemv(x, self.weight, self.qtype, self.bias, out)
         if path == "groups":
-            return self._gemv(library, x, out, threads, min(library.isa, cap), ACTIVATIONS["int8"] + 1)
+            if not (act and self.groups(isa)):
+                raise ValueError(f"qgemv: path 'groups' takes activations='int8' on a {'/'.join(X16_GROUP_QTYPES)} "
+                                 f"weight without an interleaved copy, and an isa of at least avx2; this is a "
+                                 f"{self.qtype.name} weight, activations={activations!r} (see QGemv.groups)")
+            return self._gemv(library, x, out, threads, min(library.isa, cap), _ACT_GROUPS)
         tiled = self.tiled(m, activations) if path is None else path == "tiled" and not act
         if tiled and path is None:
             key = (self.qtype.code, self.n, self.k, m.bit_length(), torch.get_num_threads())
@@ -434,8 +436,8 @@ class QGemv:
         return library is not None and library.isa >= ISAS["avx2"]
 
     def _pack(self, x: Tensor, out: Tensor, threads: int, isa: int, act: int) -> bytes:
-        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it; ``act`` 2: the
-        groups path)."""
+        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it; ``act``
+        :data:`_ACT_GROUPS`: the groups path)."""
         w16 = self._w16.data_ptr() if act == 1 and self._w16 is not None and isa >= ISAS["avx2"] else 0
         return _ARGS.pack(int(x.shape[0]), self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0],
                           out.data_ptr(), max(1, threads), isa, act, w16)
