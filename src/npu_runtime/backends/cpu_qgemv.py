@@ -56,9 +56,8 @@ per block in block order on both kernels: equal results, bit for bit. AVX2 takes
 the records again for each; from 4 rows (a prefill) it decodes each group of 16 rows once per call into a scratch
 and takes 4 rows of x per pass (``gemv_q_x16t.c``: the same steps, so the same bits; ~2x the rate at 128 rows). The
 copy costs the weight's bytes again (the GGUF tensor stays for the float path, the tiles, an ``isa`` cap of ``c``);
-``TORCH_IR_QGEMV_X16=0`` leaves it out. On AVX2 Q8_0 and Q6_K keep no copy (their GGUF kernels decode one row of x
-faster); a prefill's int8 calls may still run the copy's kernel, the GGUF layout decoded into its scratch 16 rows at a
-time (``path="groups"``, :meth:`QGemv.groups`): the copy's results, bit for bit, without its memory.
+``TORCH_IR_QGEMV_X16=0`` leaves it out. Q8_0 and Q6_K keep none on AVX2; a prefill still runs the copy's kernel on
+them, the GGUF layout decoded 16 rows at a time (:meth:`QGemv.groups`): its results bit for bit, without its memory.
 
 ``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
 other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
@@ -109,8 +108,7 @@ _ISA_NAMES = {code: name for name, code in ISAS.items()}
 
 #: ``activations`` values: fp32 x (exact weights, the default), or x quantized to int8 groups (gemv_q_i8.c)
 ACTIVATIONS: dict[str, int] = {"float32": 0, "int8": 1}
-#: ``qgemv_packed``'s activations code of the int8 path reading the GGUF layout 16 rows at a time (``path="groups"``)
-_ACT_GROUPS = 2
+_ACT_GROUPS = 2  # qgemv_packed's activations code of the int8 path's path="groups" (QGemv.groups)
 #: the layouts the int8 path takes (every one: gemv_q_i8.c, gemv_q_i8k.c)
 INT8_QTYPES = ("q8_0", "q4_0", "q5_0", "q4_K", "q6_K")
 
@@ -121,8 +119,7 @@ X16_ROWS = 16
 #: the layouts the runtime copies (:meth:`QGemv.interleave`) on AVX2 without VNNI (which copies all). A Zen 3, 28
 #: 1.5B-shaped layers cold on 2 threads, copy / GGUF layout: Q4_K 0.65, Q5_0 0.69, Q4_0 0.90; Q6_K 1.02, Q8_0 1.18
 X16_AVX2_QTYPES = ("q4_0", "q5_0", "q4_K")
-#: the layouts whose int8 calls may read the GGUF layout 16 rows at a time into the copies' AVX2 prefill kernel
-#: (``path="groups"``, :meth:`QGemv.groups`): the others keep a copy wherever that kernel runs
+#: the layouts whose int8 calls may read the GGUF layout 16 rows at a time instead (:meth:`QGemv.groups`)
 X16_GROUP_QTYPES = ("q8_0", "q6_K")
 
 #: ``qgemv_packed``'s argument block: M N K x w type bias y threads isa activations w16
@@ -367,8 +364,8 @@ class QGemv:
         if path == "groups":
             if not (act and self.groups(isa)):
                 raise ValueError(f"qgemv: path 'groups' takes activations='int8' on a {'/'.join(X16_GROUP_QTYPES)} "
-                                 f"weight without an interleaved copy, and an isa of at least avx2; this is a "
-                                 f"{self.qtype.name} weight, activations={activations!r} (see QGemv.groups)")
+                                 f"weight without an interleaved copy, and an isa of at least avx2; got "
+                                 f"{self.qtype.name}, activations={activations!r} (see QGemv.groups)")
             return self._gemv(library, x, out, threads, min(library.isa, cap), _ACT_GROUPS)
         tiled = self.tiled(m, activations) if path is None else path == "tiled" and not act
         if tiled and path is None:
@@ -420,24 +417,16 @@ class QGemv:
                           keep=(x, out, self.weight, self.bias, self._w16))
 
     def groups(self, isa: str | None = None) -> bool:
-        """Whether an int8 call may read this weight's GGUF layout 16 rows at a time (``path="groups"``): a
-        :data:`X16_GROUP_QTYPES` weight without an interleaved copy, and the native kernel with AVX2 or better (below
-        ``isa``). Each group is decoded once per call into a scratch, as the copy's AVX2 kernel decodes its records
-        from 4 rows of x (``gemv_q_x16t.c``), then multiplied with 4 rows of x (Q6_K 2) at a time: that kernel's
-        results bit for bit, ~2x the GGUF layout's kernel at a prefill's rows, which decodes every block again per 8
-        rows of x; for one row of x the GGUF layout's kernel is faster (the copy would be 12-20 % slower, which is why
-        these layouts keep none on AVX2). A prefill's choice (``cpu_blocks``); off with ``TORCH_IR_QGEMV_X16=0``."""
-        if self._w16 is not None or self.qtype.name not in X16_GROUP_QTYPES:
-            return False
+        """Whether an int8 call may decode this weight's GGUF layout 16 rows at a time into the copy's AVX2 prefill
+        kernel (``path="groups"``, ``gemv_q_x16t.c``: its bits, ~1.5x the GGUF layout's kernel at 128 rows of x): a
+        :data:`X16_GROUP_QTYPES` weight without a copy, AVX2 (below ``isa``), not ``TORCH_IR_QGEMV_X16=0``."""
         cap = _isa_cap() if isa is None else ISAS.get(isa, -1)
-        if cap < ISAS["avx2"] or os.environ.get("TORCH_IR_QGEMV_X16", "1") == "0":
-            return False
-        library = _kernel.for_call()
-        return library is not None and library.isa >= ISAS["avx2"]
+        library = _kernel.for_call() if cap >= ISAS["avx2"] else None
+        return (self._w16 is None and self.qtype.name in X16_GROUP_QTYPES and library is not None
+                and library.isa >= ISAS["avx2"] and os.environ.get("TORCH_IR_QGEMV_X16", "1") != "0")
 
     def _pack(self, x: Tensor, out: Tensor, threads: int, isa: int, act: int) -> bytes:
-        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it; ``act``
-        :data:`_ACT_GROUPS`: the groups path)."""
+        """``qgemv_packed``'s argument block (the interleaved copy where the int8 path reads it)."""
         w16 = self._w16.data_ptr() if act == 1 and self._w16 is not None and isa >= ISAS["avx2"] else 0
         return _ARGS.pack(int(x.shape[0]), self.n, self.k, x.data_ptr(), self._w[0], self.qtype.code, self._b[0],
                           out.data_ptr(), max(1, threads), isa, act, w16)
