@@ -132,22 +132,24 @@ def test_silu_mul_keeps_pytorchs_infinities_and_nans() -> None:
 
 
 @needs_native
-def test_silu_mul_in_bf16_rounds_where_pytorch_rounds() -> None:
-    """bf16: silu rounded to bf16, then the product rounded (PyTorch's two bf16 ops); equal to them but where the
-    exponentials' last fp32 bits put the silu on the other side of a bf16 midpoint (then one bf16 ulp)."""
+@pytest.mark.parametrize(("dtype", "ulp", "tiny"), [(torch.bfloat16, 2 ** -7, 0), (torch.float16, 2 ** -10, 2 ** -24)])
+def test_silu_mul_in_half_rounds_where_pytorch_rounds(dtype: torch.dtype, ulp: float, tiny: float) -> None:
+    """bf16 and fp16: silu rounded to the dtype, then the product rounded (PyTorch's two half ops); equal to them but
+    where the exponentials' last fp32 bits put the silu on the other side of a midpoint (then one step; fp16's
+    subnormal products one subnormal step)."""
     torch.manual_seed(3)
-    gate, up = (torch.randn(4096) * 4).bfloat16(), torch.randn(4096).bfloat16()
-    out = torch.empty(4096, dtype=torch.bfloat16)
+    gate, up = (torch.randn(4096) * 4).to(dtype), torch.randn(4096).to(dtype)
+    out = torch.empty(4096, dtype=dtype)
     assert cpu_decode_ops.silu_mul(torch.cat([gate, up]).view(1, -1), out)
     want = F.silu(gate) * up
     assert (out == want).float().mean() > 0.99
-    torch.testing.assert_close(out, want, rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(out, want, rtol=ulp, atol=tiny)
 
 
 @needs_native
 def test_silu_mul_refuses_what_it_does_not_take() -> None:
     assert not cpu_decode_ops.silu_mul(torch.zeros(2, 8), torch.empty(2, 4))  # two rows: torch's code runs
-    assert not cpu_decode_ops.silu_mul(torch.zeros(1, 8, dtype=torch.float16), torch.empty(4, dtype=torch.float16))
+    assert not cpu_decode_ops.silu_mul(torch.zeros(1, 8, dtype=torch.float64), torch.empty(4, dtype=torch.float64))
     assert not cpu_decode_ops.silu_mul(torch.zeros(1, 8), torch.empty(4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="overlaps"):
         both = torch.zeros(1, 8)

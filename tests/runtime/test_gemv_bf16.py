@@ -96,34 +96,54 @@ def test_the_weight_is_scanned_once(bf16_cpu, monkeypatch):
     assert plan._wmin == first
 
 
+#: a half dtype's ulp at 1 and its smallest positive (subnormal) step
+HALF_STEPS = {torch.bfloat16: (2.0 ** -7, 2.0 ** -133), torch.float16: (2.0 ** -10, 2.0 ** -24)}
+
+
+@pytest.mark.parametrize("dtype", list(HALF_STEPS))
 @pytest.mark.parametrize(("n", "k", "m", "bias"), [(300, 96, 37, True), (1000, 256, 16, False), (5, 8960, 9, True)])
-def test_a_bf16_prefill_widened_tile_by_tile_rounds_once(monkeypatch, n, k, m, bias):
-    """Where the CPU has no bf16 dot products, many rows of bf16 x multiply fp32 tiles of the widened weight
-    (``Gemv.widened_mm``; N = 300 and 1000 span several tiles of 128 rows or more, K = 8960 one of 5 rows): fp32 sums,
-    the bias added, one rounding to bf16. Against the float64 product rounded once to bf16: equal, or one bf16 step
-    away where fp32's order of sums lands on the other side of a rounding boundary, as PyTorch's own bf16 GEMM."""
-    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: False)
+def test_a_half_prefill_widened_tile_by_tile_rounds_once(monkeypatch, dtype, n, k, m, bias):
+    """Where the CPU has no dot products of the dtype, many rows of bf16 or fp16 x multiply fp32 tiles of the widened
+    weight (``Gemv.widened_mm``; N = 300 and 1000 span several tiles of 128 rows or more, K = 8960 one of 5 rows):
+    fp32 sums, the bias added, one rounding. Against the float64 product rounded once to the dtype: equal, or one
+    step away where fp32's order of sums lands on the other side of a rounding boundary, plus the fp32 sums' own
+    error where terms cancel (fp16's steps are fine enough to see it), as PyTorch's own half GEMM."""
+    monkeypatch.setattr(cpu_gemv, "_half_dot_products", lambda dtype: False)
     g = torch.Generator().manual_seed(n + k)
-    w = torch.randn(n, k, generator=g).bfloat16()
-    b = torch.randn(n, generator=g).bfloat16() if bias else None
-    x = torch.randn(m, k, generator=g).bfloat16()
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    x = torch.randn(m, k, generator=g).to(dtype)
+    out = torch.full((m, n), float("nan"), dtype=dtype)
     assert cpu_gemv.Gemv(w, b).widened_mm(x, out)
     exact = x.double() @ w.double().t() + (b.double() if bias else 0)
-    want = exact.bfloat16()
-    step = (want.float().abs() * 2.0 ** -7).clamp_min(2.0 ** -126)  # one bf16 ulp or less
-    assert ((out.float() - want.float()).abs() <= step).all()
-    torch_bf16 = torch.addmm(b, x, w.t()) if bias else torch.mm(x, w.t())
-    assert (out == want).float().mean() >= (torch_bf16 == want).float().mean() - 0.01
+    want = exact.to(dtype)
+    ulp, tiny = HALF_STEPS[dtype]
+    step = (want.float().abs() * ulp).clamp_min(tiny)  # one step of the dtype or less
+    sums = (k + 1) * 2.0 ** -24 * (x.double().abs() @ w.double().abs().t() + (b.double().abs() if bias else 0))
+    assert ((out.double() - want.double()).abs() <= step.double() + sums).all()
+    torch_half = torch.addmm(b, x, w.t()) if bias else torch.mm(x, w.t())
+    assert (out == want).float().mean() >= (torch_half == want).float().mean() - 0.01
 
 
-def test_the_widened_tiles_leave_bf16_cpus_and_other_dtypes_to_pytorch(monkeypatch):
-    """A CPU with AVX512-BF16 or AMX runs PyTorch's bf16 GEMM (it uses them), fp32 x is not widened: False, and
-    nothing written."""
+def test_the_widened_tiles_leave_half_cpus_and_other_dtypes_to_pytorch(monkeypatch):
+    """A CPU with dot products of the dtype (bf16: AVX512-BF16 or AMX; fp16: AVX512-FP16 or AMX-FP16) runs PyTorch's
+    half GEMM (it uses them); fp32 x, and a weight of another dtype than x, are not widened: False, nothing written."""
     w, x = torch.randn(40, 64).bfloat16(), torch.randn(8, 64).bfloat16()
     out = torch.zeros(8, 40, dtype=torch.bfloat16)
-    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: True)
+    monkeypatch.setattr(cpu_gemv, "_half_dot_products", lambda dtype: True)
     assert not cpu_gemv.Gemv(w).widened_mm(x, out)
-    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: False)
+    assert not cpu_gemv.Gemv(w.half()).widened_mm(x.half(), out.half())
+    monkeypatch.setattr(cpu_gemv, "_half_dot_products", lambda dtype: False)
     assert not cpu_gemv.Gemv(w.float()).widened_mm(x.float(), out.float())
+    assert not cpu_gemv.Gemv(w.half()).widened_mm(x, out)
     assert not out.any()
+
+
+def test_which_cpus_have_half_dot_products(monkeypatch):
+    """bf16 by the CPU's AVX512-BF16 or AMX (``_bf16_dot_products``), fp16 by PyTorch's own check for oneDNN's fp16
+    (the one that routes its fp16 GEMM there)."""
+    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: True)
+    assert cpu_gemv._half_dot_products(torch.bfloat16)
+    monkeypatch.setattr(cpu_gemv, "_bf16_dot_products", lambda: False)
+    assert not cpu_gemv._half_dot_products(torch.bfloat16)
+    assert cpu_gemv._half_dot_products(torch.float16) == torch.ops.mkldnn._is_mkldnn_fp16_supported()

@@ -1,5 +1,5 @@
 """The small ops of a one-token decode step as one C call each: ``RMS_NORM``, ``ROPE_QK`` and ``ATTENTION`` over a
-KV cache, fp32 and bf16.
+KV cache, fp32, bf16 and fp16.
 
 Once the GEMVs run at memory bandwidth (:mod:`.cpu_gemv`), what is left of a decode step is about five small
 dispatches per layer, each a few microseconds of arithmetic that PyTorch runs as several ops (an RMS norm is
@@ -50,9 +50,9 @@ Tensor = torch.Tensor
 
 SOURCE_NAME = "decode_ops.c"
 #: dtype -> the kernel's dtype code (``DT_*`` in ``decode_ops.c``)
-DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1}
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 #: mask dtype -> ``MASK_*`` in ``decode_ops.c`` (0: no mask)
-MASK_CODES: dict[torch.dtype, int] = {torch.bool: 1, torch.float32: 2, torch.bfloat16: 3}
+MASK_CODES: dict[torch.dtype, int] = {torch.bool: 1, torch.float32: 2, torch.bfloat16: 3, torch.float16: 4}
 #: query heads per key/value head the kernel takes (its stack array of per-row flags)
 MAX_GROUP = 256
 ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX-512"}
@@ -275,7 +275,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor,
               scratch: Tensor | None = None, held: tuple[Held, Held, Held] | None = None) -> bool:
     """``out = softmax(q·kᵀ·scale + mask)·v`` for one query token: q ``[B, H, 1, D]``, the cache k and v
     ``[B, Hkv, S, D]`` (H a multiple of Hkv: grouped-query heads), mask None, bool (False hides a position) or
-    additive fp32/bf16, broadcasting to ``[B, H, 1, S]``; out ``[B, 1, H·D]`` (heads merged) or ``[B, H, 1, D]``
+    additive fp32/bf16/fp16, broadcasting to ``[B, H, 1, S]``; out ``[B, 1, H·D]`` (heads merged) or ``[B, H, 1, D]``
     (the same memory for one token). q, k, v and out of one dtype; ``scratch`` from :func:`attention_scratch`
     (allocated here when None); ``held`` keeps the checks of k, v and scratch (:class:`Held`). False: not run."""
     return _made(attention_call(q, k, v, mask, out, scale, scratch, held))
@@ -326,8 +326,8 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Te
 
 def silu_mul(both: Tensor, out: Tensor) -> bool:
     """GATE_UP's epilogue of one row: ``out = silu(gate) · up`` with ``both`` ``[1, 2n]`` (gate, then up) and out of
-    n elements (any shape), fp32 or bf16, rounded where PyTorch's silu then mul round (the exponential a polynomial
-    within ~2 ulp of expf: ``decode_ops.c``). False: not run."""
+    n elements (any shape), fp32, bf16 or fp16, rounded where PyTorch's silu then mul round (the exponential a
+    polynomial within ~2 ulp of expf: ``decode_ops.c``). False: not run."""
     return _made(silu_mul_call(both, out))
 
 

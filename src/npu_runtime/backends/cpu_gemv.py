@@ -245,13 +245,15 @@ class Gemv:
                           isa_code, max(self._wmin, 0))
 
     def widened_mm(self, x: Tensor, out: Tensor) -> bool:
-        """Many rows of bf16 ``x [M, K]`` (a prefill) into bf16 ``out [M, N]`` as PyTorch's bf16 GEMM computes them
-        (fp32 products and sums, the bias added, one rounding to bf16), but with the weight widened to fp32 a tile
-        of rows at a time into a buffer kept in cache, each tile multiplied by PyTorch's fp32 GEMM, where the CPU
-        has no bf16 dot products (AVX512-BF16, AMX). There PyTorch's bf16 GEMM ran 4.6-5.9x slower than its fp32
-        one at Qwen2.5-0.5B's prefill shapes (Zen 3, 2 threads), the tiles within 1.1x of it. False, nothing
-        written, for other dtypes or where the CPU has them (PyTorch's bf16 GEMM uses them)."""
-        if x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16 or _bf16_dot_products():
+        """Many rows of bf16 or fp16 ``x [M, K]`` (a prefill) into ``out [M, N]`` of that dtype as PyTorch's half
+        GEMM computes them (fp32 products and sums, the bias added, one rounding), but with the weight widened to
+        fp32 a tile of rows at a time into a buffer kept in cache, each tile multiplied by oneDNN's fp32 GEMM (where
+        torch has it: :func:`onednn_linear`; else torch.mm), where the CPU has no dot products of that dtype
+        (:func:`_half_dot_products`). There PyTorch's bf16 GEMM ran 4.6-5.9x slower than its fp32 one at
+        Qwen2.5-0.5B's prefill shapes, its fp16 GEMM 4.4-5.1x (Zen 3, 2 threads); the tiles run within 1.1x of one
+        fp32 GEMM. False, nothing written, for other dtypes, a weight of another dtype than x, or where the CPU has
+        them (PyTorch's half GEMM uses them)."""
+        if x.dtype not in _HALF or self.weight.dtype != x.dtype or _half_dot_products(x.dtype):
             return False
         rows = min(self.n, max(WIDE_TILE_ROWS, WIDE_TILE_BYTES // (4 * self.k)))
         m = int(x.shape[0])
@@ -263,11 +265,13 @@ class Gemv:
             w = tile_w[:(n1 - n0) * self.k].view(n1 - n0, self.k)
             y = tile_y[:m * (n1 - n0)].view(m, n1 - n0)
             w.copy_(self.weight[n0:n1])
-            if bias is None:
+            if onednn_linear():  # 1.1-1.3x torch.mm's BLAS on these tiles (Zen 3): its result is a new tensor
+                y = torch.ops.mkldnn._linear_pointwise(x32, w, None if bias is None else bias[n0:n1], "none", [], "")
+            elif bias is None:
                 torch.mm(x32, w.t(), out=y)
             else:
                 torch.addmm(bias[n0:n1], x32, w.t(), out=y)
-            out[:, n0:n1].copy_(y)  # rounded to nearest even, as the bf16 GEMM rounds
+            out[:, n0:n1].copy_(y)  # rounded to nearest even, as the half GEMM rounds
         return True
 
     def native_call(self, x: Tensor, out: Tensor, residual: Tensor | None, threads: int) -> NativeCall | None:
@@ -280,7 +284,7 @@ class Gemv:
                        keep=(x, out, residual, self.weight, self.bias))
 
 
-#: a widened tile of a bf16 prefill (:meth:`Gemv.widened_mm`): rows of W to fill this many fp32 bytes (with x's
+#: a widened tile of a half prefill (:meth:`Gemv.widened_mm`): rows of W to fill this many fp32 bytes (with x's
 #: panel it stays in L2), at least WIDE_TILE_ROWS (torch.mm's GEMM slows below ~128 columns of output). Zen 3, two
 #: threads, 128 rows of x: 128-896 rows of K = 896 and 4864 within 10 % of each other and of one fp32 GEMM
 WIDE_TILE_BYTES = 3 << 19
@@ -300,9 +304,27 @@ def scratch(slot: str, values: int) -> Tensor:
 
 
 @functools.cache
+@functools.cache
+def onednn_linear() -> bool:
+    """Whether torch has oneDNN here (its CPU builds for x86 and Arm do), for the prefill-sized contractions."""
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def _bf16_dot_products() -> bool:
     """Whether this CPU multiplies bf16 itself (AVX512-BF16 or AMX), so that PyTorch's bf16 GEMM is fast."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _half_dot_products(dtype: torch.dtype) -> bool:
+    """Whether PyTorch's GEMM of ``dtype`` (bf16, fp16) runs this CPU's own dot products of it: bf16 by
+    :func:`_bf16_dot_products`, fp16 where oneDNN has them (AVX512-FP16, AMX-FP16: PyTorch's own check, which
+    routes its fp16 GEMM to oneDNN)."""
+    if dtype == torch.bfloat16:
+        return _bf16_dot_products()
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
 class _ThreadPolicy:

@@ -21,7 +21,7 @@ from .cpu_kernels import LINEAR_DTYPES, linear_dtypes_ok
 
 Tensor = torch.Tensor
 #: the dtypes of the native decode kernels (their ``DTYPE_CODES``), by the program's dtype names
-NATIVE_DTYPES = ("float32", "bfloat16")
+NATIVE_DTYPES = tuple(str(dtype).removeprefix("torch.") for dtype in cpu_decode_ops.DTYPE_CODES)
 
 
 def _one_token(shape: list[int], token_dim: int) -> bool:

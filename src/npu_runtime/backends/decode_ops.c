@@ -1,5 +1,5 @@
 /* The small ops of a one-token decode step, one C call each: RMS_NORM, ROPE_QK and ATTENTION over a KV cache
-   (grouped-query heads), fp32 and bf16 tensors, fp32 arithmetic; GATE_UP's silu(gate)·up; and what a whole
+   (grouped-query heads), fp32, bf16 and fp16 tensors, fp32 arithmetic; GATE_UP's silu(gate)·up; and what a whole
    step made by one C call needs (cpu_chain.py): the glue between kernels (a copy, a residual add, the cache update
    of one position) and dops_chain, which makes a list of calls.
 
@@ -26,8 +26,8 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { DT_F32 = 0, DT_BF16 = 1 };
-enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_ADD_F32 = 2, MASK_ADD_BF16 = 3 };
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+enum { MASK_NONE = 0, MASK_BOOL = 1, MASK_ADD_F32 = 2, MASK_ADD_BF16 = 3, MASK_ADD_F16 = 4 };
 enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 #define GL 16  /* lanes of a sum: what AVX-512 holds in one register, AVX2 in two */
 #define ALWAYS static inline __attribute__((always_inline))
@@ -39,14 +39,38 @@ static inline uint16_t f32_to_bf16(float f) {          /* round to nearest even;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+/* IEEE half, as c10::Half converts: exact widening; rounding to nearest even, overflow to inf (gemv.c's) */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (e == 0x1fu) u = sign | 0x7f800000u | (man << 13);
+    else if (e != 0) u = sign | ((e + 112u) << 23) | (man << 13);
+    else { float f = (float)man * (1.0f / 16777216.0f); memcpy(&u, &f, 4); u |= sign; }  /* subnormal, 0 */
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) {                              /* an fp16 subnormal: 2^24 |f| is exact, < 2^10 */
+        float v; memcpy(&v, &a, 4);
+        return (uint16_t)(sign | (uint32_t)__builtin_rintf(v * 16777216.0f));
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
+    return (uint16_t)(sign | (r >> 13));
+}
+ALWAYS float half_to_f32(const int dt, uint16_t h) { return dt == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
 ALWAYS float ld(const void *p, const int dt, int64_t i) {
-    return dt == DT_F32 ? ((const float *)p)[i] : bf16_to_f32(((const uint16_t *)p)[i]);
+    return dt == DT_F32 ? ((const float *)p)[i] : half_to_f32(dt, ((const uint16_t *)p)[i]);
 }
 ALWAYS void st(void *p, const int dt, int64_t i, float v) {
-    if (dt == DT_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = f32_to_bf16(v);
+    if (dt == DT_F32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = dt == DT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
 }
 /* v rounded to the tensor's dtype, as a PyTorch op of that dtype rounds each result */
-ALWAYS float rnd(const int dt, float v) { return dt == DT_F32 ? v : bf16_to_f32(f32_to_bf16(v)); }
+ALWAYS float rnd(const int dt, float v) {
+    return dt == DT_F32 ? v : dt == DT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
+}
 
 ALWAYS float lanes_sum(const float *acc) {  /* a tree, halving: 4 levels rather than 15 dependent adds */
     float h8[8], h4[4];
@@ -65,7 +89,7 @@ ALWAYS float dot(const float *a, const float *b, int64_t n) {
 }
 ALWAYS void to_f32(float *dst, const void *src, const int dt, int64_t n) {
     if (dt == DT_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+    else for (int64_t i = 0; i < n; i++) dst[i] = half_to_f32(dt, ((const uint16_t *)src)[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------- RMS_NORM */
@@ -119,7 +143,7 @@ ALWAYS void rope_body(const RopeArgs *a, const int dt) {
 /* One query token per batch row: out[b, h] = softmax(q[b,h]·k[b,h/g]ᵀ·scale + mask[b,h]) · v[b,h/g], with
    q [B,H,1,D], k and v [B,Hkv,S,D] (the cache, read where it lies), out [B,H,D] (for one token, the merged
    [B,1,H·D] is the same memory), g = H/Hkv. The mask element of (b, h, s) is mask[b·mask_sb + h·mask_sh + s]:
-   a bool (0 hides the position) or an additive fp32/bf16. Scores, softmax and the weighted sum in fp32.
+   a bool (0 hides the position) or an additive fp32/bf16/fp16. Scores, softmax and the weighted sum in fp32.
 
    A hidden position (a false bool, or a score of -inf) adds exp(-inf) = 0 to the softmax sum and 0·v to the
    weighted sum, so it is skipped: the positions some head of the group sees are listed first, and only their
@@ -135,7 +159,7 @@ typedef struct {
 ALWAYS float mask_add(const AttnArgs *a, int64_t at) {  /* what the mask adds to a score: -inf hides it */
     if (a->mask_kind == MASK_BOOL) return ((const uint8_t *)a->mask)[at] ? 0.0f : -INFINITY;
     if (a->mask_kind == MASK_ADD_F32) return ((const float *)a->mask)[at];
-    return bf16_to_f32(((const uint16_t *)a->mask)[at]);
+    return half_to_f32(a->mask_kind == MASK_ADD_BF16 ? DT_BF16 : DT_F16, ((const uint16_t *)a->mask)[at]);
 }
 
 /* The positions some of the g heads from mask offset m0 see (in order) into pos; their count. */
@@ -245,8 +269,11 @@ ALWAYS void silu_body(const SiluArgs *a, const int dt) {
 /* -------------------------------------------------------------------------------- ISA variants, entry points */
 /* Each op's body, specialized for its dtype, compiled three times: portable (SSE2 on x86-64, what the target
    gives elsewhere), AVX2 and AVX-512; the same operations in the same order, so the same results. */
+#define BY_DTYPE(NAME, a)                                                                                       \
+    do { if ((a)->dt == DT_F32) NAME##_body(a, DT_F32); else if ((a)->dt == DT_BF16) NAME##_body(a, DT_BF16);  \
+         else NAME##_body(a, DT_F16); } while (0)
 #define VARIANTS(NAME, ARGS)                                                                                    \
-    static void NAME##_c(const ARGS *a) { if (a->dt == DT_F32) NAME##_body(a, DT_F32); else NAME##_body(a, DT_BF16); } \
+    static void NAME##_c(const ARGS *a) { BY_DTYPE(NAME, a); }                                                  \
     X86_VARIANTS(NAME, ARGS)
 #ifdef DOPS_X86
 #if defined(__clang__)  /* clang takes no vector-width preference in a target attribute */
@@ -255,10 +282,8 @@ ALWAYS void silu_body(const SiluArgs *a, const int dt) {
 #define AVX512_TARGET "avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512"
 #endif
 #define X86_VARIANTS(NAME, ARGS)                                                                                \
-    __attribute__((target("avx2,fma"))) static void NAME##_avx2(const ARGS *a) {                               \
-        if (a->dt == DT_F32) NAME##_body(a, DT_F32); else NAME##_body(a, DT_BF16); }                            \
-    __attribute__((target(AVX512_TARGET)))                                                                    \
-    static void NAME##_avx512(const ARGS *a) { if (a->dt == DT_F32) NAME##_body(a, DT_F32); else NAME##_body(a, DT_BF16); }
+    __attribute__((target("avx2,fma"))) static void NAME##_avx2(const ARGS *a) { BY_DTYPE(NAME, a); }           \
+    __attribute__((target(AVX512_TARGET))) static void NAME##_avx512(const ARGS *a) { BY_DTYPE(NAME, a); }
 #define DISPATCH(NAME, a)                                                                                       \
     do { if ((a)->isa == ISA_AVX512) NAME##_avx512(a); else if ((a)->isa == ISA_AVX2) NAME##_avx2(a); else NAME##_c(a); } while (0)
 #else
