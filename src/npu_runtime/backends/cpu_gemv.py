@@ -247,12 +247,12 @@ class Gemv:
     def widened_mm(self, x: Tensor, out: Tensor) -> bool:
         """Many rows of bf16 or fp16 ``x [M, K]`` (a prefill) into ``out [M, N]`` of that dtype as PyTorch's half
         GEMM computes them (fp32 products and sums, the bias added, one rounding), but with the weight widened to
-        fp32 a tile of rows at a time into a buffer kept in cache, each tile multiplied by oneDNN's fp32 GEMM (where
-        torch has it: :func:`onednn_linear`; else torch.mm), where the CPU has no dot products of that dtype
-        (:func:`_half_dot_products`). There PyTorch's bf16 GEMM ran 4.6-5.9x slower than its fp32 one at
-        Qwen2.5-0.5B's prefill shapes, its fp16 GEMM 4.4-5.1x (Zen 3, 2 threads); the tiles run within 1.1x of one
-        fp32 GEMM. False, nothing written, for other dtypes, a weight of another dtype than x, or where the CPU has
-        them (PyTorch's half GEMM uses them)."""
+        fp32 a tile of rows at a time into a buffer kept in cache, each tile multiplied by PyTorch's fp32 GEMM,
+        where the CPU has no dot products of that dtype (:func:`_half_dot_products`). There PyTorch's bf16 GEMM ran
+        4.6-5.9x slower than its fp32 one at Qwen2.5-0.5B's prefill shapes, its fp16 GEMM 4.4-5.1x (Zen 3, 2
+        threads); the tiles run within 1.1x of one fp32 GEMM. (oneDNN's fp32 GEMM on the tiles was faster alone but
+        slower in the model: fp16 0.5B prefill 7.9 against 6.8 ms/token, alternated.) False, nothing written, for
+        other dtypes, a weight of another dtype than x, or where the CPU has them (PyTorch's half GEMM uses them)."""
         if x.dtype not in _HALF or self.weight.dtype != x.dtype or _half_dot_products(x.dtype):
             return False
         rows = min(self.n, max(WIDE_TILE_ROWS, WIDE_TILE_BYTES // (4 * self.k)))
@@ -265,9 +265,7 @@ class Gemv:
             w = tile_w[:(n1 - n0) * self.k].view(n1 - n0, self.k)
             y = tile_y[:m * (n1 - n0)].view(m, n1 - n0)
             w.copy_(self.weight[n0:n1])
-            if onednn_linear():  # 1.1-1.3x torch.mm's BLAS on these tiles (Zen 3): its result is a new tensor
-                y = torch.ops.mkldnn._linear_pointwise(x32, w, None if bias is None else bias[n0:n1], "none", [], "")
-            elif bias is None:
+            if bias is None:
                 torch.mm(x32, w.t(), out=y)
             else:
                 torch.addmm(bias[n0:n1], x32, w.t(), out=y)
@@ -304,12 +302,6 @@ def scratch(slot: str, values: int) -> Tensor:
 
 
 @functools.cache
-@functools.cache
-def onednn_linear() -> bool:
-    """Whether torch has oneDNN here (its CPU builds for x86 and Arm do), for the prefill-sized contractions."""
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def _bf16_dot_products() -> bool:
     """Whether this CPU multiplies bf16 itself (AVX512-BF16 or AMX), so that PyTorch's bf16 GEMM is fast."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

@@ -62,6 +62,11 @@ def _fold_batch_norm(w: Tensor, b: Tensor | None, bn: Sequence[Tensor], eps: flo
 # --------------------------------------------------------------------------------------------- conv
 
 
+@functools.cache
+def _onednn_linear() -> bool:
+    """Whether torch has oneDNN here (its CPU builds for x86 and Arm do), for the prefill-sized contractions."""
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
 
 @functools.cache
 def _conv_dtypes() -> frozenset[str]:
@@ -190,14 +195,13 @@ class _Linear:
         self.weight = weight.contiguous().t()
         self.bias = bias.contiguous() if bias is not None else None
         self.gemv = cpu_gemv.Gemv(self.weight.t(), self.bias)
-        self.onednn = cpu_gemv.onednn_linear()
         cpu_gemv.native_available()  # build the kernel now (seconds, once per machine), not in the first run
 
     def __call__(self, x2: Tensor, out2: Tensor, residual: Tensor | None = None) -> None:
         if x2.shape[0] <= GEMV_ROWS and x2.is_contiguous():
             self.gemv(x2, out=out2, residual=residual)
             return
-        if x2.dtype == torch.float32 and self.onednn:
+        if x2.dtype == torch.float32 and _onednn_linear():
             # oneDNN's fp32 GEMM over the [N, K] weight as it lies (no second copy): 1.2-1.5x torch.mm's BLAS on
             # Zen 4 at BERT's and an LLM prefill's shapes
             out2.copy_(torch.ops.mkldnn._linear_pointwise(x2, self.weight.t(), self.bias, "none", [], ""))
