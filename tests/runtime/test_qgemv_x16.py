@@ -297,7 +297,8 @@ def test_when_the_groups_path_runs(native, monkeypatch):
     """Where it cannot run it refuses with the reason (float x, another layout, a weight with a copy, an isa cap
     below AVX2) and ``groups()`` says False; without a native kernel the torch fallback runs; a prefill of
     ``BlockLinear`` with int8 activations takes it where it does (the integer kernel forced:
-    ``INT8_PREFILL="native"``), decode rows the GGUF layout's kernel."""
+    ``INT8_PREFILL="native"``; ``INT8_GROUPS=False`` keeps the GGUF layout's kernel), decode rows the GGUF layout's
+    kernel."""
     q8, q4 = (torch.from_numpy(random_blocks(t, 32, 256, seed=9)) for t in ("q8_0", "q4_0"))
     x = torch.randn(cpu_qgemv.PREFILL_ROWS, 256)
     copied = cpu_qgemv.QGemv(q8, "q8_0")
@@ -326,6 +327,12 @@ def test_when_the_groups_path_runs(native, monkeypatch):
     gguf = cpu_qgemv.QGemv(q8, "q8_0")
     want = gguf(x, activations="int8", path="groups") if part.groups else copied(x, activations="int8")
     np.testing.assert_array_equal(bits(out), bits(want))
+    if part.groups:  # switched off (a benchmark's comparison): the GGUF layout's integer kernel
+        monkeypatch.setattr(cpu_blocks, "INT8_GROUPS", False)
+        layer(x, out)
+        np.testing.assert_array_equal(bits(out), bits(gguf(x, activations="int8")))
+        assert not np.array_equal(bits(out), bits(want))  # another order of fp32 sums: the switch did act
+        monkeypatch.setattr(cpu_blocks, "INT8_GROUPS", True)
     layer(x[:1], out[:1])
     decode = gguf if part.groups else copied
     np.testing.assert_array_equal(bits(out[:1]), bits(decode(x[:1], activations="int8")))

@@ -45,6 +45,9 @@ _STACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 INT8_PREFILL: str | None = None
 #: the measured choice: ``_PathPolicy``'s "tiled" side is the float path on the rounded x here
 _INT8_PATHS = cpu_gemv._PathPolicy()
+#: a prefill's integer kernel reads Q8_0/Q6_K weights kept without a copy 16 rows at a time (``QGemv.groups``);
+#: False keeps the GGUF layout's kernel (a comparison: ``bench/llm/prefill_ab.py``)
+INT8_GROUPS = True
 
 
 def stacked(tensors: Sequence[Tensor]) -> Tensor:
@@ -114,7 +117,7 @@ class _Part:
         if x_int8 is not None and not native:
             x = x_int8  # the int8-rounded x, times the exact weights: the same products as the integer sums
         if self.gemv is not None:
-            path = "groups" if native and self.groups and self.gemv.tiled(x.shape[0]) else None
+            path = "groups" if native and self.groups and INT8_GROUPS and self.gemv.tiled(x.shape[0]) else None
             self.gemv(x, out=out, activations="int8" if native else "float32", path=path)
             if key is not None:
                 _INT8_PATHS.record(key, not native, (time.perf_counter_ns() - start) / x.shape[0])
