@@ -44,7 +44,7 @@ import struct
 import torch
 
 from . import cpu_gemv_build
-from .cpu_gemv_build import BuildError, Library, NativeCall, kernel_source, open_library
+from .cpu_gemv_build import BuildError, Library, NativeCall, open_library, with_half
 
 Tensor = torch.Tensor
 
@@ -69,9 +69,9 @@ _KV = struct.Struct("<6q")  # rows S bytes index src cache
 
 def _build() -> Library:
     try:
-        source = kernel_source(SOURCE_NAME)
+        source = with_half(SOURCE_NAME)
     except OSError as exc:  # an install without its package data: the torch path still runs
-        raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
+        raise BuildError(f"cannot read {SOURCE_NAME} (and half.c): {exc}") from exc
     lib, path = open_library(source, "decode_ops")
     for name in ("dops_rms_norm", "dops_rope", "dops_attention", "dops_silu_mul", "dops_add", "dops_copy",
                  "dops_kv_update"):

@@ -36,13 +36,15 @@ log = logging.getLogger(__name__)
 
 #: the kernel's source, package data of ``npu_runtime.backends``
 SOURCE_NAME = "gemv.c"
+#: bf16 / fp16 <-> fp32 conversions, put before each kernel that reads half tensors (one definition for them all)
+HALF_SOURCE = "half.c"
 #: the weight-only quantized (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K blocks) GEMV kernel's source (:func:`load_q`)
 Q_SOURCE_NAME = "gemv_q.c"
 #: appended to it (one translation unit): Q5_0's codes, the x-quantized-to-int8 path (Q4_0 / Q5_0 / Q4_K, then Q8_0 /
 #: Q6_K, then on 16-row interleaved copies, and those decoded for many rows of x), the rows' dequantization (prefill
 #: tiles)
-Q_SOURCE_PARTS = (Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_i8k.c", "gemv_q_x16.c", "gemv_q_x16t.c",
-                  "gemv_q_deq.c")
+Q_SOURCE_PARTS = (HALF_SOURCE, Q_SOURCE_NAME, "gemv_q5.c", "gemv_q_i8.c", "gemv_q_i8k.c", "gemv_q_x16.c",
+                  "gemv_q_x16t.c", "gemv_q_deq.c")
 FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC"]
 OPENMP_FLAGS = ["-fopenmp"]
 #: the x86 kernels' levels, by the names an ``isa=`` cap or ``TORCH_IR_GEMV_ISA`` / ``TORCH_IR_QGEMV_ISA`` takes: the
@@ -68,6 +70,11 @@ def kernel_source(name: str = SOURCE_NAME) -> str:
     """The C source of a kernel (the GEMV's by default), read from the installed package (a wheel ships it
     as package data)."""
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def with_half(name: str) -> str:
+    """:data:`HALF_SOURCE`'s conversions, then the source ``name``: one translation unit."""
+    return kernel_source(HALF_SOURCE) + "\n" + kernel_source(name)
 
 
 def cache_dir() -> Path:
@@ -155,9 +162,9 @@ def open_library(source: str, name: str) -> tuple[ctypes.CDLL, Path]:
 def load() -> Library:
     """The GEMV kernel built from :data:`SOURCE_NAME` and loaded, its ISA asked of the CPU at run time."""
     try:
-        source = kernel_source()
+        source = with_half(SOURCE_NAME)
     except OSError as exc:  # an install without its package data: the torch path still runs
-        raise BuildError(f"cannot read {SOURCE_NAME}: {exc}") from exc
+        raise BuildError(f"cannot read {HALF_SOURCE} + {SOURCE_NAME}: {exc}") from exc
     lib, path = open_library(source, "gemv")
     i64, cint, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint,
@@ -336,6 +343,7 @@ def set_enabled(enabled: bool) -> bool:
     return previous
 
 
-__all__ = ["FLAGS", "ISAS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME", "BuildError", "Library",
-           "NativeCall", "NativeKernel", "build", "cache_dir", "find_compiler", "kernel_source", "load", "load_q",
-           "open_library", "overlaps", "private", "set_enabled", "tensor_arg"]
+__all__ = ["FLAGS", "HALF_SOURCE", "ISAS", "OPENMP_FLAGS", "Q_SOURCE_NAME", "Q_SOURCE_PARTS", "SOURCE_NAME",
+           "BuildError", "Library", "NativeCall", "NativeKernel", "build", "cache_dir", "find_compiler",
+           "kernel_source", "load", "load_q", "open_library", "overlaps", "private", "set_enabled", "tensor_arg",
+           "with_half"]

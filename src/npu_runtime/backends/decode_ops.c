@@ -32,33 +32,7 @@ enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 #define GL 16  /* lanes of a sum: what AVX-512 holds in one register, AVX2 in two */
 #define ALWAYS static inline __attribute__((always_inline))
 
-static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t f32_to_bf16(float f) {          /* round to nearest even; NaN stays a (quiet) NaN */
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-/* IEEE half, as c10::Half converts: exact widening; rounding to nearest even, overflow to inf (gemv.c's) */
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (e == 0x1fu) u = sign | 0x7f800000u | (man << 13);
-    else if (e != 0) u = sign | ((e + 112u) << 23) | (man << 13);
-    else { float f = (float)man * (1.0f / 16777216.0f); memcpy(&u, &f, 4); u |= sign; }  /* subnormal, 0 */
-    float f; memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t f32_to_f16(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x38800000u) {                              /* an fp16 subnormal: 2^24 |f| is exact, < 2^10 */
-        float v; memcpy(&v, &a, 4);
-        return (uint16_t)(sign | (uint32_t)__builtin_rintf(v * 16777216.0f));
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
-    return (uint16_t)(sign | (r >> 13));
-}
+/* bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16: half.c, before this file */
 ALWAYS float half_to_f32(const int dt, uint16_t h) { return dt == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
 ALWAYS float ld(const void *p, const int dt, int64_t i) {
     return dt == DT_F32 ? ((const float *)p)[i] : half_to_f32(dt, ((const uint16_t *)p)[i]);

@@ -18,32 +18,7 @@
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
-static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t f32_to_bf16(float f) {          /* round to nearest even; NaN stays a (quiet) NaN */
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (e == 0x1fu) u = sign | 0x7f800000u | (man << 13);
-    else if (e != 0) u = sign | ((e + 112u) << 23) | (man << 13);
-    else { float f = (float)man * (1.0f / 16777216.0f); memcpy(&u, &f, 4); u |= sign; }  /* subnormal, 0 */
-    float f; memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t f32_to_f16(float f) {           /* round to nearest even, overflow to inf */
-    uint32_t u; memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x38800000u) {                              /* an fp16 subnormal: 2^24 |f| is exact, < 2^10 */
-        float v; memcpy(&v, &a, 4);
-        return (uint16_t)(sign | (uint32_t)__builtin_rintf(v * 16777216.0f));
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
-    return (uint16_t)(sign | (r >> 13));
-}
+/* bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16: half.c, before this file */
 static inline float load_elem(const void *p, int dt, size_t i) {
     if (dt == DT_F32) return ((const float *)p)[i];
     if (dt == DT_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);

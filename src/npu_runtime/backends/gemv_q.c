@@ -53,13 +53,7 @@ static inline int block_bytes(const int qt) {
 static inline int is_kquant(const int qt) { return qt == QT_Q4_K || qt == QT_Q6_K; }
 static inline int block_elems(const int qt) { return is_kquant(qt) ? QKK : QK; }
 
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (e == 0x1fu) u = sign | 0x7f800000u | (man << 13);
-    else if (e != 0) u = sign | ((e + 112u) << 23) | (man << 13);
-    else { float f = (float)man * (1.0f / 16777216.0f); memcpy(&u, &f, 4); u |= sign; }  /* subnormal, 0 */
-    float f; memcpy(&f, &u, 4); return f;
-}
+/* f16_to_f32: half.c, before this file */
 static inline uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 static inline void store(const QJob *j, int64_t m, int64_t n, float v) {
