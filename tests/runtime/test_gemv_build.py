@@ -86,13 +86,15 @@ def test_an_edited_kernel_source_is_built_anew(native, tmp_path, monkeypatch):
     fresh_state(monkeypatch, tmp_path)
     monkeypatch.setattr(cpu_gemv_build, "build", fake_build)
     read = cpu_gemv_build.kernel_source
-    original = cpu_gemv_build.with_half(cpu_gemv_build.SOURCE_NAME)  # what is compiled: half.c, then gemv.c
+    original = cpu_gemv_build.gemv_source()  # what is compiled: half.c, gemv.c, then gemm_tiles.c
+    assert original == "\n".join(read(name) for name in ("half.c", "gemv.c", "gemm_tiles.c"))
     first = cpu_gemv._load().path
     monkeypatch.setattr(cpu_gemv_build, "kernel_source",
                         lambda name=cpu_gemv_build.SOURCE_NAME: read(name) + ("\n/* edited */\n" if name ==
                                                                           cpu_gemv_build.SOURCE_NAME else ""))
-    edited = cpu_gemv_build.with_half(cpu_gemv_build.SOURCE_NAME)
-    assert edited == original + "\n/* edited */\n"
+    edited = cpu_gemv_build.gemv_source()
+    assert edited == original.replace(read(cpu_gemv_build.SOURCE_NAME), read(cpu_gemv_build.SOURCE_NAME)
+                                      + "\n/* edited */\n")
     fresh_state(monkeypatch, tmp_path)
     assert cpu_gemv._load().path != first and builds == [original, edited]
 

@@ -244,6 +244,26 @@ class Gemv:
         return _ARGS.pack(m, self.n, self.k, xp, xc, w[0], w[1], b[0], b[1], rp, rc, yp, yc, max(1, threads),
                           isa_code, max(self._wmin, 0))
 
+    def tiled_mm(self, x: Tensor, out: Tensor, threads: int | None = None) -> bool:
+        """Many rows of ``x [M, K]`` (a prefill) into ``out [M, N]`` by the prefill GEMM of ``gemm_tiles.c``: panels of
+        16 columns of W widened to fp32 as they are packed, 6 x 16 blocks of fp32 sums held in registers, the bias
+        added, one rounding to the dtype (PyTorch's half GEMM's arithmetic, and its fp32 GEMM's, in another order of
+        sums). Only where AVX2/FMA is the best kernel the CPU runs (or an ``isa`` cap puts it there): there it ran
+        1.05-1.3x the GMAC/s of oneDNN's and MKL's fp32 GEMMs at BERT-base's and Qwen2.5's prefill shapes, 80-89 of
+        the FMA units' ~100 (Zen 3, two threads: ``bench/gemv/prefill.py``); AVX-512 doubles their width. False,
+        nothing written, where it does not run: x, W and out of different dtypes, no kernel, no memory for it."""
+        library = tiles_library()
+        if library is None or x.dtype != self.weight.dtype or out.dtype != x.dtype or self.k == 0:
+            return False
+        out, (m, xp, *_), _ = self._checked(x, out, None, None)
+        if x.dtype != torch.float32:  # widened once here (exact), not once per panel of W
+            xp = scratch("x", m * self.k)[:m * self.k].view(m, self.k).copy_(x).data_ptr()
+        bias = self.bias if self.bias is None or self.bias.dtype == torch.float32 else self.bias.float()
+        return library.lib.gemm_tiles(m, self.n, self.k, xp, self._w[0], self._w[1],
+                                      None if bias is None else bias.data_ptr(), out.data_ptr(), self.n,
+                                      DTYPE_CODES[out.dtype], torch.get_num_threads() if threads is None else
+                                      max(1, threads)) == 0
+
     def widened_mm(self, x: Tensor, out: Tensor) -> bool:
         """Many rows of bf16 or fp16 ``x [M, K]`` (a prefill) into ``out [M, N]`` of that dtype as PyTorch's half
         GEMM computes them (fp32 products and sums, the bias added, one rounding), but with the weight widened to
@@ -282,6 +302,13 @@ class Gemv:
                        keep=(x, out, residual, self.weight, self.bias))
 
 
+def tiles_library() -> Library | None:
+    """The library whose ``gemm_tiles`` a prefill's contractions run (:meth:`Gemv.tiled_mm`, ``cpu_qgemv``'s tiles of
+    dequantized rows), or None where they keep their own path: no kernel, or a best kernel other than AVX2's."""
+    library = _kernel.for_call()
+    return library if library is not None and min(library.isa, _isa_cap()) == 1 else None
+
+
 #: a widened tile of a half prefill (:meth:`Gemv.widened_mm`): rows of W to fill this many fp32 bytes (with x's
 #: panel it stays in L2), at least WIDE_TILE_ROWS (torch.mm's GEMM slows below ~128 columns of output). Zen 3, two
 #: threads, 128 rows of x: 128-896 rows of K = 896 and 4864 within 10 % of each other and of one fp32 GEMM
@@ -292,8 +319,8 @@ _scratch = threading.local()
 
 def scratch(slot: str, values: int) -> Tensor:
     """This thread's fp32 scratch ``slot``, grown to ``values``: ``"tile"`` a prefill's tile of W (widened here,
-    dequantized by ``cpu_qgemv``), ``"y"`` a widened tile's columns of y. One per slot and thread: every layer's
-    prefill reuses it, rather than each layer holding a tile of its own."""
+    dequantized by ``cpu_qgemv``), ``"y"`` a widened tile's columns of y, ``"x"`` half x widened for ``tiled_mm``. One
+    per slot and thread: every layer's prefill reuses it, rather than each layer holding a tile of its own."""
     bufs = _scratch.__dict__.setdefault("bufs", {})
     buf = bufs.get(slot)
     if buf is None or buf.numel() < values:

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: the kernel's source, package data of ``npu_runtime.backends``
 SOURCE_NAME = "gemv.c"
+#: appended to it (one translation unit): a prefill's GEMM of fp32 / bf16 / fp16 weights (``gemm_tiles``)
+GEMM_SOURCE = "gemm_tiles.c"
 #: bf16 / fp16 <-> fp32 conversions, put before each kernel that reads half tensors (one definition for them all)
 HALF_SOURCE = "half.c"
 #: the weight-only quantized (GGUF Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K blocks) GEMV kernel's source (:func:`load_q`)
@@ -75,6 +77,11 @@ def kernel_source(name: str = SOURCE_NAME) -> str:
 def with_half(name: str) -> str:
     """:data:`HALF_SOURCE`'s conversions, then the source ``name``: one translation unit."""
     return kernel_source(HALF_SOURCE) + "\n" + kernel_source(name)
+
+
+def gemv_source() -> str:
+    """What :func:`load` compiles: :data:`HALF_SOURCE`, :data:`SOURCE_NAME`, then :data:`GEMM_SOURCE`."""
+    return with_half(SOURCE_NAME) + "\n" + kernel_source(GEMM_SOURCE)
 
 
 def cache_dir() -> Path:
@@ -162,9 +169,9 @@ def open_library(source: str, name: str) -> tuple[ctypes.CDLL, Path]:
 def load() -> Library:
     """The GEMV kernel built from :data:`SOURCE_NAME` and loaded, its ISA asked of the CPU at run time."""
     try:
-        source = with_half(SOURCE_NAME)
+        source = gemv_source()
     except OSError as exc:  # an install without its package data: the torch path still runs
-        raise BuildError(f"cannot read {HALF_SOURCE} + {SOURCE_NAME}: {exc}") from exc
+        raise BuildError(f"cannot read {HALF_SOURCE} + {SOURCE_NAME} + {GEMM_SOURCE}: {exc}") from exc
     lib, path = open_library(source, "gemv")
     i64, cint, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.gemv.argtypes = [i64, i64, i64, ptr, cint, ptr, cint, ptr, cint, ptr, cint, ptr, cint, cint, cint,
@@ -174,6 +181,8 @@ def load() -> Library:
     lib.gemv_min_abs_bf16.restype = ctypes.c_float
     lib.gemv_packed.argtypes = [ctypes.c_char_p]
     lib.gemv_packed.restype = cint
+    lib.gemm_tiles.argtypes = [i64, i64, i64, ptr, ptr, cint, ptr, ptr, i64, cint, cint]
+    lib.gemm_tiles.restype = cint
     lib.gemv_isa.restype = cint
     lib.gemv_openmp.restype = cint
     log.debug("GEMV kernel: %s", path)

@@ -184,8 +184,9 @@ class _Linear:
 
     Decode-sized ``x`` (at most ``GEMV_ROWS`` rows, e.g. one token) runs the GEMV kernel of :mod:`.cpu_gemv`
     (bound by memory bandwidth; PyTorch's bf16 GEMV moves half the bytes/s of its fp32 one, the kernel the same):
-    fp32 sums, one rounding, PyTorch where it cannot be compiled. Prefill-sized ``x`` runs ``torch.mm``/``addmm``
-    (bf16 or fp16 where the CPU has no dot products of it: fp32 tiles, ``Gemv.widened_mm``). ``weight`` is ``[N, K]``,
+    fp32 sums, one rounding, PyTorch where it cannot be compiled. Prefill-sized ``x`` runs the native prefill GEMM
+    where AVX2 is the CPU's best (``Gemv.tiled_mm``), else oneDNN's fp32 GEMM, or ``torch.mm``/``addmm`` (bf16 or fp16
+    where the CPU has no dot products of it: fp32 tiles, ``Gemv.widened_mm``). ``weight`` is ``[N, K]``,
     kept as the transpose of a contiguous ``[N, K]``, which BLAS reads fastest and the GEMV kernel reads.
     """
 
@@ -201,7 +202,9 @@ class _Linear:
         if x2.shape[0] <= GEMV_ROWS and x2.is_contiguous():
             self.gemv(x2, out=out2, residual=residual)
             return
-        if x2.dtype == torch.float32 and _onednn_linear():
+        if x2.is_contiguous() and out2.is_contiguous() and self.gemv.tiled_mm(x2, out2):
+            pass  # AVX2 CPUs: the native prefill GEMM, 1.05-1.3x oneDNN's and MKL's fp32 GEMMs there
+        elif x2.dtype == torch.float32 and _onednn_linear():
             # oneDNN's fp32 GEMM over the [N, K] weight as it lies (no second copy): 1.2-1.5x torch.mm's BLAS on
             # Zen 4 at BERT's and an LLM prefill's shapes
             out2.copy_(torch.ops.mkldnn._linear_pointwise(x2, self.weight.t(), self.bias, "none", [], ""))

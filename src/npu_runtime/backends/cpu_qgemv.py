@@ -1,5 +1,4 @@
-"""Weight-only quantized decode GEMV on GGUF block layouts: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0, Q4_0,
-Q5_0, Q4_K or Q6_K.
+"""Weight-only quantized GEMV on GGUF blocks: ``y = x · dequant(W)ᵀ (+ bias)``, W as Q8_0, Q4_0, Q5_0, Q4_K or Q6_K.
 
 A decode step reads every weight once, so its time is the weights' bytes over the memory bandwidth: Q8_0
 (34 bytes per 32 weights) reads 0.27x the bytes of fp32 and 0.53x of bf16, Q4_0 (18 bytes) 0.14x / 0.28x,
@@ -30,9 +29,10 @@ memory, with a small C kernel (``gemv_q.c`` beside this file) compiled on first 
 
 Prefill (many rows of x, float x): the GEMV decodes every weight once per 8 rows of x, so from ~16 rows it is
 bound by that arithmetic. From :data:`PREFILL_ROWS` rows ``QGemv`` may instead go tile by tile: :data:`TILE_ROWS`
-rows of W dequantized by C (:func:`dequantize_rows`, ``gemv_q_deq.c``, bit-exact with ggml's values) into a scratch
-buffer reused by every call of the thread, then ``torch.mm`` into those columns of ``out``: still an fp32 product of
-the exactly dequantized weights, summed in torch.mm's order. Which path runs is measured per shape
+rows of W dequantized by C (:func:`dequantize_rows`, ``gemv_q_deq.c``, bit-exact with ggml's values) into a per-thread
+scratch, then the prefill GEMM of ``gemm_tiles.c`` (where AVX2 is the best kernel: ``cpu_gemv.tiles_library``), else
+``torch.mm``, into those columns of ``out``: an fp32 product of the exact weights in another order of sums. Which
+path runs is measured per shape
 (:class:`cpu_gemv._PathPolicy <npu_runtime.backends.cpu_gemv._PathPolicy>`: one thread favours the tiles, two
 threads on a loaded machine often the GEMV); ``path=`` forces one (``bench/gemv/qprefill.py`` times them).
 
@@ -59,14 +59,14 @@ copy costs the weight's bytes again (the GGUF tensor stays for the float path, t
 ``TORCH_IR_QGEMV_X16=0`` leaves it out. Q8_0 and Q6_K keep none on AVX2; a prefill still runs the copy's kernel on
 them, the GGUF layout decoded 16 rows at a time (:meth:`QGemv.groups`): its results bit for bit, without its memory.
 
-``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the
-other paths, or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a
-failed build, ``TORCH_IR_NATIVE_GEMV=0``, :func:`set_native_enabled(False) <set_native_enabled>`), calls
-run :func:`torch_qgemv` (W dequantized with torch, then ``torch.mm``), and one warning says why.
+``TORCH_IR_QGEMV_ISA`` (``c``, ``avx2``, ``avx512``) caps the kernel the CPU would run (a test of the other paths,
+or a comparison); ``isa=`` does so per call. When the kernel cannot be had (no compiler, a failed build,
+``TORCH_IR_NATIVE_GEMV=0``, :func:`set_native_enabled(False) <set_native_enabled>`), calls run :func:`torch_qgemv`
+(W dequantized with torch, then ``torch.mm``), and one warning says why.
 
-Memory safety: the C code trusts its pointers and sizes, so every tensor's device, dtype, contiguity,
-shape and bytes inside its storage are checked first; ``K`` must be a multiple of the block (32 or 256), W
-must hold exactly ``N · K / block · block bytes`` bytes, and ``out`` may not overlap an input.
+Memory safety: the C code trusts its pointers and sizes, so every tensor's device, dtype, contiguity, shape and
+bytes inside its storage are checked first; ``K`` must be a multiple of the block (32 or 256), W must hold exactly
+``N · K / block · block bytes`` bytes, and ``out`` may not overlap an input.
 """
 
 from __future__ import annotations
@@ -129,17 +129,14 @@ _PACK_ARGS = struct.Struct("<6q")
 #: ``qdeq_rows_packed``'s (``gemv_q_deq.c``): w type K n0 n1 out threads isa
 _DEQ_ARGS = struct.Struct("<8q")
 
-#: rows of x from which a float-x call may multiply tile by tile (:meth:`QGemv.__call__`); below, the GEMV. The
-#: GEMV decodes every weight once per 8 rows of x and is compute-bound from ~16 rows; a tile costs one decode of
-#: its weights whatever M, then torch.mm's blocked GEMM. One thread, bench/gemv/qprefill.py: the tiles are faster
-#: from 12-16 rows where K >= 1536, from ~32 where K = 896 (the GEMV's 8 rows of x then fit in L1); with two
-#: threads on a shared machine the GEMV often stays faster (it balances its chunks dynamically, torch.mm does not),
-#: so from here on :class:`cpu_gemv._PathPolicy` times both per shape and runs the faster
+#: rows of x from which a float-x call may multiply tile by tile (:meth:`QGemv.__call__`); below, the GEMV, which
+#: decodes every weight once per 8 rows of x (a tile once whatever M). One thread, bench/gemv/qprefill.py: the tiles
+#: are faster from 12-16 rows where K >= 1536, ~32 where K = 896; with two threads on a shared machine the GEMV often
+#: stays faster, so from here on :class:`cpu_gemv._PathPolicy` times both per shape and runs the faster
 PREFILL_ROWS = int(os.environ.get("TORCH_IR_QGEMV_PREFILL_ROWS", "16"))
-#: rows of W per tile of the prefill path (None: 256 while the fp32 tile is at most TILE_BYTES, else 128). torch.mm's
-#: GEMM is efficient from ~64 columns of output, and per tile there are fixed costs (a ctypes call, the GEMM packing
-#: x anew: M·K of M·K·rows). Measured (bench/gemv/qprefill.py, one thread): 256 rows best for K = 896, 128 for
-#: K = 4864 and 8960 (their 256-row tiles, 5-9 MiB, leave L2), 32-64 clearly slower
+#: rows of W per tile of the prefill path (None: 256 while the fp32 tile is at most TILE_BYTES, else 128): a GEMM is
+#: efficient from ~64 columns of output, and a tile has fixed costs (bench/gemv/qprefill.py, one thread, torch.mm:
+#: 256 rows best for K = 896, 128 for K = 4864 and 8960, whose 256-row tiles leave L2; 32-64 clearly slower)
 TILE_ROWS: int | None = None
 TILE_BYTES = 3 << 19
 _INTERLEAVED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -456,10 +453,8 @@ class QGemv:
         return activations == "float32" and m >= PREFILL_ROWS
 
     def _tiled(self, library: Library, x: Tensor, out: Tensor, threads: int | None, isa: int) -> Tensor:
-        """The prefill path: tile by tile, rows of W dequantized (exactly) into a scratch buffer kept in cache,
-        then ``x · tileᵀ (+ bias)`` by torch.mm into the tile's columns of ``out`` (no copy: a column slice of a
-        row-major ``out`` is a matrix with a leading dimension). An fp32 product of the exact weights, as the
-        GEMV's, summed in another order."""
+        """The prefill path: tile by tile, rows of W dequantized (exactly) into a scratch buffer kept in cache, then
+        ``x · tileᵀ (+ bias)`` into the tile's columns of ``out`` (a column slice of a row-major matrix: no copy)."""
         rows = TILE_ROWS or (256 if 256 * 4 * self.k <= TILE_BYTES else 128)
         rows = max(1, min(self.n, rows))
         buf = cpu_gemv.scratch("tile", rows * self.k)
@@ -467,6 +462,7 @@ class QGemv:
         if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):
             raise ValueError("qgemv: out or x overlaps the prefill's scratch buffer")
         threads = max(1, torch.get_num_threads() if threads is None else threads)
+        mm, m = cpu_gemv.tiles_library() if isa >= 1 else None, x.shape[0]
         for n0 in range(0, self.n, rows):
             n1 = min(self.n, n0 + rows)
             tile = buf[:(n1 - n0) * self.k].view(n1 - n0, self.k)
@@ -474,6 +470,10 @@ class QGemv:
                                                                  buf.data_ptr(), threads, isa))
             if status != 0:
                 raise RuntimeError(f"qgemv: the kernel refused type {self.qtype.name} (status {status})")
+            bias = None if self.bias is None else self.bias.data_ptr() + 4 * n0  # x, out, bias: checked by the call
+            if mm is not None and mm.lib.gemm_tiles(m, n1 - n0, self.k, x.data_ptr(), tile.data_ptr(), 0, bias,
+                                                    yp + 4 * n0, self.n, 0, threads) == 0:
+                continue
             if self.bias is None:
                 torch.mm(x, tile.t(), out=out[:, n0:n1])
             else:
