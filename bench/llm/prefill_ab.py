@@ -12,8 +12,9 @@ prefills the same prompt once per arm, the arms in a rotating order (a neighbour
 * ``float, rounded x``: the float path on the int8-rounded x (``INT8_PREFILL = "rounded"``);
 * ``as shipped``: the per-shape policy's choice between the integer kernel and the float path (``_INT8_PATHS``).
 
-Printed: prefill ms/token per arm, median [min-max] over the rounds. Timings on a shared machine spread 1.5-2x
-between identical rounds; compare arms of one run.
+Printed: prefill ms/token per arm, median [min-max] over the rounds, every run on torch's threads (not the runtime's
+adaptive choice of one thread or all, whose tries of one thread would fall on some arms). Timings on a shared
+machine still spread between identical rounds; compare arms of one run.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from npu_runtime import Device, load_weights
     from npu_runtime.backends import cpu_blocks
+    from npu_runtime.backends.cpu import CPUBackend
     from npu_runtime.generate import Generator
     from npu_tools.lm_source import load_lm
 
     lm = load_lm(args.file, max_cache_len=args.prompt + 8, chunk=args.prompt, int8_activations=True)
-    device = Device()
+    # torch's threads for every run: left adaptive (npu_runtime.threads.RunThreads), the program's fifth to eighth
+    # runs would try one thread, at twice the time, on whichever arms they fell
+    device = Device(CPUBackend(threads=torch.get_num_threads()))
     run = Generator(lm.programs.prefill, lm.programs.decode, load_weights(lm.weights, lm.programs.prefill, device),
                     device)
     vocab = lm.programs.decode.output_specs[0].shape[-1]

@@ -169,21 +169,58 @@ def test_int8_rows_per_pass_give_each_rows_own_result(isa, qtype):
 
 
 def test_the_path_policy_runs_the_faster_and_probes_the_other():
-    """Synthetic times (ns per row), not measured ones: two of each first, then the lower mean, the other again
-    once its probe interval has passed."""
+    """Synthetic times (ns per row), not measured ones: two of each first, then the lower mean, the other again once
+    the class's own calls have summed to the try's cost over ``PROBE_SHARE`` (2000 ns dearer: 100,000 ns of calls,
+    100 calls of 1000), and a try that changes nothing is spaced by its own cost again."""
     policy, key = cpu_gemv._PathPolicy(), ("q8_0", 896, 4864, 6, 2)
     firsts = []
     for _ in range(4):
         firsts.append(policy.pick(key))
         policy.record(key, firsts[-1], 1000.0 if firsts[-1] else 3000.0)
     assert sorted(firsts) == [False, False, True, True]
-    assert policy.pick(key) is True and policy.pick(key) is True
-    policy.probed[key] -= policy.PROBE_NS
-    assert policy.pick(key) is False and policy.pick(key) is True
-    assert policy.interval[key] == 2 * policy.PROBE_NS
+    picks = []
+    for _ in range(101):
+        picks.append(policy.pick(key))
+        policy.record(key, picks[-1], 1000.0 if picks[-1] else 3000.0)
+    assert picks == [True] * 100 + [False]  # the try after 100 calls
+    assert policy.after[key] == pytest.approx(2000.0 / policy.PROBE_SHARE)  # the try cost 2000 again
+    assert policy.pick(key) is True
     for _ in range(4):
         policy.record(key, True, 9000.0)
     assert policy.pick(key) is False
+
+
+def test_a_try_is_bounded_in_calls():
+    """Sides within a hair of each other are tried no more often than every ``MIN_CALLS`` calls, and sides far
+    apart at least every ``MAX_CALLS``."""
+    for other, calls in ((1001.0, cpu_gemv._PathPolicy.MIN_CALLS), (1e9, cpu_gemv._PathPolicy.MAX_CALLS)):
+        policy, key = cpu_gemv._PathPolicy(), ("q4_0", 896, 896, 8, 2)
+        for _ in range(2):
+            policy.record(key, True, 1000.0)
+            policy.record(key, False, other)
+        picks = []
+        while len(picks) <= calls:
+            picks.append(policy.pick(key))
+            policy.record(key, picks[-1], 1000.0 if picks[-1] else other)
+        assert picks == [True] * calls + [False]
+
+
+def test_a_probe_replaces_its_sides_stale_times():
+    """A neighbour's burst slows the faster side (1000 -> 5000 ns per row against the other's 3000), so the policy
+    runs the other; when the burst is over, the first try of the faster side (1000 again) brings it back at once
+    (the burst's times, stale by then, do not outvote it) and the next try comes soon, to confirm."""
+    policy, key = cpu_gemv._PathPolicy(), ("q4_K", 1536, 8960, 8, 2)
+    for _ in range(2):
+        policy.record(key, True, 1000.0)
+        policy.record(key, False, 3000.0)
+    for _ in range(4):
+        policy.record(key, True, 5000.0)
+    assert policy.pick(key) is False
+    while policy.pick(key) is False:
+        policy.record(key, False, 3000.0)
+    policy.record(key, True, 1000.0)  # the try
+    assert policy.pick(key) is True and policy.pick(key) is True
+    assert policy.after[key] == policy.MIN_CALLS * 1000.0
 
 
 def test_tiled_refuses_out_over_x(qlib, tiles):

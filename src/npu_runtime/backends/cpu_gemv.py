@@ -416,34 +416,56 @@ class _PathPolicy:
     """GEMV or tiles (``True``), per shape class (layout, N, K, rows of x as a power of two, threads), by recent times
     per row of x (:mod:`.cpu_qgemv` keeps one; ``cpu_blocks`` one too, for a prefill's int8 rows: the float path on
     the rounded x (``True``) or the integer kernel): two calls of each first, then the one with the lower mean, the
-    other tried again after ``PROBE_NS``, then twice as long after each try (up to ``MAX_PROBE_NS``), so that a
-    neighbour's load changing sides is noticed at a cost of a fraction of a percent (the same scheme as
-    :class:`_ThreadPolicy`)."""
+    other tried again now and then, so that a neighbour's load changing sides is noticed. A try of the slower side
+    costs the difference between the two, so tries are spaced by the class's own calls (not by the clock: a class
+    that runs once per prefill would be tried in every one) to keep that cost near ``PROBE_SHARE`` of the class's
+    time, between ``MIN_CALLS`` and ``MAX_CALLS`` calls apart (the scheme of ``npu_runtime.threads.RunThreads``).
+    Spaced by the clock, 0.5-8 s, the tries of 1.5B q4_K_M's float path (up to 4x its integer kernel's time) cost its
+    int8 prefill 15 % (``bench/llm/prefill_ab.py``). A try's time replaces its side's older ones, which are stale."""
 
     SAMPLES = 4
-    PROBE_NS = 500_000_000
-    MAX_PROBE_NS = 8_000_000_000
+    PROBE_SHARE = 0.02
+    MIN_CALLS, MAX_CALLS = 20, 2000
 
     def __init__(self) -> None:
         self.samples: dict[tuple, deque[float]] = {}  # (key, tiled) -> ns per row of x, latest
-        self.probed: dict[tuple, int] = {}
-        self.interval: dict[tuple, int] = {}
+        self.spent: dict[tuple, float] = {}  # key -> ns per row, summed over its calls since the last try
+        self.after: dict[tuple, float] = {}  # key -> ... before the next try
+        self.probing: dict[tuple, bool] = {}  # key -> the side its last pick tried, until that call is recorded
+
+    def _means(self, key: tuple) -> tuple[float, float] | None:
+        times = [self.samples.get((key, c), ()) for c in (True, False)]
+        return None if min(map(len, times)) < 2 else (statistics.fmean(times[0]), statistics.fmean(times[1]))
+
+    def _schedule(self, key: tuple, cost: float) -> None:
+        """The next try after the class's calls sum to ``cost / PROBE_SHARE`` (per row, as the samples)."""
+        best = min(self._means(key) or (0.0,))
+        self.spent[key] = 0.0
+        self.after[key] = min(max(cost / self.PROBE_SHARE, self.MIN_CALLS * best), self.MAX_CALLS * best)
 
     def pick(self, key: tuple) -> bool:
-        times = {c: self.samples.get((key, c), ()) for c in (True, False)}
-        for choice, seen in times.items():
-            if len(seen) < 2:
-                return choice
-        best = statistics.fmean(times[True]) <= statistics.fmean(times[False])
-        now = time.perf_counter_ns()
-        if now - self.probed.setdefault(key, now) >= self.interval.get(key, self.PROBE_NS):
-            self.probed[key] = now
-            self.interval[key] = min(2 * self.interval.get(key, self.PROBE_NS), self.MAX_PROBE_NS)
+        means = self._means(key)
+        if means is None:  # two calls of each first
+            return len(self.samples.get((key, True), ())) < 2
+        if key not in self.after:
+            self._schedule(key, abs(means[0] - means[1]))
+        best = means[0] <= means[1]
+        if self.spent[key] >= self.after[key]:
+            self.probing[key] = not best
             return not best
         return best
 
     def record(self, key: tuple, tiled: bool, ns_per_row: float) -> None:
-        self.samples.setdefault((key, tiled), deque(maxlen=self.SAMPLES)).append(ns_per_row)
+        samples = self.samples.setdefault((key, tiled), deque(maxlen=self.SAMPLES))
+        self.spent[key] = self.spent.get(key, 0.0) + ns_per_row
+        if self.probing.get(key) is not tiled:
+            samples.append(ns_per_row)
+            return
+        del self.probing[key]
+        other = statistics.fmean(self.samples[(key, not tiled)])
+        samples.clear()
+        samples.extend((ns_per_row, ns_per_row))  # two, as a side needs to be compared
+        self._schedule(key, max(ns_per_row - other, 0.0))  # changed sides: cost 0, the next try soon
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
