@@ -249,8 +249,8 @@ class Gemv:
         16 columns of W widened to fp32 as they are packed, 6 x 16 blocks of fp32 sums held in registers, the bias
         added, one rounding to the dtype (PyTorch's half GEMM's arithmetic, and its fp32 GEMM's, in another order of
         sums). Only where AVX2/FMA is the best kernel the CPU runs (or an ``isa`` cap puts it there): there it ran
-        1.05-1.3x the GMAC/s of oneDNN's and MKL's fp32 GEMMs at BERT-base's and Qwen2.5's prefill shapes, 80-89 of
-        the FMA units' ~100 (Zen 3, two threads: ``bench/gemv/prefill.py``); AVX-512 doubles their width. False,
+        1.0-1.3x the GMAC/s of oneDNN's and MKL's fp32 GEMMs at BERT-base's and Qwen2.5's prefill shapes, 67-87 of
+        the FMA units' 102 (Zen 3, two threads: ``bench/gemv/prefill.py``); AVX-512 doubles their width. False,
         nothing written, where it does not run: x, W and out of different dtypes, no kernel, no memory for it."""
         library = tiles_library()
         if library is None or x.dtype != self.weight.dtype or out.dtype != x.dtype or self.k == 0:

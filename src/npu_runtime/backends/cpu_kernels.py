@@ -203,7 +203,7 @@ class _Linear:
             self.gemv(x2, out=out2, residual=residual)
             return
         if x2.is_contiguous() and out2.is_contiguous() and self.gemv.tiled_mm(x2, out2):
-            pass  # AVX2 CPUs: the native prefill GEMM, 1.05-1.3x oneDNN's and MKL's fp32 GEMMs there
+            pass  # AVX2 CPUs: the native prefill GEMM, up to 1.3x oneDNN's and MKL's fp32 GEMMs there
         elif x2.dtype == torch.float32 and _onednn_linear():
             # oneDNN's fp32 GEMM over the [N, K] weight as it lies (no second copy): 1.2-1.5x torch.mm's BLAS on
             # Zen 4 at BERT's and an LLM prefill's shapes

@@ -1,19 +1,18 @@
 /* A prefill's GEMM of bf16 / fp16 / fp32 weights on AVX2/FMA/F16C: y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]), the
    weights widened to fp32 as they are packed, fp32 products and sums, y rounded once to its dtype.
 
-   Appended to gemv.c (one translation unit: its Job-free helpers, DT_* codes and AVX2 macro; half.c's conversions)
-   and called by cpu_gemv.Gemv.widened_mm for many rows of x, where the CPU has no dot products of the weight's
-   dtype. The shape of it is the classic one (BLIS, Goto): a panel of 16 columns of w, KC deep, is widened into a
-   buffer that stays in L1, and a 6 x 16 block of y is held in 12 ymm registers while x's 6 rows are broadcast
-   against it, 12 FMAs per step of k (the two FMA pipes busy, the loads on the other ports). Threads take panels
-   of 16 columns (each weight read once in all); a thread keeps its columns of y in fp32 across the KC blocks and
-   rounds them once at the end. The Python side checks every pointer and size: this code trusts them. */
+   Appended to gemv.c (one translation unit: its DT_* codes, load_elem/store_elem and AVX2 macro; half.c's
+   conversions) and called through ctypes by cpu_gemv.Gemv.tiled_mm and cpu_qgemv's tiles of dequantized rows, for
+   many rows of x, where AVX2 is the CPU's best kernel. The shape of it is the classic one (BLIS, GotoBLAS): a panel of
+   16 columns of w, KC deep, is widened into a buffer that stays in L1, and a 6 x 16 block of y is held in 12 ymm
+   registers while x's 6 rows are broadcast against it, 12 FMAs per step of k (the two FMA pipes busy, the loads on
+   the other ports). Threads take panels four at a time (each weight read once in all); a thread keeps its columns of
+   y in fp32 across the KC blocks and rounds them once at the end. The Python side checks every pointer and size:
+   this code trusts them. */
 
 #define TG_MR 6
 #define TG_NR 16
-#ifndef TG_KC
 #define TG_KC 256
-#endif
 
 #ifdef GEMV_X86
 /* 8 values of w from (row, k) on, widened exactly to fp32. */
@@ -24,7 +23,7 @@ static inline __attribute__((always_inline)) AVX2 __m256 tg_load8(const void *w,
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* r[j] = (v[0][j], ..., v[7][j]): an 8 x 8 transpose in registers. */
+/* v[j] becomes (v[0][j], ..., v[7][j]): an 8 x 8 transpose in registers. */
 static inline __attribute__((always_inline)) AVX2 void tg_transpose8(__m256 v[8]) {
     __m256 t[8], u[8];
     for (int i = 0; i < 8; i += 2) {
@@ -125,11 +124,22 @@ static const float tg_zeros[TG_KC];                    /* the rows of x past M i
 /* The 16 columns of panel p; b and c a thread's buffers ([TG_KC][16], [M rounded up to 6][16] fp32, aligned). */
 static AVX2 void tg_panel(const float *x, int64_t M, int64_t N, int64_t K, const void *w, int wdt, const float *bias,
                           void *y, int64_t ldy, int ydt, int64_t p, float *b, float *c) {
-    const int64_t n0 = p * TG_NR;
+    const int64_t n0 = p * TG_NR, blocks = (M + TG_MR - 1) / TG_MR, es = wdt == DT_F32 ? 4 : 2;
     for (int64_t k0 = 0; k0 < K; k0 += TG_KC) {
         const int kc = K - k0 < TG_KC ? (int)(K - k0) : TG_KC;
         tg_pack(w, wdt, N, K, n0, k0, kc, b);
+        /* The cache lines the next packing reads (this panel's next KC of its rows, else the next panel's first),
+           fetched a share per block of x, so that they arrive during these FMAs rather than stall the packing on 16
+           rows of memory (cold weights: +1-6 % GMAC/s at bench/gemv/prefill.py's shapes). Here in the loop, not in
+           a helper: GCC finds a function of prefetches alone free of effects and drops its calls. */
+        const int64_t more = k0 + TG_KC < K, nk0 = more ? k0 + TG_KC : 0, nn0 = more ? n0 : n0 + TG_NR;
+        const int64_t rows = nn0 >= N ? 0 : N - nn0 < TG_NR ? N - nn0 : TG_NR;
+        const int64_t lines = ((K - nk0 < TG_KC ? K - nk0 : TG_KC) * es + 63) / 64, total = rows * lines;
+        const char *next = (const char *)w + (nn0 * K + nk0) * es;
         for (int64_t m0 = 0; m0 < M; m0 += TG_MR) {
+            const int64_t blk = m0 / TG_MR;
+            for (int64_t i = total * blk / blocks; i < total * (blk + 1) / blocks; i++)
+                _mm_prefetch(next + (i / lines) * K * es + (i % lines) * 64, _MM_HINT_T0);
             const float *a[TG_MR];
             for (int r = 0; r < TG_MR; r++) a[r] = m0 + r < M ? x + (m0 + r) * K + k0 : tg_zeros;
             tg_block(a, b, kc, c + m0 * TG_NR, k0 == 0);
@@ -139,14 +149,12 @@ static AVX2 void tg_panel(const float *x, int64_t M, int64_t N, int64_t K, const
 }
 #endif
 
-#ifndef TG_CHUNK
 #define TG_CHUNK 4   /* panels a thread takes at a time: 64 columns, ~50 us at K = 896 (a slowed thread leaves the rest) */
-#endif
 
 /* y[M,N] (dtype ydt, rows ldy >= N apart: a block of columns of a wider y) = x[M,K] . w[N,K]^T (+ bias[N]): x fp32,
-   w fp32 / bf16 / fp16, bias fp32 or NULL. 0; -2 on a
-   CPU without AVX2/FMA/F16C or a build for another machine (the caller keeps its own path); -3 when a thread's
-   buffers cannot be had (y then incomplete: the caller runs its own path). */
+   w fp32 / bf16 / fp16, bias fp32 or NULL. 0; -2 for K = 0, on a CPU without AVX2/FMA/F16C or in a build for another
+   machine (the caller keeps its own path); -3 when a thread's buffers cannot be had (y then incomplete: the caller
+   runs its own path). */
 int gemm_tiles(int64_t M, int64_t N, int64_t K, const float *x, const void *w, int wdt, const float *bias, void *y,
                int64_t ldy, int ydt, int nthreads) {
 #ifdef GEMV_X86
