@@ -7,8 +7,8 @@ half GEMM, with the FMA units' peak as the floor.
 ``y = x · Wᵀ + b`` with ``x [rows, K]``, ``W [N, K]`` and ``y`` of one dtype, timed call by call in a rotating order
 (a neighbour's load hits every method alike), by:
 
-* ``ours``: ``cpu_gemv.Gemv(W, b).tiled_mm(x, y)``, the prefill GEMM of ``gemm_tiles.c`` (panels of 16 columns of W
-  widened to fp32 as they are packed, 6 x 16 blocks of fp32 sums in registers, one rounding), what the CPU backend's
+* ``ours``: ``cpu_gemv.Gemv(W, b).tiled_mm(x, y)``, the prefill GEMM of ``gemm_tiles.c`` (panels of 24 columns of W
+  widened to fp32 as they are packed, 4 x 24 blocks of fp32 sums in registers, one rounding), what the CPU backend's
   contractions run for a prefill where AVX2 is the CPU's best kernel;
 * ``widened tiles`` (bf16, fp16): ``Gemv.widened_mm``, fp32 tiles of the widened weight multiplied by ``torch.mm``
   (what a half prefill ran before, and still runs on AVX-512 CPUs without the dtype's dot products);

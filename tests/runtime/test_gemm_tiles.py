@@ -1,7 +1,7 @@
 """The prefill GEMM of ``gemm_tiles.c`` (``cpu_gemv.Gemv.tiled_mm``): fp32 / bf16 / fp16 weights widened to fp32 as
 they are packed, fp32 products and sums, the bias added, one rounding; run where AVX2 is the CPU's best kernel (here
 forced there with ``at_most``, so that an AVX-512 machine tests it too). Against float64 products: bit-exact where
-the arithmetic is exact (every edge of the 6 x 16 blocks and the 256-deep panels, every rounding of the output,
+the arithmetic is exact (every edge of the 4 x 24 blocks and the 256-deep panels, every rounding of the output,
 ties included), within fp32's summation bound elsewhere, and the same bits on one thread or two."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from tests.runtime.test_gemv import at_most
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: per dtype: integers this wide are exact in it, and the largest |sum| kept within its range
 EXACT_INTS = {torch.float32: (1 << 10, 1 << 23), torch.bfloat16: (1 << 7, 1 << 30), torch.float16: (1 << 4, 1 << 14)}
-#: M, N, K crossing the blocks' edges: 6 rows, 16 columns, 256 of K, 8 of K packed at a time
-SHAPES = [(1, 1, 1), (5, 15, 7), (6, 16, 8), (7, 17, 9), (13, 33, 255), (37, 45, 257), (128, 64, 513), (12, 300, 96)]
+#: M, N, K crossing the blocks' edges: 4 rows, 24 columns (8 packed at a time), 256 of K, 8 of K packed at a time
+SHAPES = [(1, 1, 1), (3, 7, 7), (4, 8, 8), (5, 9, 9), (6, 16, 15), (7, 23, 16), (8, 24, 17), (9, 25, 255),
+          (13, 47, 256), (37, 49, 257), (128, 64, 513), (12, 300, 96)]
 
 
 @pytest.fixture

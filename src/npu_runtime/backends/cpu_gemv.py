@@ -246,7 +246,7 @@ class Gemv:
 
     def tiled_mm(self, x: Tensor, out: Tensor, threads: int | None = None) -> bool:
         """Many rows of ``x [M, K]`` (a prefill) into ``out [M, N]`` by the prefill GEMM of ``gemm_tiles.c``: panels of
-        16 columns of W widened to fp32 as they are packed, 6 x 16 blocks of fp32 sums held in registers, the bias
+        24 columns of W widened to fp32 as they are packed, 4 x 24 blocks of fp32 sums held in registers, the bias
         added, one rounding to the dtype (PyTorch's half GEMM's arithmetic, and its fp32 GEMM's, in another order of
         sums). Only where AVX2/FMA is the best kernel the CPU runs (or an ``isa`` cap puts it there): there it ran
         1.0-1.3x the GMAC/s of oneDNN's and MKL's fp32 GEMMs at BERT-base's and Qwen2.5's prefill shapes, 67-87 of

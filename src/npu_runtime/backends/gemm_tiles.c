@@ -4,14 +4,15 @@
    Appended to gemv.c (one translation unit: its DT_* codes, load_elem/store_elem and AVX2 macro; half.c's
    conversions) and called through ctypes by cpu_gemv.Gemv.tiled_mm and cpu_qgemv's tiles of dequantized rows, for
    many rows of x, where AVX2 is the CPU's best kernel. The shape of it is the classic one (BLIS, GotoBLAS): a panel of
-   16 columns of w, KC deep, is widened into a buffer that stays in L1, and a 6 x 16 block of y is held in 12 ymm
-   registers while x's 6 rows are broadcast against it, 12 FMAs per step of k (the two FMA pipes busy, the loads on
+   24 columns of w, KC deep, is widened into a buffer that stays in L1, and a 4 x 24 block of y is held in 12 ymm
+   registers while x's 4 rows are broadcast against it, 12 FMAs per step of k (the two FMA pipes busy, the loads on
    the other ports). Threads take panels four at a time (each weight read once in all); a thread keeps its columns of
    y in fp32 across the KC blocks and rounds them once at the end. The Python side checks every pointer and size:
    this code trusts them. */
 
-#define TG_MR 6
-#define TG_NR 16
+#define TG_MR 4
+#define TG_NR 24
+#define TG_NV (TG_NR / 8)  /* vectors of 8 per row of a block */
 #define TG_KC 256
 
 #ifdef GEMV_X86
@@ -42,17 +43,18 @@ static inline __attribute__((always_inline)) AVX2 void tg_transpose8(__m256 v[8]
     }
 }
 
-/* Rows n0.. n0+15 of w (those past N as zeros), k in [k0, k0+kc), into b[kc][16] fp32. */
+/* Rows n0.. n0+23 of w (those past N as zeros), k in [k0, k0+kc), into b[kc][24] fp32: 8 rows at a time, 8 values
+   of each widened and transposed in registers. */
 static AVX2 void tg_pack(const void *w, int wdt, int64_t N, int64_t K, int64_t n0, int64_t k0, int kc, float *b) {
     const int rows = N - n0 < TG_NR ? (int)(N - n0) : TG_NR;
     const int k8 = kc / 8 * 8;
-    for (int half = 0; half < TG_NR; half += 8) {
+    for (int eight = 0; eight < TG_NR; eight += 8) {
         for (int kk = 0; kk < k8; kk += 8) {
             __m256 v[8];
             for (int r = 0; r < 8; r++)
-                v[r] = half + r < rows ? tg_load8(w, wdt, (size_t)((n0 + half + r) * K + k0 + kk)) : _mm256_setzero_ps();
+                v[r] = eight + r < rows ? tg_load8(w, wdt, (size_t)((n0 + eight + r) * K + k0 + kk)) : _mm256_setzero_ps();
             tg_transpose8(v);
-            for (int j = 0; j < 8; j++) _mm256_store_ps(b + (size_t)(kk + j) * TG_NR + half, v[j]);
+            for (int j = 0; j < 8; j++) _mm256_store_ps(b + (size_t)(kk + j) * TG_NR + eight, v[j]);
         }
     }
     for (int kk = k8; kk < kc; kk++)                    /* the end of K, when K is not a multiple of 8 */
@@ -60,26 +62,25 @@ static AVX2 void tg_pack(const void *w, int wdt, int64_t N, int64_t K, int64_t n
             b[(size_t)kk * TG_NR + r] = r < rows ? load_elem(w, wdt, (size_t)((n0 + r) * K + k0 + kk)) : 0.0f;
 }
 
-/* c[6][16] (+)= a[6 rows][kc] . b[kc][16], a's rows given one by one (a row past M points at zeros). */
+/* c[4][24] (+)= a[4 rows][kc] . b[kc][24], a's rows given one by one (a row past M points at zeros): 12 accumulators,
+   3 loads of b and 4 broadcasts per step of k, 16 ymm registers in all. (6 x 16, BLIS's Haswell shape, measured 2-6 %
+   slower here: 8 loads per 12 FMAs, and 128 rows of x are not a multiple of 6.) */
 static inline __attribute__((always_inline)) AVX2
 void tg_block(const float *const a[TG_MR], const float *b, int kc, float *c, int first) {
-    __m256 acc[TG_MR][2];
-    for (int r = 0; r < TG_MR; r++) {
-        acc[r][0] = first ? _mm256_setzero_ps() : _mm256_load_ps(c + r * TG_NR);
-        acc[r][1] = first ? _mm256_setzero_ps() : _mm256_load_ps(c + r * TG_NR + 8);
-    }
+    __m256 acc[TG_MR][TG_NV];
+    for (int r = 0; r < TG_MR; r++)
+        for (int v = 0; v < TG_NV; v++)
+            acc[r][v] = first ? _mm256_setzero_ps() : _mm256_load_ps(c + r * TG_NR + 8 * v);
     for (int k = 0; k < kc; k++) {
-        const __m256 b0 = _mm256_load_ps(b + (size_t)k * TG_NR), b1 = _mm256_load_ps(b + (size_t)k * TG_NR + 8);
+        __m256 bv[TG_NV];
+        for (int v = 0; v < TG_NV; v++) bv[v] = _mm256_load_ps(b + (size_t)k * TG_NR + 8 * v);
         for (int r = 0; r < TG_MR; r++) {
             const __m256 x = _mm256_broadcast_ss(a[r] + k);
-            acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+            for (int v = 0; v < TG_NV; v++) acc[r][v] = _mm256_fmadd_ps(x, bv[v], acc[r][v]);
         }
     }
-    for (int r = 0; r < TG_MR; r++) {
-        _mm256_store_ps(c + r * TG_NR, acc[r][0]);
-        _mm256_store_ps(c + r * TG_NR + 8, acc[r][1]);
-    }
+    for (int r = 0; r < TG_MR; r++)
+        for (int v = 0; v < TG_NV; v++) _mm256_store_ps(c + r * TG_NR + 8 * v, acc[r][v]);
 }
 
 /* 8 fp32 values rounded to y's dtype, as half.c rounds them (F16C's round-to-nearest-even gives the same bits,
@@ -100,7 +101,7 @@ static inline __attribute__((always_inline)) AVX2 void tg_store8(void *y, int yd
     _mm_storeu_si128((__m128i *)((uint16_t *)y + i), h);
 }
 
-/* Columns n0.. of y (rows ldy apart) from a thread's fp32 panel c[Mp][16], bias added, rounded once. */
+/* Columns n0.. of y (rows ldy apart) from a thread's fp32 panel c[Mp][24], bias added, rounded once. */
 static AVX2 void tg_finish(const float *c, int64_t M, int64_t N, int64_t n0, const float *bias, void *y, int64_t ldy,
                            int ydt) {
     const int cols = N - n0 < TG_NR ? (int)(N - n0) : TG_NR;
@@ -119,9 +120,9 @@ static AVX2 void tg_finish(const float *c, int64_t M, int64_t N, int64_t n0, con
     }
 }
 
-static const float tg_zeros[TG_KC];                    /* the rows of x past M in the last block of 6 */
+static const float tg_zeros[TG_KC];                    /* the rows of x past M in the last block of 4 */
 
-/* The 16 columns of panel p; b and c a thread's buffers ([TG_KC][16], [M rounded up to 6][16] fp32, aligned). */
+/* The 24 columns of panel p; b and c a thread's buffers ([TG_KC][24], [M rounded up to 4][24] fp32, aligned). */
 static AVX2 void tg_panel(const float *x, int64_t M, int64_t N, int64_t K, const void *w, int wdt, const float *bias,
                           void *y, int64_t ldy, int ydt, int64_t p, float *b, float *c) {
     const int64_t n0 = p * TG_NR, blocks = (M + TG_MR - 1) / TG_MR, es = wdt == DT_F32 ? 4 : 2;
@@ -129,7 +130,7 @@ static AVX2 void tg_panel(const float *x, int64_t M, int64_t N, int64_t K, const
         const int kc = K - k0 < TG_KC ? (int)(K - k0) : TG_KC;
         tg_pack(w, wdt, N, K, n0, k0, kc, b);
         /* The cache lines the next packing reads (this panel's next KC of its rows, else the next panel's first),
-           fetched a share per block of x, so that they arrive during these FMAs rather than stall the packing on 16
+           fetched a share per block of x, so that they arrive during these FMAs rather than stall the packing on 24
            rows of memory (cold weights: +1-6 % GMAC/s at bench/gemv/prefill.py's shapes). Here in the loop, not in
            a helper: GCC finds a function of prefetches alone free of effects and drops its calls. */
         const int64_t more = k0 + TG_KC < K, nk0 = more ? k0 + TG_KC : 0, nn0 = more ? n0 : n0 + TG_NR;
@@ -149,7 +150,7 @@ static AVX2 void tg_panel(const float *x, int64_t M, int64_t N, int64_t K, const
 }
 #endif
 
-#define TG_CHUNK 4   /* panels a thread takes at a time: 64 columns, ~50 us at K = 896 (a slowed thread leaves the rest) */
+#define TG_CHUNK 4   /* panels a thread takes at a time: 96 columns, ~80 us at K = 896 (a slowed thread leaves the rest) */
 
 /* y[M,N] (dtype ydt, rows ldy >= N apart: a block of columns of a wider y) = x[M,K] . w[N,K]^T (+ bias[N]): x fp32,
    w fp32 / bf16 / fp16, bias fp32 or NULL. 0; -2 for K = 0, on a CPU without AVX2/FMA/F16C or in a build for another
