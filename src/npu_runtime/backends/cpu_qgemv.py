@@ -456,13 +456,13 @@ class QGemv:
         """The prefill path: tile by tile, rows of W dequantized (exactly) into a scratch buffer kept in cache, then
         ``x · tileᵀ (+ bias)`` into the tile's columns of ``out`` (a column slice of a row-major matrix: no copy)."""
         rows = TILE_ROWS or (256 if 256 * 4 * self.k <= TILE_BYTES else 128)
-        rows = max(1, min(self.n, rows))
+        mm, m = cpu_gemv.tiles_library() if isa >= 1 else None, x.shape[0]
+        rows = max(1, min(self.n, rows if mm is None or rows < 48 else rows // 24 * 24))  # gemm_tiles' whole panels
         buf = cpu_gemv.scratch("tile", rows * self.k)
         yp, yn = out.data_ptr(), out.nbytes
         if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):
             raise ValueError("qgemv: out or x overlaps the prefill's scratch buffer")
         threads = max(1, torch.get_num_threads() if threads is None else threads)
-        mm, m = cpu_gemv.tiles_library() if isa >= 1 else None, x.shape[0]
         for n0 in range(0, self.n, rows):
             n1 = min(self.n, n0 + rows)
             tile = buf[:(n1 - n0) * self.k].view(n1 - n0, self.k)

@@ -52,7 +52,8 @@ static AVX2 void tg_pack(const void *w, int wdt, int64_t N, int64_t K, int64_t n
         for (int kk = 0; kk < k8; kk += 8) {
             __m256 v[8];
             for (int r = 0; r < 8; r++)
-                v[r] = eight + r < rows ? tg_load8(w, wdt, (size_t)((n0 + eight + r) * K + k0 + kk)) : _mm256_setzero_ps();
+                v[r] = eight + r < rows ? tg_load8(w, wdt, (size_t)((n0 + eight + r) * K + k0 + kk))
+                                        : _mm256_setzero_ps();
             tg_transpose8(v);
             for (int j = 0; j < 8; j++) _mm256_store_ps(b + (size_t)(kk + j) * TG_NR + eight, v[j]);
         }
@@ -150,7 +151,9 @@ static AVX2 void tg_panel(const float *x, int64_t M, int64_t N, int64_t K, const
 }
 #endif
 
-#define TG_CHUNK 4   /* panels a thread takes at a time: 96 columns, ~80 us at K = 896 (a slowed thread leaves the rest) */
+/* panels a thread takes at a time, at most: 96 columns, ~80 us at K = 896 (a thread slowed by a neighbour leaves the
+   rest); fewer where there are under four such chunks a thread (cpu_qgemv's tiles of 128-256 rows: 6-11 panels) */
+#define TG_CHUNK 4
 
 /* y[M,N] (dtype ydt, rows ldy >= N apart: a block of columns of a wider y) = x[M,K] . w[N,K]^T (+ bias[N]): x fp32,
    w fp32 / bf16 / fp16, bias fp32 or NULL. 0; -2 for K = 0, on a CPU without AVX2/FMA/F16C or in a build for another
@@ -165,6 +168,8 @@ int gemm_tiles(int64_t M, int64_t N, int64_t K, const float *x, const void *w, i
     const int64_t Mp = (M + TG_MR - 1) / TG_MR * TG_MR, panels = (N + TG_NR - 1) / TG_NR;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > panels) nthreads = (int)panels;
+    const int64_t fair = panels / (4 * (int64_t)nthreads);
+    const int chunk = fair < 1 ? 1 : fair < TG_CHUNK ? (int)fair : TG_CHUNK;
     int failed = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthreads) reduction(| : failed)
@@ -174,7 +179,7 @@ int gemm_tiles(int64_t M, int64_t N, int64_t K, const float *x, const void *w, i
         float *c = aligned_alloc(32, (size_t)Mp * TG_NR * sizeof(float));
         failed = !b || !c;
 #ifdef _OPENMP
-#pragma omp for schedule(dynamic, TG_CHUNK)
+#pragma omp for schedule(dynamic, chunk)
 #endif
         for (int64_t p = 0; p < panels; p++)
             if (!failed) tg_panel(x, M, N, K, w, wdt, bias, y, ldy, ydt, p, b, c);
