@@ -71,6 +71,7 @@ class Ours:
 
     def __init__(self, path: Path, args: argparse.Namespace, int8: bool = False):
         from npu_runtime import Device, load_weights
+        from npu_runtime.backends.cpu import CPUBackend
         from npu_runtime.generate import Generator
         from npu_tools.lm_source import load_lm
 
@@ -79,7 +80,9 @@ class Ours:
             lm = load_lm(path, max_cache_len=args.prompt + args.new_tokens + 8, chunk=args.prompt,
                          int8_activations=int8)
         self.notes = sorted({str(w.message) for w in caught if "dequantized" in str(w.message)})
-        device = Device()
+        # the same thread count as llama.cpp's, every run: left adaptive (npu_runtime.threads.RunThreads), a
+        # program's fifth to eighth runs would try one thread, at twice the time, inside the timed rounds
+        device = Device(CPUBackend(threads=args.threads))
         self.dtype = lm.dtype
         self.blocks = sorted({s.quant.block for s in lm.programs.decode.weight_specs if s.quant is not None})
         self.generator = Generator(lm.programs.prefill, lm.programs.decode,
