@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from npu_runtime.backends import cpu_gemv
-from tests.runtime.conftest import native  # noqa: F401  (the fixture: skipped where no kernel can be built)
 from tests.runtime.test_gemv import at_most
 
 BENCH_GEMV = Path(__file__).resolve().parents[2] / "bench" / "gemv"
@@ -26,7 +25,7 @@ def prefill():
         sys.path.remove(str(BENCH_GEMV))
 
 
-def test_the_table_has_every_method(prefill, native, request, capsys):  # noqa: F811
+def test_the_table_has_every_method(prefill, native, request, capsys):
     at_most(request, "avx2")
     assert prefill.main(["--shapes", "BERT qkv", "--rows", "7", "--reps", "1", "--dtypes", "float16", "float32"]) == 0
     out = capsys.readouterr().out
@@ -38,7 +37,7 @@ def test_the_table_has_every_method(prefill, native, request, capsys):  # noqa: 
         "| ours | widened tiles | torch.mm fp32 | torch half |" in out  # a torch without oneDNN
 
 
-def test_the_fma_probe_measures_fmas(prefill, native):  # noqa: F811
+def test_the_fma_probe_measures_fmas(prefill, native):
     one = prefill.fma_peak(1, seconds=0.05)
     if one is None:
         pytest.skip("no AVX2/FMA here")

@@ -109,3 +109,8 @@ def test_a_prefill_gemm_runs_it(avx2, monkeypatch):
     _Linear(w, None)(x, out, residual=res)
     assert calls == [(10, 32)]
     assert torch.equal(out, (x.double() @ w.double().t()).to(torch.bfloat16) + res)
+
+
+def test_the_panel_width_is_the_kernels(native):
+    """``cpu_gemv.TILES_PANEL``, by which ``cpu_qgemv`` cuts its tiles, is the C kernel's ``TG_NR``."""
+    assert native.lib.gemm_tiles_panel() == cpu_gemv.TILES_PANEL

@@ -253,7 +253,7 @@ class Gemv:
         the FMA units' 102 (Zen 3, two threads: ``bench/gemv/prefill.py``); AVX-512 doubles their width. False,
         nothing written, where it does not run: x, W and out of different dtypes, no kernel, no memory for it."""
         library = tiles_library()
-        if library is None or x.dtype != self.weight.dtype or out.dtype != x.dtype or self.k == 0:
+        if library is None or x.dtype != self.weight.dtype or out.dtype != x.dtype:
             return False
         out, (m, xp, *_), _ = self._checked(x, out, None, None)
         if x.dtype != torch.float32:  # widened once here (exact), not once per panel of W
@@ -300,6 +300,11 @@ class Gemv:
         return None if library is None else \
             NativeCall(library.lib.gemv_packed, self._pack(library, fields, threads, min(library.isa, cap)),
                        keep=(x, out, residual, self.weight, self.bias))
+
+
+#: columns of W per panel of ``gemm_tiles.c`` (its ``TG_NR``; ``gemm_tiles_panel()``): a caller that cuts W into tiles
+#: (``cpu_qgemv``'s dequantized rows) cuts them to whole panels
+TILES_PANEL = 24
 
 
 def tiles_library() -> Library | None:

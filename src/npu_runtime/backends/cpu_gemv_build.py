@@ -183,6 +183,7 @@ def load() -> Library:
     lib.gemv_packed.restype = cint
     lib.gemm_tiles.argtypes = [i64, i64, i64, ptr, ptr, cint, ptr, ptr, i64, cint, cint]
     lib.gemm_tiles.restype = cint
+    lib.gemm_tiles_panel.restype = cint
     lib.gemv_isa.restype = cint
     lib.gemv_openmp.restype = cint
     log.debug("GEMV kernel: %s", path)

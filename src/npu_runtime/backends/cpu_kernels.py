@@ -63,12 +63,6 @@ def _fold_batch_norm(w: Tensor, b: Tensor | None, bn: Sequence[Tensor], eps: flo
 
 
 @functools.cache
-def _onednn_linear() -> bool:
-    """Whether torch has oneDNN here (its CPU builds for x86 and Arm do), for the prefill-sized contractions."""
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-@functools.cache
 def _conv_dtypes() -> frozenset[str]:
     """What oneDNN's convolution runs natively here: float32 always, bfloat16 / float16 where this CPU has the
     instructions (AVX512-BF16 or AMX; AVX512-FP16), as torch detects them at run time. Elsewhere a bfloat16 or
@@ -170,6 +164,12 @@ class Conv2d:
 
 
 # --------------------------------------------------------------------------------------------- gemm
+
+
+@functools.cache
+def _onednn_linear() -> bool:
+    """Whether torch has oneDNN here (its CPU builds for x86 and Arm do), for the prefill-sized contractions."""
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 #: Rows of ``x`` up to which a contraction runs the GEMV kernel (``cpu_gemv``): it reads W once per 4 rows

@@ -456,8 +456,8 @@ class QGemv:
         """The prefill path: tile by tile, rows of W dequantized (exactly) into a scratch buffer kept in cache, then
         ``x · tileᵀ (+ bias)`` into the tile's columns of ``out`` (a column slice of a row-major matrix: no copy)."""
         rows = TILE_ROWS or (256 if 256 * 4 * self.k <= TILE_BYTES else 128)
-        mm, m = cpu_gemv.tiles_library() if isa >= 1 else None, x.shape[0]
-        rows = max(1, min(self.n, rows if mm is None or rows < 48 else rows // 24 * 24))  # gemm_tiles' whole panels
+        mm, m, panel = cpu_gemv.tiles_library() if isa >= 1 else None, x.shape[0], cpu_gemv.TILES_PANEL  # its panels
+        rows = max(1, min(self.n, rows - rows % panel if mm is not None and rows >= 2 * panel else rows))  # whole ones
         buf = cpu_gemv.scratch("tile", rows * self.k)
         yp, yn = out.data_ptr(), out.nbytes
         if _overlap(buf.data_ptr(), buf.nbytes, yp, yn) or _overlap(buf.data_ptr(), buf.nbytes, x.data_ptr(), x.nbytes):

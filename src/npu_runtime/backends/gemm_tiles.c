@@ -11,7 +11,7 @@
    this code trusts them. */
 
 #define TG_MR 4
-#define TG_NR 24
+#define TG_NR 24  /* cpu_gemv.TILES_PANEL: a caller cutting W into tiles cuts them to whole panels */
 #define TG_NV (TG_NR / 8)  /* vectors of 8 per row of a block */
 #define TG_KC 256
 
@@ -192,3 +192,6 @@ int gemm_tiles(int64_t M, int64_t N, int64_t K, const float *x, const void *w, i
     return -2;
 #endif
 }
+
+/* TG_NR, for the test that cpu_gemv.TILES_PANEL is it. */
+int gemm_tiles_panel(void) { return TG_NR; }
