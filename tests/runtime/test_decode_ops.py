@@ -212,6 +212,27 @@ def test_every_isa_variant_gives_the_same_bits(library, dtype, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(result, results[0]))
 
 
+def test_every_fp16_value_widens_and_rounds_alike_in_every_variant(library, monkeypatch):
+    """The x86 variants convert fp16 with F16C, the portable one in plain C: every one of the 65,536 bit patterns
+    through both. Two cache positions, equal scores: out = v0 / 2 + v1 / 2, exact in fp32, then rounded to fp16 (v1
+    is v0's neighbour pattern, so half the sums are ties; subnormals, the largest values, inf and NaN included)."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    v = torch.stack([every, every.roll(1)]).view(2, 1024, 64).transpose(0, 1).unsqueeze(0).contiguous()  # [1,H,2,D]
+    q, k = torch.zeros(1, 1024, 1, 64, dtype=torch.float16), torch.zeros_like(v)
+    want = (v[0, :, 0].float() * 0.5 + v[0, :, 1].float() * 0.5).half().reshape(-1)
+    nan = want.isnan()
+    results = []
+    for isa in range(library.isa + 1):
+        monkeypatch.setattr(dops, "_isa", isa)
+        out = torch.empty(1, 1, 1024 * 64, dtype=torch.float16)
+        assert dops.attention(q, k, v, None, out, 1.0)
+        got = out.reshape(-1)
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16)), f"isa {isa}"
+        results.append(got.view(torch.int16))
+    assert all(torch.equal(r, results[0]) for r in results[1:])  # NaN payloads too
+
+
 def test_hidden_cache_rows_are_not_read(library):
     """A hidden position is skipped: with the reference reading it as -inf, garbage there changes nothing."""
     q, k, v = rand((1, 4, 1, 64), torch.float32, 1), rand((1, 2, 64, 64), torch.float32, 2), \

@@ -111,6 +111,30 @@ def test_every_tail_of_n_and_k(native, dtype, isa):
     check_against_float64(cpu_gemv.Gemv(w)(x, threads=2, isa=isa), x, w)
 
 
+@pytest.mark.parametrize("isa", ["c", "avx2", "avx512"])
+def test_fp16_x_residual_and_y_convert_as_torch(native, isa):
+    """fp16 x, residual and y (F16C in the x86 kernels, plain C in the portable one) where the sums are exact: y =
+    x[0] * w[:, 0] + residual with x one-hot. Every fp16 pattern as the residual (w = 0: y must be it, -0 made
+    +0), then fp32 values rounded to fp16 (x = 1, residual 0): each fp16 value and each midpoint of two neighbours
+    (a tie), the subnormals and the overflow to inf included, against torch's rounding."""
+    if native.isa < cpu_gemv.ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(1, -1)
+    n, finite = every.shape[1], every.isfinite().reshape(-1)
+    x = torch.zeros(1, 16, dtype=torch.float16)
+    x[0, 0] = 1.0
+    y = cpu_gemv.Gemv(torch.zeros(n, 16))(x, residual=every, threads=2, isa=isa)
+    want, nan = (torch.zeros(1, n) + every.float()).half(), every.isnan()  # -0 + +0 sums are +0
+    assert torch.equal(y.isnan(), nan)
+    assert torch.equal(y[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    values = every.reshape(-1)[finite].float().sort().values
+    targets = torch.cat([values, (values[1:] + values[:-1]) / 2, torch.tensor([65519.0, 65520.0, 1e6, -1e6])])
+    w = torch.zeros(targets.numel(), 16)
+    w[:, 0] = targets
+    y = cpu_gemv.Gemv(w)(x, threads=2, isa=isa)
+    assert torch.equal(y.reshape(-1).view(torch.int16), (targets + 0.0).half().view(torch.int16))
+
+
 @pytest.mark.slow
 def test_the_isa_cap_is_checked_and_named(native, tmp_path):
     x, w = random((1, 40), torch.bfloat16, 0), random((9, 40), torch.bfloat16, 1)
