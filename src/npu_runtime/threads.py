@@ -15,10 +15,14 @@ with the lower mean (means, not medians: the stalls are the cost), and the other
 then, to notice that the machine changed. A try of the slower choice costs the difference between the
 two, so tries are spaced to keep that cost near ``PROBE_SHARE`` of the time spent running (a stalled
 two-thread try of ResNet-50 under load costs ~300 ms: one per ~15 s of runs; a one-thread try on a quiet
-machine ~60 ms: one per ~3 s of runs); and when the current choice's median gets 1.5x faster than just
-after the last try, the next try comes at once: the machine got quieter, and the other may be faster yet.
-(When the current choice gets slower, nothing needs to be tried: once its mean passes the other's last
-times, the other is chosen.)
+machine ~60 ms: one per ~3 s of runs); and when the current choice's median gets 1.5x faster or slower than
+just after the last try, the next try comes at once: the machine changed, and the other may be faster now.
+
+The first try of one thread is priced the same way. A program starts on all threads; after a few runs it
+tries one thread at once only when those runs look stalled (their times more than 1.5x apart), and else
+when its running time has paid for the try at ``PROBE_SHARE`` (a one-thread run takes up to the thread count
+times as long). It used to try one thread in every program's fifth to eighth runs: an LLM's prefill, one
+run per request, then took twice the time in four requests of the first eight.
 
 The choice is applied with ``torch.set_num_threads`` (a fraction of a microsecond) for the run and the
 count the caller had is restored after it, so PyTorch code around the runtime keeps its own setting.
@@ -49,18 +53,18 @@ class RunThreads:
     """
 
     SAMPLES = 5  # times kept per choice
-    EXPLORE = 3  # times of each choice gathered before choosing
+    EXPLORE = 3  # runs on all threads timed before the first try of one thread is scheduled
     PROBE_SHARE = 0.02  # tries of the slower choice may cost about this share of the time spent
     MIN_PROBE_NS = 200_000_000  # of run time between tries, at least and at most
     MAX_PROBE_NS = 30_000_000_000
-    MOVED = 1.5  # the current choice's median got this much faster since the last try: try the other at once
+    MOVED = 1.5  # the current choice's median moved this much since the last try: try the other at once
 
     def __init__(self, fixed: int | None = None) -> None:
         self.fixed = fixed
         self.all = 0  # the caller's thread count the samples below were taken with
         self.samples: dict[int, deque[float]] = {}
         self.warm: set[int] = set()  # choices whose first run (primitive caches, first touch) is behind them
-        self.explored = False  # EXPLORE times of each choice are in
+        self.explored = False  # EXPLORE times of all threads are in
         self.spent = 0  # ns of runs since the other choice was last tried
         self.probe_after = 0  # ... and how many ns of runs to wait before the next try
         self.probing = False
@@ -80,8 +84,8 @@ class RunThreads:
             return configured
         if configured != self.all:  # the caller changed torch's count: what was measured no longer applies
             self._reset(configured)
-        if not self.explored:  # a few runs of each first
-            return configured if len(self.samples[configured]) < self.EXPLORE else 1
+        if not self.explored:  # a few runs of all threads first
+            return configured
         best, other = self._ranked()
         if self.spent >= self.probe_after:
             self.probing = True
@@ -105,12 +109,20 @@ class RunThreads:
             return
         samples.append(ns)
         if not self.explored:
-            if all(len(s) >= self.EXPLORE for s in self.samples.values()):  # explored: the first try, later
+            if len(samples) >= self.EXPLORE:
                 self.explored = True
-                best, other = self._ranked()
-                self._schedule_probe(cost=self._mean(other) - self._mean(best))
+                self._schedule_first_try(samples)
             return
         self._watch(threads)
+
+    def _schedule_first_try(self, times: deque[float]) -> None:
+        """After the first runs on all threads: try one thread at once if they look stalled (a neighbour holds
+        a core), else once the running time pays for the try (a warm-up run and a timed one, each up to the
+        thread count times as long as a run on all threads)."""
+        if max(times) > self.MOVED * min(times):
+            self.spent, self.probe_after = 0, 0
+            return
+        self._schedule_probe(cost=2 * (self.all - 1) * self._mean(self.all))
 
     def _watch(self, threads: int) -> None:
         """After a run of the current choice: bring the next try forward if it got much faster."""
@@ -124,8 +136,9 @@ class RunThreads:
         if self.baseline is None:
             if self.fresh >= self.SAMPLES:  # a window of its own times since it became current
                 self.baseline = statistics.median(self.samples[best])
-        elif statistics.median(self.samples[best]) * self.MOVED < self.baseline:
-            # the current choice got much faster: the machine is quieter, and the other may be faster yet
+        elif not self.baseline / self.MOVED <= statistics.median(self.samples[best]) <= self.baseline * self.MOVED:
+            # the current choice got much faster or slower: the machine changed, and the other may be faster now
+            # (a slower one is also left once its mean passes the other's times, if the other has any yet)
             self.probe_after = 0
 
     @contextmanager
