@@ -233,6 +233,28 @@ def test_every_fp16_value_widens_and_rounds_alike_in_every_variant(library, monk
     assert all(torch.equal(r, results[0]) for r in results[1:])  # NaN payloads too
 
 
+def test_rows_without_a_softmax_give_zeros_in_every_variant(library, monkeypatch):
+    """Per head of a group (two query heads per cache head): every position hidden from it by an additive -inf
+    mask while the other head sees them, a +inf score, a NaN query: zeros for that head (the vectorized exp and
+    sums of the softmax keep this), the other heads the reference's softmax."""
+    q, k, v = rand((1, 4, 1, 16), torch.float32, 1), rand((1, 2, 40, 16), torch.float32, 2), \
+        rand((1, 2, 40, 16), torch.float32, 3)
+    mask = torch.zeros(1, 4, 1, 40)
+    mask[0, 0] = float("-inf")  # head 0 sees nothing; head 1 (same cache head) sees all
+    q[0, 2, 0, 0] = float("nan")
+    k[0, 1, 7] = float("inf") * torch.sign(q[0, 3, 0])  # head 3's score at position 7 is +inf (head 2's is NaN)
+    scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.25 + mask
+    want = (torch.softmax(scores, -1) @ v.repeat_interleave(2, dim=1)).reshape(1, 1, 64)
+    want[..., :16] = 0.0
+    want[..., 32:] = 0.0
+    for isa in range(library.isa + 1):
+        monkeypatch.setattr(dops, "_isa", isa)
+        out = torch.full((1, 1, 64), 7.0)
+        assert dops.attention(q, k, v, mask, out, 0.25)
+        assert torch.equal(out[..., :16], want[..., :16]) and torch.equal(out[..., 32:], want[..., 32:])
+        torch.testing.assert_close(out[..., 16:32], want[..., 16:32], rtol=4e-6, atol=1e-6)
+
+
 def test_hidden_cache_rows_are_not_read(library):
     """A hidden position is skipped: with the reference reading it as -inf, garbage there changes nothing."""
     q, k, v = rand((1, 4, 1, 64), torch.float32, 1), rand((1, 2, 64, 64), torch.float32, 2), \

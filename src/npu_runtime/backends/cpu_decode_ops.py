@@ -67,12 +67,18 @@ _COPY = struct.Struct("<3q")  # bytes src dst
 _KV = struct.Struct("<6q")  # rows S bytes index src cache
 
 
+#: gcc leaves a loop of exp_poly scalar in AVX2 under its default trapping math (it moves the arithmetic into the
+#: arms of the selects, where it may not be speculated); without FP traps every variant vectorizes it. The results
+#: are the same: only the exception flags, which nothing reads, may differ.
+EXTRA_FLAGS = ("-fno-trapping-math",)
+
+
 def _build() -> Library:
     try:
         source = with_half(SOURCE_NAME)
     except OSError as exc:  # an install without its package data: the torch path still runs
         raise BuildError(f"cannot read {SOURCE_NAME} (and half.c): {exc}") from exc
-    lib, path = open_library(source, "decode_ops")
+    lib, path = open_library(source, "decode_ops", EXTRA_FLAGS)
     for name in ("dops_rms_norm", "dops_rope", "dops_attention", "dops_silu_mul", "dops_add", "dops_copy",
                  "dops_kv_update"):
         getattr(lib, name).argtypes = [ctypes.c_char_p]

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -130,10 +130,11 @@ def build(source: str, compiler: str, flags: list[str], target: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _load_from(source: str, name: str, folder: Path, compiler: str) -> tuple[ctypes.CDLL, Path]:
+def _load_from(source: str, name: str, folder: Path, compiler: str,
+               extra: Sequence[str]) -> tuple[ctypes.CDLL, Path]:
     """Build (unless cached) and load ``source`` in ``folder``: with OpenMP, else without."""
     errors = []
-    for flags in ([*FLAGS, *OPENMP_FLAGS], FLAGS):
+    for flags in ([*FLAGS, *extra, *OPENMP_FLAGS], [*FLAGS, *extra]):
         key = hashlib.sha256("\0".join([source, compiler, *flags, platform.machine()]).encode()).hexdigest()[:20]
         target = folder / f"{name}-{key}.so"
         try:
@@ -145,8 +146,9 @@ def _load_from(source: str, name: str, folder: Path, compiler: str) -> tuple[cty
     raise RuntimeError("; ".join(errors))
 
 
-def open_library(source: str, name: str) -> tuple[ctypes.CDLL, Path]:
-    """``source`` compiled (once per machine: kept in :func:`cache_dir` as ``<name>-<hash>.so``) and loaded.
+def open_library(source: str, name: str, extra: Sequence[str] = ()) -> tuple[ctypes.CDLL, Path]:
+    """``source`` compiled (once per machine: kept in :func:`cache_dir` as ``<name>-<hash>.so``) and loaded;
+    ``extra``: flags this source needs beyond :data:`FLAGS`.
 
     Raises :class:`BuildError` with the reason when it cannot be had."""
     compiler = find_compiler()
@@ -157,11 +159,11 @@ def open_library(source: str, name: str) -> tuple[ctypes.CDLL, Path]:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not private(folder):
             raise PermissionError(f"{folder} is not private to this user")
-        return _load_from(source, name, folder, compiler)
+        return _load_from(source, name, folder, compiler, extra)
     except (OSError, RuntimeError) as exc:
         log.debug("%s: cache %s unusable (%s); building in a temporary folder", name, folder, exc)
     try:  # an unwritable or shared cache: build in a private temporary folder, for this process
-        return _load_from(source, name, Path(tempfile.mkdtemp(prefix=f"torch_ir_{name}_")), compiler)
+        return _load_from(source, name, Path(tempfile.mkdtemp(prefix=f"torch_ir_{name}_")), compiler, extra)
     except (OSError, RuntimeError) as exc:
         raise BuildError(str(exc)) from exc
 

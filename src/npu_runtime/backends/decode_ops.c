@@ -92,6 +92,27 @@ ALWAYS void to_f32(float *dst, const void *src, const int dt, int64_t n) {
     else for (int64_t i = 0; i < n; i++) dst[i] = half_to_f32(dt, ((const uint16_t *)src)[i]);
 }
 
+/* exp by a polynomial in plain C (no libm call: every variant vectorizes it alike, the same bits; built without FP
+   traps, cpu_decode_ops.EXTRA_FLAGS, or gcc keeps its loops scalar in AVX2), within ~2 ulp of expf; overflow as
+   expf: inf above 88.72, 0 below -87.34 (-inf gives 0); a NaN stays NaN. */
+ALWAYS float exp_poly(float x) {
+    const float c = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);  /* NaN passes through */
+    const float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round(c / ln 2), ties to even */
+    const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;   /* ln 2 in two parts: r exact enough */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * r) * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;                   /* 2^n, n in [-126, 127] */
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    const float e = p * two_n;
+    return x > 88.72283f ? INFINITY : (x < -87.33654f ? 0.0f : e);
+}
+
 /* ---------------------------------------------------------------------------------------------- RMS_NORM */
 /* y = rnd(x · 1/sqrt(mean(x²) + eps)) · w per row of n, as npu_runtime's RmsNorm and torch_ir's rms_norm. */
 typedef struct { int64_t rows, n; const void *x, *w; void *y; int64_t dt; double eps; int64_t isa; } RmsArgs;
@@ -198,10 +219,21 @@ ALWAYS void attn_softmax(float *sc, int64_t g, int64_t n, unsigned char *ok) {
     for (int64_t j = 0; j < g; j++) {
         float *r = sc + j * n, mx = -INFINITY, sum = 0.0f;
         for (int64_t i = 0; i < n; i++) if (r[i] > mx) mx = r[i];
-        for (int64_t i = 0; i < n; i++) if (r[i] != -INFINITY) { r[i] = expf(r[i] - mx); sum += r[i]; }
+        /* exp_poly, not expf, and GL lanes of sums: plain loops every variant vectorizes (expf's calls were ~40 %
+           of the time at S = 2048); a hidden position keeps its -inf (the weighted sum skips it), adding 0 */
+        for (int64_t i = 0; i < n; i++) {
+            const float e = exp_poly(r[i] - mx);
+            r[i] = r[i] == -INFINITY ? -INFINITY : e;
+        }
+        float acc[GL] = {0};
+        int64_t i = 0;
+        for (; i + GL <= n; i += GL)
+            for (int l = 0; l < GL; l++) acc[l] += r[i + l] == -INFINITY ? 0.0f : r[i + l];
+        sum = lanes_sum(acc);
+        for (; i < n; i++) sum += r[i] == -INFINITY ? 0.0f : r[i];
         ok[j] = sum > 0.0f;  /* false for NaN (a NaN or +inf score) and for 0 (every position hidden) */
         const float inv = 1.0f / sum;
-        for (int64_t i = 0; i < n; i++) if (r[i] != -INFINITY) r[i] *= inv;
+        for (int64_t i = 0; i < n; i++) r[i] *= inv;  /* a hidden -inf stays -inf (inv > 0 where ok[j]) */
     }
 }
 
@@ -237,28 +269,10 @@ ALWAYS void attn_body(const AttnArgs *a, const int dt) {
 
 /* ------------------------------------------------------------------------------------------- SILU_MUL */
 /* y[i] = silu(g[i]) · u[i] = g[i] / (1 + exp(-g[i])) · u[i] (GATE_UP's epilogue), fp32 arithmetic rounded to the
-   dtype where PyTorch's silu then mul round it: after the silu and after the product. exp by a polynomial in plain
-   C (no libm call: every variant vectorizes it alike, the same bits), within ~2 ulp of expf. Overflow as expf:
-   exp(-g) = inf below g = -88.72 (so silu(-inf) is NaN, as PyTorch's), 0 above 87.33; a NaN stays NaN. */
+   dtype where PyTorch's silu then mul round it: after the silu and after the product (exp_poly: exp(-g) = inf below
+   g = -88.72, so silu(-inf) is NaN, as PyTorch's). */
 typedef struct { int64_t n; const void *g, *u; void *y; int64_t dt, isa; } SiluArgs;
 
-ALWAYS float exp_poly(float x) {
-    const float c = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);  /* NaN passes through */
-    const float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round(c / ln 2), ties to even */
-    const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;   /* ln 2 in two parts: r exact enough */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;                   /* 2^n, n in [-126, 127] */
-    float two_n;
-    memcpy(&two_n, &bits, 4);
-    const float e = p * two_n;
-    return x > 88.72283f ? INFINITY : (x < -87.33654f ? 0.0f : e);
-}
 ALWAYS void silu_body(const SiluArgs *a, const int dt) {
     for (int64_t i = 0; i < a->n; i++) {
         const float g = ld(a->g, dt, i);
