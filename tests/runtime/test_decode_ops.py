@@ -397,3 +397,23 @@ def test_decode_program_runs_them_and_generates_the_same_tokens(library, dtype):
     assert step < (1e-4 if dtype == torch.float32 else 5e-2)
     if dtype == torch.float32:
         assert runs[True].tokens == runs[False].tokens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prefill_chunk_reads_only_the_live_positions_of_a_long_cache(dtype):
+    """The multi-token (torch) path: 8 queries at positions 4-11 of a 64-position cache see positions 0-11; past
+    them every score is hidden, so the products stop there (``live_positions``). Garbage past them changes
+    nothing, and the result is the reference's over the whole cache."""
+    t, s, offset, d = 8, 64, 4, 32
+    q, k, v = rand((1, 4, t, d), dtype, 1), rand((1, 2, s, d), dtype, 2), rand((1, 2, s, d), dtype, 3)
+    mask = (torch.arange(s).view(1, s) <= offset + torch.arange(t).view(t, 1)).view(1, 1, t, s)
+    names, params = ["q", "k", "v", "mask", "y"], {"scale": 0.125, "causal": False, "merge_heads": True}
+    dispatch = Dispatch("ATTENTION", "attention", names[:-1], ["y"], params)
+    out, again = torch.empty(1, t, 4 * d, dtype=dtype), torch.empty(1, t, 4 * d, dtype=dtype)
+    torch_kernel(Attention, dispatch, specs_of(names, [q, k, v, mask, out]), [q, k, v, mask], [out])
+    truth = float64_attention(q, k, v, mask, 0.125).view_as(out)
+    k[:, :, offset + t:], v[:, :, offset + t:] = 1e30, 1e30  # inf in fp16
+    torch_kernel(Attention, dispatch, specs_of(names, [q, k, v, mask, again]), [q, k, v, mask], [again])
+    assert torch.equal(out, again)
+    bound = (s + d) * ULP[torch.float32] * 4 * (v[:, :, :offset + t].double().abs().amax() + 1)
+    assert ((out.double() - truth).abs() <= bound + ULP[dtype] / 2 * truth.abs()).all()

@@ -20,7 +20,7 @@ from npu_program.program import Dispatch, TensorSpec
 from torch_ir.ops.npu_kvcache import KV_CODE_DTYPES, as_bytes, quantize_kv
 
 from .cpu_kernels import LINEAR_DTYPES
-from .cpu_transformer import masked_softmax, read_attention
+from .cpu_transformer import live_positions, masked_softmax, read_attention
 
 Tensor = torch.Tensor
 
@@ -78,23 +78,11 @@ class KvqAttention:
     def prepare(self, weights: dict[str, Tensor]) -> None:
         pass
 
-    def _live(self, mask: Tensor | None) -> int:
-        """The leading positions some query may see (at least one, so a fully masked row still gives zeros)."""
-        (_, _, t, _, s) = self.dims
-        live = min(s, t) if self.causal else s
-        if mask is not None:
-            rows = mask.reshape(-1, mask.shape[-1])
-            seen = rows.any(0) if mask.dtype == torch.bool else (rows != float("-inf")).any(0)
-            seen = seen.expand(s) if seen.numel() == 1 else seen
-            last = torch.nonzero(seen)
-            live = min(live, int(last[-1]) + 1 if last.numel() else 1)
-        return max(live, 1)
-
     def run(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         (b, h, t, hkv, _), g = self.dims, self.dims[1] // self.dims[3]
         q, k, ks, v, vs = inputs[:5]
         mask = inputs[5] if len(inputs) > 5 else None
-        n = self._live(mask)
+        n = live_positions(self, mask)
         k, v = k[:, :, :n].float(), v[:, :, :n].float()  # the live codes widened, never scaled
         scores = torch.matmul(q.float().reshape(b, hkv, g * t, q.shape[-1]), k.transpose(-1, -2))
         scores.mul_(ks[:, :, None, :n] * self.scale)
