@@ -36,24 +36,10 @@ enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 #define GL 16  /* lanes of a sum: what AVX-512 holds in one register, AVX2 in two */
 #define ALWAYS static inline __attribute__((always_inline))
 
-/* bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16: half.c, before this file. The F16C forms are not
-   always_inline: the portable variant never reaches them (its fp16 is DT_F16) and may not inline them. */
+/* bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16 and their F16C forms (f16c_to_f32, f32_to_f16c, f16c_row):
+   half.c, before this file */
 #ifdef DOPS_X86
-#include <immintrin.h>
 #define F16C_TARGET __attribute__((target("avx2,fma,f16c")))
-static inline F16C_TARGET float f16c_to_f32(uint16_t h) { return _cvtsh_ss(h); }
-static inline F16C_TARGET uint16_t f32_to_f16c(float v) { return (uint16_t)_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT); }
-static inline F16C_TARGET void f16c_row(float *dst, const uint16_t *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
-}
-#else
-static inline float f16c_to_f32(uint16_t h) { return f16_to_f32(h); }
-static inline uint16_t f32_to_f16c(float v) { return f32_to_f16(v); }
-static inline void f16c_row(float *dst, const uint16_t *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
-}
 #endif
 ALWAYS float half_to_f32(const int dt, uint16_t h) {
     return dt == DT_BF16 ? bf16_to_f32(h) : dt == DT_F16C ? f16c_to_f32(h) : f16_to_f32(h);

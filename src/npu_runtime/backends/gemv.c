@@ -40,30 +40,16 @@ typedef struct {
     const uint16_t *xb;          /* [M, K] x as bf16 for the vdpbf16ps kernel (dp_x), or NULL */
 } Job;
 
-/* fp16 by F16C in the x86 kernels (their epilogues' hw, gemv's x): half.c's bits (widening is exact, narrowing
-   rounds to nearest even, NaN stays a NaN), ~10x faster: in plain C an fp16 call's x and y took ~20 us of a
-   4864-deep GEMV. Not always_inline: the portable kernel never reaches them and may not inline them. */
-#ifdef GEMV_X86
-#define F16C __attribute__((target("avx2,f16c")))
-static inline F16C float f16c_load(uint16_t h) { return _cvtsh_ss(h); }
-static inline F16C uint16_t f16c_store(float v) { return (uint16_t)_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT); }
-static F16C void f16c_widen(float *dst, const uint16_t *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
-}
-#else
-static inline float f16c_load(uint16_t h) { return f16_to_f32(h); }
-static inline uint16_t f16c_store(float v) { return f32_to_f16(v); }
-#endif
+/* hw: an x86 kernel, whose fp16 values convert by F16C (half.c's f16c_to_f32 and f32_to_f16c: its bits, ~10x
+   faster; in plain C an fp16 call's x and y took ~20 us of a 4864-deep GEMV) */
 static inline __attribute__((always_inline)) float load_hw(const void *p, int dt, size_t i, const int hw) {
-    return hw && dt == DT_F16 ? f16c_load(((const uint16_t *)p)[i]) : load_elem(p, dt, i);
+    return hw && dt == DT_F16 ? f16c_to_f32(((const uint16_t *)p)[i]) : load_elem(p, dt, i);
 }
 static inline __attribute__((always_inline)) void epilogue(const Job *j, int64_t m, int64_t n, float v, const int hw) {
     if (j->bias) v += load_hw(j->bias, j->bdt, (size_t)n, hw);
     if (j->res) v += load_hw(j->res, j->rdt, (size_t)(m * j->N + n), hw);
     const size_t at = (size_t)(m * j->N + n);
-    if (hw && j->ydt == DT_F16) ((uint16_t *)j->y)[at] = f16c_store(v);
+    if (hw && j->ydt == DT_F16) ((uint16_t *)j->y)[at] = f32_to_f16c(v);
     else store_elem(j->y, j->ydt, at, v);
 }
 
@@ -418,7 +404,7 @@ int gemv(int64_t M, int64_t N, int64_t K, const void *x, int xdt, const void *w,
         xf = (float *)malloc((size_t)(M * K) * sizeof(float));
         if (!xf) return -1;
 #ifdef GEMV_X86
-        if (isa >= 1 && xdt == DT_F16) f16c_widen(xf, (const uint16_t *)x, M * K);
+        if (isa >= 1 && xdt == DT_F16) f16c_row(xf, (const uint16_t *)x, M * K);
         else
 #endif
         for (int64_t i = 0; i < M * K; i++) xf[i] = load_elem(x, xdt, (size_t)i);

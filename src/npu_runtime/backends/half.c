@@ -1,7 +1,8 @@
 /* bf16 and IEEE fp16 <-> fp32, one definition for the kernels that read or write half tensors (gemv.c, gemv_q.c's
    parts, decode_ops.c): the loader (cpu_gemv_build.HALF_SOURCE) puts this file before each of them in one
    translation unit. Widening is exact; narrowing rounds to nearest even as c10's BFloat16 and Half do (NaN stays a
-   NaN, fp16 overflows to inf). Plain C: every ISA variant of a kernel gets the same bits. */
+   NaN, fp16 overflows to inf). Plain C, and F16C forms of the fp16 ones (below) with the same bits: every ISA variant
+   of a kernel gets the same bits. */
 #include <stdint.h>
 #include <string.h>
 
@@ -31,3 +32,24 @@ static inline uint16_t f32_to_f16(float f) {           /* round to nearest even,
     uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
     return (uint16_t)(sign | (r >> 13));
 }
+
+/* The fp16 conversions by F16C, for the x86 kernels (gemv.c's epilogues and x, decode_ops.c's x86 variants): the
+   bits above (widening is exact; F16C rounds to nearest even, NaN stays a NaN, overflow gives inf), ~10x faster.
+   Not always_inline: a portable kernel never calls them and may not inline them. Elsewhere, the C above. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HALF_F16C __attribute__((target("avx2,f16c")))
+static inline HALF_F16C float f16c_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+static inline HALF_F16C uint16_t f32_to_f16c(float v) { return (uint16_t)_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT); }
+static inline HALF_F16C void f16c_row(float *dst, const uint16_t *src, int64_t n) {  /* n values, widened */
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+}
+#else
+static inline float f16c_to_f32(uint16_t h) { return f16_to_f32(h); }
+static inline uint16_t f32_to_f16c(float v) { return f32_to_f16(v); }
+static inline void f16c_row(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
+}
+#endif
