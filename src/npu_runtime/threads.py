@@ -21,8 +21,9 @@ just after the last try, the next try comes at once: the machine changed, and th
 The first try of one thread is priced the same way. A program starts on all threads; after a few runs it
 tries one thread at once only when those runs look stalled (their times more than 1.5x apart), and else
 when its running time has paid for the try at ``PROBE_SHARE`` (a one-thread run takes up to the thread count
-times as long). It used to try one thread in every program's fifth to eighth runs: an LLM's prefill, one
-run per request, then took twice the time in four requests of the first eight.
+times as long), or after 5 s of it (a steady neighbour slows every run alike). It used to try one thread in
+every program's fifth to eighth runs: an LLM's prefill, one run per request, then took twice the time in four
+requests of the first eight.
 
 The choice is applied with ``torch.set_num_threads`` (a fraction of a microsecond) for the run and the
 count the caller had is restored after it, so PyTorch code around the runtime keeps its own setting.
@@ -57,6 +58,9 @@ class RunThreads:
     PROBE_SHARE = 0.02  # tries of the slower choice may cost about this share of the time spent
     MIN_PROBE_NS = 200_000_000  # of run time between tries, at least and at most
     MAX_PROBE_NS = 30_000_000_000
+    # the first try of one thread waits at most this much run time: a steady neighbour makes every run on all
+    # threads slow without making them look stalled, and nothing else would say so
+    MAX_FIRST_TRY_NS = 5_000_000_000
     MOVED = 1.5  # the current choice's median moved this much since the last try: try the other at once
 
     def __init__(self, fixed: int | None = None) -> None:
@@ -118,11 +122,12 @@ class RunThreads:
     def _schedule_first_try(self, times: deque[float]) -> None:
         """After the first runs on all threads: try one thread at once if they look stalled (a neighbour holds
         a core), else once the running time pays for the try (a warm-up run and a timed one, each up to the
-        thread count times as long as a run on all threads)."""
+        thread count times as long as a run on all threads), or after ``MAX_FIRST_TRY_NS`` of it."""
         if max(times) > self.MOVED * min(times):
             self.spent, self.probe_after = 0, 0
             return
         self._schedule_probe(cost=2 * (self.all - 1) * self._mean(self.all))
+        self.probe_after = min(self.probe_after, self.MAX_FIRST_TRY_NS)
 
     def _watch(self, threads: int) -> None:
         """After a run of the current choice: bring the next try forward if it got much faster."""
