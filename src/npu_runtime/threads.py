@@ -126,11 +126,10 @@ class RunThreads:
         if max(times) > self.MOVED * min(times):
             self.spent, self.probe_after = 0, 0
             return
-        self._schedule_probe(cost=2 * (self.all - 1) * self._mean(self.all))
-        self.probe_after = min(self.probe_after, self.MAX_FIRST_TRY_NS)
+        self._schedule_probe(cost=2 * (self.all - 1) * self._mean(self.all), longest=self.MAX_FIRST_TRY_NS)
 
     def _watch(self, threads: int) -> None:
-        """After a run of the current choice: bring the next try forward if it got much faster."""
+        """After a run of the current choice: bring the next try forward if it got much faster or slower."""
         best = self._ranked()[0]
         if threads != best:
             return
@@ -182,9 +181,10 @@ class RunThreads:
         one, many = self._mean(1), self._mean(self.all)
         return (1, self.all) if one < many else (self.all, 1)
 
-    def _schedule_probe(self, cost: float) -> None:
+    def _schedule_probe(self, cost: float, longest: int = MAX_PROBE_NS) -> None:
         """Space the next try of the slower choice so that tries cost about ``PROBE_SHARE`` of the time spent
-        running (run time, not wall time: a caller that runs now and then is not made to try more often)."""
-        self.probe_after = int(min(max(cost / self.PROBE_SHARE, self.MIN_PROBE_NS), self.MAX_PROBE_NS))
+        running (run time, not wall time: a caller that runs now and then is not made to try more often), at most
+        ``longest`` ns of it."""
+        self.probe_after = int(min(max(cost / self.PROBE_SHARE, self.MIN_PROBE_NS), longest))
         self.spent = 0
         self.current, self.fresh, self.baseline = 0, 0, None  # the next window of the current choice is its own

@@ -39,7 +39,7 @@ enum { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 /* bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16 and their F16C forms (f16c_to_f32, f32_to_f16c, f16c_row):
    half.c, before this file */
 #ifdef DOPS_X86
-#define F16C_TARGET __attribute__((target("avx2,fma,f16c")))
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))  /* the AVX2 variants' */
 #endif
 ALWAYS float half_to_f32(const int dt, uint16_t h) {
     return dt == DT_BF16 ? bf16_to_f32(h) : dt == DT_F16C ? f16c_to_f32(h) : f16_to_f32(h);
@@ -203,7 +203,7 @@ ALWAYS void attn_scores(const AttnArgs *a, const char *k, int64_t m0, const int3
    ok[j]: whether row j's softmax is a number (else its output is zeros). */
 ALWAYS void attn_softmax(float *sc, int64_t g, int64_t n, unsigned char *ok) {
     for (int64_t j = 0; j < g; j++) {
-        float *r = sc + j * n, mx = -INFINITY, sum = 0.0f;
+        float *r = sc + j * n, mx = -INFINITY;
         for (int64_t i = 0; i < n; i++) if (r[i] > mx) mx = r[i];
         /* exp_poly, not expf, and GL lanes of sums: plain loops every variant vectorizes (expf's calls were ~40 %
            of the time at S = 2048); a hidden position keeps its -inf (the weighted sum skips it), adding 0 */
@@ -215,7 +215,7 @@ ALWAYS void attn_softmax(float *sc, int64_t g, int64_t n, unsigned char *ok) {
         int64_t i = 0;
         for (; i + GL <= n; i += GL)
             for (int l = 0; l < GL; l++) acc[l] += r[i + l] == -INFINITY ? 0.0f : r[i + l];
-        sum = lanes_sum(acc);
+        float sum = lanes_sum(acc);
         for (; i < n; i++) sum += r[i] == -INFINITY ? 0.0f : r[i];
         ok[j] = sum > 0.0f;  /* false for NaN (a NaN or +inf score) and for 0 (every position hidden) */
         const float inv = 1.0f / sum;
@@ -282,7 +282,7 @@ ALWAYS void silu_body(const SiluArgs *a, const int dt) {
 #define AVX512_TARGET "avx512f,avx512bw,avx512vl,avx2,fma,f16c,prefer-vector-width=512"
 #endif
 #define X86_VARIANTS(NAME, ARGS)                                                                                \
-    F16C_TARGET static void NAME##_avx2(const ARGS *a) { BY_DTYPE(NAME, a, DT_F16C); }                          \
+    AVX2_TARGET static void NAME##_avx2(const ARGS *a) { BY_DTYPE(NAME, a, DT_F16C); }                          \
     __attribute__((target(AVX512_TARGET))) static void NAME##_avx512(const ARGS *a) {                        \
         BY_DTYPE(NAME, a, DT_F16C);                                                                             \
     }
